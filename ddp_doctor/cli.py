@@ -1,0 +1,192 @@
+"""The `ddp-doctor` command line. Each subcommand is a parser function plus a command function,
+registered in COMMANDS. Nothing here imports torch: ranks import it when they need it.
+
+Exit codes (DESIGN.md): 0 no errors, 3 preflight found errors, 2 usage error, 1 ddp-doctor failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+from ddp_doctor import __version__
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return v
+
+
+# ---------------------------------------------------------------- preflight
+def add_preflight(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive_int, default=None, metavar="N",
+                   help="with no launcher around ddp-doctor: how many local ranks to start "
+                        "(default: one per visible GPU, or 2 gloo ranks on CPU)")
+    p.add_argument("--report", metavar="PATH", default=None,
+                   help="write the merged JSON report here, pass or fail "
+                        "(default: $DDP_DOCTOR_REPORT or ./ddp-doctor-report.json)")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
+                   help="bound in seconds for each wait: reaching the master, meeting the other "
+                        "ranks, creating the process group, each collective (default: 60)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--select", action="append", metavar="X",
+                   help="run only these checks: IDs, ID prefixes (DDP2) or categories, comma-separated")
+    p.add_argument("--skip", action="append", metavar="X", help="skip these checks (same forms as --select)")
+    p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"), default=None,
+                   help="process-group backend to test (default: smddp for SageMaker smdistributed "
+                        "jobs, nccl with GPUs, gloo without)")
+    p.add_argument("--verbose", "-v", action="store_true", help="show every info finding and hint")
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from ddp_doctor import registry
+    from ddp_doctor.launchers import launcher_name
+    from ddp_doctor.output import Output
+    import os
+
+    select, skip = registry.parse_selectors(args.select), registry.parse_selectors(args.skip)
+    bad = registry.unknown_selectors(select + skip)
+    if bad:
+        raise UsageError(f"--select/--skip: {', '.join(bad)} match no check ID, ID prefix or category "
+                         f"(see `ddp-doctor list-checks`)")
+    out = Output(report_path=args.report, json=args.json, verbose=args.verbose)
+    if launcher_name(os.environ) == "none":
+        from ddp_doctor.launch import default_nproc, launch_local
+        rank_args = ["preflight", "--timeout", str(args.timeout)]
+        for s in select:
+            rank_args += ["--select", s]
+        for s in skip:
+            rank_args += ["--skip", s]
+        if args.backend:
+            rank_args += ["--backend", args.backend]
+        nproc = args.nproc_per_node or default_nproc(dict(os.environ))
+        return launch_local(nproc, rank_args, timeout=args.timeout, out=out)
+    from ddp_doctor.preflight import Options, run_rank
+    code = run_rank(Options(timeout=args.timeout, select=select, skip=skip, backend=args.backend, output=out))
+    _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End a rank process without running interpreter teardown: torch 2.13's gloo can abort in
+    static destructors after a correct destroy_process_group (DOMAIN.md section 2), which would
+    turn a finished preflight into a SIGABRT. Everything was flushed and written before this."""
+    import os
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# ---------------------------------------------------------------- catalogue
+def add_list_checks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+
+
+def cmd_list_checks(args: argparse.Namespace) -> int:
+    from ddp_doctor import registry
+    entries = sorted(registry.load_catalogue().values(), key=lambda c: c.id)
+    if args.json:
+        print(json.dumps({"checks": [c.to_dict() for c in entries],
+                          "retired": registry.RETIRED}, indent=2))
+        return EXIT_OK
+    for c in entries:
+        print(f"{c.id}  {c.severity:<7}  {c.category:<14} {c.stage:<10} {c.title}")
+    for rid, why in sorted(registry.RETIRED.items()):
+        print(f"{rid}  retired: {why}")
+    return EXIT_OK
+
+
+def add_explain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", help="a check ID, e.g. DDP101")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ddp_doctor import registry
+    cat = registry.load_catalogue()
+    cid = args.id.strip().upper()
+    if cid in registry.RETIRED:
+        print(f"{cid}: retired. {registry.RETIRED[cid]}")
+        return EXIT_OK
+    if cid not in cat:
+        near = [c for c in sorted(cat) if c.startswith(cid[:4])][:10]
+        raise UsageError(f"no check {args.id!r}" + (f"; IDs nearby: {', '.join(near)}" if near else "")
+                         + " (see `ddp-doctor list-checks`)")
+    c = cat[cid]
+    s = c.sections
+    print(f"{c.id}: {c.title}\ncategory: {c.category}   severity: {c.severity}   runs: {c.stage}\n")
+    for name in ("What", "Why", "Fix"):
+        print(f"{name}: {s.get(name, '')}\n")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- env
+def add_env(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from ddp_doctor.envinfo import collect_env, render_env
+    data = collect_env()
+    print(json.dumps(data, indent=2, default=str) if args.json else render_env(data))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "preflight": ("check the launcher environment, the network and the process group", add_preflight, cmd_preflight),
+    "env": ("print a paste-ready summary of versions, launcher and environment", add_env, cmd_env),
+    "list-checks": ("list the check catalogue", add_list_checks, cmd_list_checks),
+    "explain": ("explain one check: what it does, why it matters, how to fix it", add_explain, cmd_explain),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-doctor",
+        description="Diagnose PyTorch DistributedDataParallel jobs: preflight checks of the launcher "
+                    "environment, the network and the process group, with a structured report.",
+        epilog="Exit codes: 0 no errors, 3 errors found, 2 usage error, 1 ddp-doctor failed.")
+    parser.add_argument("--version", action="version", version=f"ddp-doctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add, func) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add(p)
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        sys.stderr.write(f"ddp-doctor {args.command}: error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("ddp-doctor: interrupted\n")
+        return 130

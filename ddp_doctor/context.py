@@ -1,0 +1,101 @@
+"""RankContext: everything a check may read about its rank, built once from the environment.
+
+`build_context` is a pure function of an environment mapping, a SageMaker config root and the
+host facts, so tests build any situation (SageMaker on 2 hosts with 8 GPUs each, a bad SM_HOSTS,
+...) without touching the process environment.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ddp_doctor import launchers, sagemaker
+from ddp_doctor.launchers import LauncherInfo
+from ddp_doctor.probes import HostFacts
+from ddp_doctor.sagemaker import SageMakerView
+
+BACKENDS = ("gloo", "nccl", "smddp", "mpi")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    launcher: LauncherInfo
+    sagemaker: SageMakerView | None
+    host: HostFacts
+    backend: str                      # the backend the preflight (and the job) will use
+    backend_source: str               # where that choice came from, for messages
+    env: Mapping[str, str] = field(repr=False, default_factory=dict)
+    entry_script: str | None = None   # the training script, when ddp-doctor runs one
+
+    # Shorthands for the fields checks read most.
+    @property
+    def rank(self) -> int | None:
+        return self.launcher.rank
+
+    @property
+    def local_rank(self) -> int | None:
+        return self.launcher.local_rank
+
+    @property
+    def world_size(self) -> int | None:
+        return self.launcher.world_size
+
+    @property
+    def local_world_size(self) -> int | None:
+        return self.launcher.local_world_size
+
+    @property
+    def node_rank(self) -> int | None:
+        return self.launcher.node_rank
+
+    @property
+    def nnodes(self) -> int | None:
+        return self.launcher.nnodes
+
+    @property
+    def master_addr(self) -> str | None:
+        return self.launcher.master_addr
+
+    @property
+    def master_port(self) -> int | None:
+        return self.launcher.master_port
+
+    @property
+    def device(self) -> str:
+        if self.backend in ("nccl", "smddp") and self.host.visible_gpus:
+            return f"cuda:{self.local_rank or 0}"
+        return "cpu"
+
+
+def choose_backend(env: Mapping[str, str], sm: SageMakerView | None, facts: HostFacts,
+                   explicit: str | None = None) -> tuple[str, str]:
+    """(backend, where the choice came from): explicit option, DDP_DOCTOR_BACKEND, the SageMaker
+    distribution (smdistributed -> smddp), else NCCL with GPUs and gloo without."""
+    if explicit:
+        return explicit, "--backend"
+    if env.get("DDP_DOCTOR_BACKEND"):
+        return env["DDP_DOCTOR_BACKEND"], "DDP_DOCTOR_BACKEND"
+    if sm is not None and sm.distribution in ("smdistributed", "pytorchddp"):
+        return "smddp", f"SageMaker distribution {sm.distribution}"
+    if facts.visible_gpus > 0:
+        return "nccl", f"{facts.visible_gpus} visible GPU(s)"
+    return "gloo", "no visible GPU"
+
+
+def build_context(env: Mapping[str, str], facts: HostFacts, *, backend: str | None = None,
+                  rank: int | None = None, world_size: int | None = None,
+                  local_rank: int | None = None, sm_root: str | None = None,
+                  entry_script: str | None = None) -> RankContext:
+    env = dict(env)
+    info = launchers.detect(env, rank=rank, world_size=world_size, local_rank=local_rank)
+    sm = sagemaker.read(env, sm_root)
+    chosen, source = choose_backend(env, sm, facts, backend)
+    return RankContext(launcher=info, sagemaker=sm, host=facts, backend=chosen,
+                       backend_source=source, env=env, entry_script=entry_script)
+
+
+def current_context(**kwargs: object) -> RankContext:
+    """The context of this process, reading the real environment and host."""
+    from ddp_doctor.probes import read_host_facts
+    return build_context(os.environ, read_host_facts(), **kwargs)  # type: ignore[arg-type]

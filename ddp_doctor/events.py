@@ -1,0 +1,54 @@
+"""Findings raised by the machinery itself (runner, rendezvous, report), documented like checks.
+
+These are catalogue entries with no check function: the runner and the rendezvous raise them
+through :func:`raise_event` when they observe the situation described.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.registry import declare
+
+CHECK_CRASHED = declare(
+    "DDP001", category="internal", severity="error", title="A check crashed",
+    doc="""
+    What: A ddp-doctor check raised an exception instead of returning its findings.
+    Why: The other checks still ran and their findings stand, but this one's question is unanswered.
+    Fix: Report it to the ddp-doctor maintainers with the traceback in the finding's evidence; skip
+    the check with `--skip ID` meanwhile.
+    """)
+
+CHECK_TIMED_OUT = declare(
+    "DDP002", category="internal", severity="warning", title="A check did not finish in time",
+    doc="""
+    What: A check ran past its time bound and was abandoned.
+    Why: Every wait in ddp-doctor is bounded so a diagnosis never hangs; a check that blocks (a DNS
+    lookup that never answers, a stuck driver call) is itself a sign of trouble on this host.
+    Fix: Look at what the check probes (its title says); run `ddp-doctor explain ID` for that check.
+    """)
+
+RANK_LOST = declare(
+    "DDP003", category="internal", severity="error", title="A rank ended without a report",
+    doc="""
+    What: A rank process exited (or was killed) before handing its findings to the reporting rank.
+    Why: The merged report lacks that rank's view; the exit status says how it ended.
+    Fix: Read that rank's stderr above; a signal such as SIGKILL usually means the host ran out of
+    memory or the job was cancelled.
+    """)
+
+INVALID_USAGE = declare(
+    "DDP004", category="internal", severity="error", title="ddp-doctor was called wrongly",
+    doc="""
+    What: An option or environment value given to ddp-doctor itself could not be used.
+    Why: ddp-doctor cannot run the checks it was asked to run.
+    Fix: Correct the option named in the message; `ddp-doctor preflight --help` lists them.
+    """)
+
+
+def raise_event(entry: Any, message: str, *, rank: int | None, hint: str | None = None,
+                evidence: dict[str, Any] | None = None, phase: str = "preflight",
+                ranks: list[int] | None = None, severity: str | None = None) -> Finding:
+    problem = Problem(message=message, hint=hint, evidence=evidence or {}, severity=severity,
+                      ranks=tuple(ranks) if ranks is not None else None)
+    return entry.finding(problem, rank, phase)

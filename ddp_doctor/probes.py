@@ -1,0 +1,93 @@
+"""Facts about this host that a RankContext records: hostname, interfaces, GPUs, backends.
+
+Kept apart from the pure context builder so tests can hand in a :class:`HostFacts` of their own
+(e.g. a machine with 8 GPUs) while the real one reads this machine.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    hostname: str
+    interfaces: tuple[str, ...]
+    visible_gpus: int            # what torch.cuda.device_count() sees (after CUDA_VISIBLE_DEVICES)
+    physical_gpus: int | None    # what NVML counts on the host (None: no NVML)
+    backends: tuple[str, ...]    # process-group backends this torch build has
+
+
+def interfaces() -> tuple[str, ...]:
+    try:
+        import psutil
+        return tuple(sorted(psutil.net_if_addrs()))
+    except Exception:  # psutil missing or the kernel refused: fall back to /sys
+        try:
+            return tuple(sorted(os.listdir("/sys/class/net")))
+        except OSError:
+            return ()
+
+
+def nvml_gpu_count() -> int | None:
+    """GPUs NVML counts on this host (ignores CUDA_VISIBLE_DEVICES), None without a driver."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def visible_gpu_count(env: Mapping[str, str] | None = None) -> int:
+    """GPUs this process may use, without importing torch when NVML can tell."""
+    env = os.environ if env is None else env
+    physical = nvml_gpu_count()
+    if not physical:
+        return 0
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return physical
+    entries = [x for x in cvd.split(",") if x.strip()]
+    return min(len(entries), physical)
+
+
+def torch_gpu_count() -> int:
+    try:
+        import torch
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def available_backends() -> tuple[str, ...]:
+    out = []
+    try:
+        import torch.distributed as dist
+        if dist.is_available():
+            if dist.is_gloo_available():
+                out.append("gloo")
+            if dist.is_nccl_available():
+                out.append("nccl")
+            if getattr(dist, "is_mpi_available", lambda: False)():
+                out.append("mpi")
+    except Exception:
+        pass
+    try:
+        import importlib.util
+        if importlib.util.find_spec("smdistributed") is not None:
+            out.append("smddp")
+    except Exception:
+        pass
+    return tuple(out)
+
+
+def read_host_facts() -> HostFacts:
+    return HostFacts(hostname=socket.gethostname(), interfaces=interfaces(),
+                     visible_gpus=torch_gpu_count(), physical_gpus=nvml_gpu_count(),
+                     backends=available_backends())

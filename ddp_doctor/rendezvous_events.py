@@ -1,0 +1,101 @@
+"""Catalogue entries for what the bounded rendezvous observes (DDP310-DDP329)."""
+from __future__ import annotations
+
+from ddp_doctor.registry import declare
+
+SG_HINT = ("If the ranks are on different hosts, check that the network lets them talk: on AWS the "
+           "security group needs a self-referencing rule allowing all traffic inbound AND outbound "
+           "(SageMaker's documented requirement for multi-node jobs; EFA needs both directions).")
+
+MASTER_UNRESOLVABLE = declare(
+    "DDP310", category="network", severity="error", title="MASTER_ADDR does not resolve",
+    doc="""
+    What: The host name in MASTER_ADDR could not be resolved to an address on this rank.
+    Why: Every rank connects to the rendezvous store on MASTER_ADDR:MASTER_PORT; a name that does
+    not resolve fails at once or, with some resolvers, hangs until torch's 30-minute timeout.
+    Fix: Set MASTER_ADDR to a name every node can resolve (or an IP address). On SageMaker use the
+    master host the toolkit picks (SM_TRAINING_ENV master_hostname), never a hard-coded algo-1.
+    """)
+
+MASTER_REFUSED = declare(
+    "DDP311", category="network", severity="error", title="Rendezvous master refuses connections",
+    doc="""
+    What: MASTER_ADDR:MASTER_PORT answered, but nothing listened on the port for the whole bound.
+    Why: The rank that should host the store (rank 0, or torchrun's agent on the master node) is
+    not running, crashed, or listens on another port or host.
+    Fix: Start rank 0 / the master node's launcher, and give every node the same --master-addr and
+    --master-port; check that MASTER_ADDR names the host where rank 0 runs.
+    """)
+
+MASTER_TIMEOUT = declare(
+    "DDP312", category="network", severity="error", title="Rendezvous master unreachable (timeout)",
+    doc=f"""
+    What: Connecting to MASTER_ADDR:MASTER_PORT timed out (no answer at all) for the whole bound.
+    Why: Packets to the master are dropped: a firewall or security group blocks the port, or the
+    address routes nowhere. Left alone, torch waits 30 minutes before failing.
+    Fix: {SG_HINT}
+    """)
+
+PORT_IN_USE = declare(
+    "DDP313", category="network", severity="error", title="MASTER_PORT already in use",
+    doc="""
+    What: Rank 0 could not listen on MASTER_PORT because another process holds it.
+    Why: torch fails with "Address already in use" (often a previous job or a hung test that still
+    holds the port), and the other ranks then wait for a master that never comes.
+    Fix: Stop the process holding the port (`ss -ltnp 'sport = :PORT'`), or choose a free
+    MASTER_PORT (torchrun --master-port, or --standalone for single-node jobs).
+    """)
+
+MASTER_NOT_LOCAL = declare(
+    "DDP314", category="network", severity="error", title="Rank 0 does not run on MASTER_ADDR",
+    doc="""
+    What: Rank 0 hosts the rendezvous store, but MASTER_ADDR resolves to no address of rank 0's host.
+    Why: The other ranks connect to MASTER_ADDR and find no store there: they hang or are refused.
+    Fix: Set MASTER_ADDR to the host where rank 0 runs (under mpirun: the first host of the host list).
+    """)
+
+RANKS_MISSING = declare(
+    "DDP320", category="network", severity="error", title="Ranks missing at rendezvous",
+    doc="""
+    What: Not every rank of WORLD_SIZE checked in at the rendezvous store within the bound; the
+    finding names the ranks that arrived and those that did not.
+    Why: WORLD_SIZE is larger than the ranks launched (a node not started, --nnodes or
+    --nproc-per-node wrong on one node), or the missing ranks cannot reach the master.
+    Fix: Make WORLD_SIZE equal the ranks you launch (nodes x processes per node), start every node,
+    and read the missing ranks' own reports for why they could not connect.
+    """)
+
+PG_INIT_FAILED = declare(
+    "DDP321", category="communication", severity="error", title="init_process_group failed",
+    doc="""
+    What: Every rank reached the store, but creating the process group failed or timed out.
+    Why: The backend could not connect the ranks to each other (ports between the nodes blocked,
+    a wrong network interface), or the backend is broken on this machine.
+    Fix: Check NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME and the network between the nodes; run with
+    NCCL_DEBUG=INFO to see which connection fails.
+    """)
+
+DUPLICATE_RANK = declare(
+    "DDP322", category="launcher_env", severity="error", title="Two processes claim the same rank",
+    doc="""
+    What: More than one process checked in at the rendezvous with the same RANK.
+    Why: The launcher gave two processes the same RANK (a node started twice, NODE_RANK repeated,
+    a hand-written launch script with a fixed RANK), so another rank is missing and the job hangs.
+    Fix: Give every node a distinct --node-rank and let the launcher set RANK.
+    """)
+
+STORE_LOST = declare(
+    "DDP323", category="network", severity="error", title="Lost the rendezvous store",
+    doc="""
+    What: The rendezvous store stopped answering while the ranks were exchanging their views.
+    Why: The process hosting it (rank 0 or torchrun's agent) died or its host became unreachable.
+    Fix: Read the hosting rank's report and stderr; it holds the first failure.
+    """)
+
+REPORTER_LOST = declare(
+    "DDP324", category="network", severity="error", title="No verdict from the reporting rank",
+    doc="""
+    What: This rank handed its findings over but never received the merged verdict.
+    Why: The reporting rank (rank 0) died or hung while merging; this rank wrote its own report.
+    Fix: Read rank 0's stderr and the per-rank report files (PATH.rankN.json).
+    """)

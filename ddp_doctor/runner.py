@@ -1,0 +1,61 @@
+"""Runs the checks of one stage and turns what they yield into findings.
+
+A check never takes the run down with it: an exception becomes a DDP001 finding and a check that
+runs past its bound becomes DDP002 (its daemon thread is abandoned, the run goes on).
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+from ddp_doctor import events, registry
+from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.registry import Check
+
+
+def _call(entry: Check, args: tuple[Any, ...]) -> tuple[list[Problem] | None, BaseException | None, str]:
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["problems"] = [p for p in (entry.func(*args) or ()) if p is not None]  # type: ignore[misc]
+        except BaseException as e:  # noqa: BLE001 - a check must never take the run down
+            result["error"] = e
+            result["tb"] = traceback.format_exc()
+
+    t = threading.Thread(target=target, name=f"ddp-doctor-{entry.id}", daemon=True)
+    t.start()
+    t.join(entry.timeout)
+    if t.is_alive():
+        return None, None, "timeout"
+    return result.get("problems"), result.get("error"), result.get("tb", "")
+
+
+def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str = "preflight") -> list[Finding]:
+    problems, error, tb = _call(entry, args)
+    if tb == "timeout":
+        return [events.raise_event(
+            events.CHECK_TIMED_OUT, f"{entry.id} ({entry.title}) did not finish within {entry.timeout:g} s",
+            rank=rank, evidence={"check": entry.id, "timeout_s": entry.timeout}, phase=phase)]
+    if error is not None:
+        return [events.raise_event(
+            events.CHECK_CRASHED, f"{entry.id} ({entry.title}) raised {type(error).__name__}: {error}",
+            rank=rank, evidence={"check": entry.id, "traceback": tb}, phase=phase)]
+    out = []
+    for p in problems or ():
+        if not isinstance(p, Problem):
+            out.append(events.raise_event(
+                events.CHECK_CRASHED, f"{entry.id} yielded {type(p).__name__}, not a Problem",
+                rank=rank, evidence={"check": entry.id}, phase=phase))
+            continue
+        out.append(entry.finding(p, rank, phase))
+    return out
+
+
+def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: list[str] | None = None,
+              skip: list[str] | None = None, phase: str = "preflight") -> list[Finding]:
+    findings: list[Finding] = []
+    for entry in registry.checks_for(stage, select, skip):
+        findings.extend(run_entry(entry, args, rank, phase))
+    return findings

@@ -1,0 +1,1 @@
+"""The training side of ddp-doctor: `ddp-doctor run`, probes and callbacks."""
