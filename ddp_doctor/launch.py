@@ -88,7 +88,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
     path = out.path()
     err = sinks.write_report_file(rep, path)
     if err:
-        warn(f"could not write the report to {path}: {err}")
+        warn(err)
     show(rep, out, None if err else path)
     return reportlib.exit_code(rep)
 

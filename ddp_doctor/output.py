@@ -78,7 +78,7 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
     if reporter:
         err = sinks.write_report_file(rep, path)
         if err:
-            warn(f"could not write the report to {path}: {err}")
+            warn(err)
         show(rep, out, None if err else path)
     elif alone:
         own = path if rank == 0 else f"{path}.rank{rank}.json"
@@ -86,7 +86,7 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
         if rank != 0 and not os.path.exists(path):
             sinks.write_report_file(rep, path)  # so PATH exists in every outcome; rank 0 overwrites
         if err:
-            warn(f"could not write the report to {own}: {err}")
+            warn(err)
         show(rep, out, own, stream=sys.stdout if rank == 0 else sys.stderr,
              prefix="" if rank == 0 else f"[rank {rank}] ")
     platform_sinks(rep, ctx)

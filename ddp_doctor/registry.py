@@ -12,6 +12,7 @@ IDs are never reused: a retired ID stays in :data:`RETIRED`.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -123,11 +124,27 @@ CHECK_MODULES = (
 )
 
 
+EXTRA_MODULES_ENV = "DDP_DOCTOR_CHECK_MODULES"
+
+
 def load_catalogue() -> dict[str, Check]:
-    """Import every check module (registration happens at import) and return the registry."""
+    """Import every check module (registration happens at import) and return the registry.
+
+    Teams add checks of their own by naming their modules in DDP_DOCTOR_CHECK_MODULES
+    (comma-separated); they register with the same decorator and ID rules."""
+    extra = [m.strip() for m in os.environ.get(EXTRA_MODULES_ENV, "").split(",") if m.strip()]
     for name in CHECK_MODULES:
         importlib.import_module(name)
+    for name in extra:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            LOAD_ERRORS[name] = f"{type(e).__name__}: {e}"
     return REGISTRY
+
+
+# module name -> why it could not be imported (reported by the runner as DDP001)
+LOAD_ERRORS: dict[str, str] = {}
 
 
 def get(id: str) -> Check:

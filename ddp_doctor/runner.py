@@ -56,6 +56,12 @@ def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str 
 def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: list[str] | None = None,
               skip: list[str] | None = None, phase: str = "preflight") -> list[Finding]:
     findings: list[Finding] = []
-    for entry in registry.checks_for(stage, select, skip):
+    entries = registry.checks_for(stage, select, skip)
+    if stage == "local":
+        for module, why in sorted(registry.LOAD_ERRORS.items()):
+            findings.append(events.raise_event(
+                events.CHECK_CRASHED, f"check module {module} (from {registry.EXTRA_MODULES_ENV}) "
+                f"could not be imported: {why}", rank=rank, evidence={"module": module}, phase=phase))
+    for entry in entries:
         findings.extend(run_entry(entry, args, rank, phase))
     return findings

@@ -179,7 +179,9 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerView | Non
                 continue
             if is_hetero and dgroups is not None and g.get("instance_group_name") not in dgroups:
                 continue
-            distribution_hosts.extend(str(h) for h in (g.get("hosts") or []))
+            group_hosts = g.get("hosts")
+            if isinstance(group_hosts, list):  # a string or number here is a broken file (DDP201)
+                distribution_hosts.extend(str(h) for h in group_hosts)
     if not distribution_hosts:
         distribution_hosts = (_str_list(training_env.get("distribution_hosts"))
                               or _str_list((rc or {}).get("hosts")) or hosts or [])

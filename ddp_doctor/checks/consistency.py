@@ -1,0 +1,323 @@
+"""Cross-rank consistency: every rank's view (ddp_doctor.views.collect_view) compared on the
+reporting rank. Versions, GPUs, rank layout, code and communication settings must agree.
+
+IDs DDP700-DDP799, stage "cross_rank": each check takes (ctx, views), views mapping rank -> view
+for every rank that arrived.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
+
+from ddp_doctor.context import RankContext
+from ddp_doctor.findings import Problem
+from ddp_doctor.registry import check
+
+Views = Mapping[int, Mapping[str, Any]]
+
+# Libraries that must match; a mismatch in the last four is a warning, not an error.
+VERSION_KEYS = ("torch", "cuda", "nccl", "python", "transformers", "accelerate", "numpy", "ddp_doctor")
+SOFT_VERSION_KEYS = frozenset({"transformers", "accelerate", "numpy", "ddp_doctor"})
+# Variables that legitimately differ per rank on some launchers (one GPU per task, thread pinning).
+INFO_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"})
+MAX_GROUPS_SHOWN = 5
+MAX_HOSTS_SHOWN = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting helpers
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 5, 7, 8, 9] -> "0-3, 5, 7-9"."""
+    rs = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """"rank 3" or "ranks 0-7, 9"."""
+    rs = sorted(set(ranks))
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {format_ranks(rs)}"
+
+
+def host_label(view: Mapping[str, Any]) -> str:
+    """The name users know the host by: SageMaker's (algo-1) when there is one."""
+    return str(view.get("sm_host") or view.get("hostname") or "?")
+
+
+def host_key(view: Mapping[str, Any]) -> tuple[Any, Any]:
+    # Both names: containers on different hosts may share a socket host name.
+    return (view.get("hostname"), view.get("sm_host"))
+
+
+def hosts_phrase(views: Views, ranks: Iterable[int]) -> str:
+    """"(algo-1)" / "(algo-1, algo-2, algo-3 +2 more)" for the hosts of `ranks`."""
+    names = sorted({host_label(views[r]) for r in ranks if r in views})
+    shown = ", ".join(names[:MAX_HOSTS_SHOWN])
+    more = f" +{len(names) - MAX_HOSTS_SHOWN} more" if len(names) > MAX_HOSTS_SHOWN else ""
+    return f"({shown}{more})"
+
+
+def group_ranks(views: Views, key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Hashable, list[int]]]:
+    """(value, ranks) groups, the largest first (ties: the group holding the lowest rank), so the
+    first group is the reference and the others are the odd ones out."""
+    groups: dict[Hashable, list[int]] = {}
+    for r in sorted(views):
+        groups.setdefault(key(views[r]), []).append(r)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+
+
+def describe_groups(views: Views, groups: list[tuple[Hashable, list[int]]],
+                    label: Callable[[Hashable], str]) -> str:
+    """"2.13.0 on ranks 0-7 (algo-1), 2.12.1 on ranks 8-15 (algo-2)"."""
+    parts = [f"{label(v)} on {ranks_phrase(rs)} {hosts_phrase(views, rs)}" for v, rs in groups[:MAX_GROUPS_SHOWN]]
+    if len(groups) > MAX_GROUPS_SHOWN:
+        parts.append(f"{len(groups) - MAX_GROUPS_SHOWN} more values")
+    return ", ".join(parts)
+
+
+def odd_ranks(groups: list[tuple[Hashable, list[int]]]) -> tuple[int, ...]:
+    """Every rank outside the reference (largest) group."""
+    return tuple(sorted(r for _, rs in groups[1:] for r in rs))
+
+
+def _evidence(groups: list[tuple[Hashable, list[int]]]) -> list[dict[str, Any]]:
+    return [{"value": v, "ranks": rs} for v, rs in groups]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+@check("DDP700", category="consistency", severity="error", title="Library versions differ between ranks",
+       stage="cross_rank")
+def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: Python, torch, its CUDA and NCCL, transformers, accelerate, numpy and ddp-doctor have
+    the same version on every rank.
+    Why: Ranks with different torch or NCCL builds exchange messages they do not agree on: the
+    job hangs or crashes in the first collective, or silently computes with different kernels.
+    Nodes built from different images (or a `pip install` that ran on one node only) cause it.
+    Fix: Pin the versions in requirements.txt or the container image and use the same image on
+    every node.
+    """
+    for lib in VERSION_KEYS:
+        groups = group_ranks(views, lambda v: (v.get("versions") or {}).get(lib))
+        if len(groups) < 2:
+            continue
+        yield Problem(
+            message=f"{lib} differs between ranks: "
+                    + describe_groups(views, groups, lambda x: "not installed" if x is None else str(x)),
+            severity="warning" if lib in SOFT_VERSION_KEYS else None,
+            ranks=odd_ranks(groups),
+            evidence={"library": lib, "groups": _evidence(groups)},
+        )
+
+
+def _gpu_key(view: Mapping[str, Any]) -> Hashable:
+    device = str(view.get("device") or "cpu")
+    if not device.startswith("cuda"):
+        return None
+    uuid = view.get("device_uuid")
+    return (host_key(view), "uuid", uuid) if uuid else (host_key(view), "device", device)
+
+
+@check("DDP701", category="consistency", severity="error", title="Two ranks use the same GPU",
+       stage="cross_rank")
+def gpus_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: No two ranks on one host use the same GPU (same device UUID, or the same cuda:N when
+    the UUID is unknown).
+    Why: Ranks that share a GPU run out of memory or run at a fraction of the speed, and NCCL
+    refuses ("Duplicate GPU detected"). The usual cause is code that never calls
+    torch.cuda.set_device, so every rank lands on cuda:0.
+    Fix: Call torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) before init_process_group, and
+    wrap the model with DistributedDataParallel(model, device_ids=[local_rank]).
+    """
+    for key, ranks in group_ranks(views, _gpu_key):
+        if key is None or len(ranks) < 2:
+            continue
+        first = views[ranks[0]]
+        what = f"GPU {first.get('device_uuid')}" if key[1] == "uuid" else str(first.get("device"))
+        devices = ", ".join(f"{r}: {views[r].get('device')}" for r in ranks)
+        yield Problem(
+            message=f"{ranks_phrase(ranks)} on host {host_label(first)} all use {what} (rank: device {devices}).",
+            ranks=tuple(ranks),
+            evidence={"host": host_label(first), "device_uuid": first.get("device_uuid"),
+                      "devices": {str(r): views[r].get("device") for r in ranks}},
+        )
+
+
+@check("DDP702", category="consistency", severity="error", title="Two ranks claim one local rank on a host",
+       stage="cross_rank")
+def local_ranks_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: On each host, every rank has its own LOCAL_RANK.
+    Why: Ranks that share a local rank pick the same GPU and the same per-node resources; it means
+    two launchers started on one host, or the launcher's variables were overwritten.
+    Fix: Start one launcher per node (torchrun --nnodes N --node-rank K on each), and do not set
+    LOCAL_RANK in the job's environment yourself.
+    """
+    groups = group_ranks(views, lambda v: (host_key(v), v.get("local_rank")))
+    for (hk, local_rank), ranks in groups:
+        if local_rank is None or len(ranks) < 2:
+            continue
+        yield Problem(
+            message=f"{ranks_phrase(ranks)} on host {host_label(views[ranks[0]])} all have LOCAL_RANK={local_rank}.",
+            ranks=tuple(ranks), evidence={"host": host_label(views[ranks[0]]), "local_rank": local_rank})
+
+
+def _agreed(views: Views, field: str) -> Any:
+    values = {views[r].get(field) for r in views}
+    return values.pop() if len(values) == 1 else None
+
+
+def _complete(views: Views) -> bool:
+    """Did every rank of the world arrive? Layout gaps are only meaningful then."""
+    ws = _agreed(views, "world_size")
+    return isinstance(ws, int) and set(views) == set(range(ws))
+
+
+def _by_host(views: Views) -> dict[tuple[Any, Any], list[int]]:
+    out: dict[tuple[Any, Any], list[int]] = {}
+    for r in sorted(views):
+        out.setdefault(host_key(views[r]), []).append(r)
+    return out
+
+
+@check("DDP703", category="consistency", severity="error", title="Local ranks on a host are not 0..n-1",
+       stage="cross_rank")
+def local_ranks_contiguous(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: Once every rank has arrived, the local ranks on each host are exactly 0..n-1, and n
+    equals the LOCAL_WORLD_SIZE those ranks report.
+    Why: A gap means ranks were placed on hosts differently from what the launcher told them
+    (a wrong --nproc-per-node, or a hostfile with a different slot count): GPUs stay idle or
+    ranks index GPUs that do not exist.
+    Fix: Make --nproc-per-node (or the hostfile's slots) equal the GPUs each node has, the same
+    on every node.
+    """
+    if not _complete(views):
+        return
+    for hk, ranks in _by_host(views).items():
+        local = sorted(views[r].get("local_rank") for r in ranks if views[r].get("local_rank") is not None)
+        if len(local) != len(ranks) or len(set(local)) != len(local):
+            continue  # unknown local ranks, or duplicates (DDP702 reports those)
+        host = host_label(views[ranks[0]])
+        if local != list(range(len(ranks))):
+            yield Problem(
+                message=f"host {host} has {ranks_phrase(ranks)} with local ranks "
+                        f"{', '.join(map(str, local))}; expected 0-{len(ranks) - 1}.",
+                ranks=tuple(ranks), evidence={"host": host, "local_ranks": local})
+            continue
+        lws = {views[r].get("local_world_size") for r in ranks} - {None}
+        if len(lws) == 1 and (n := lws.pop()) != len(ranks):
+            yield Problem(
+                message=f"host {host} runs {len(ranks)} rank(s) ({ranks_phrase(ranks)}) but they report "
+                        f"LOCAL_WORLD_SIZE={n}.",
+                ranks=tuple(ranks), evidence={"host": host, "ranks": ranks, "local_world_size": n})
+
+
+LAYOUT_FIELDS = (("world_size", "WORLD_SIZE"), ("backend", "backend"), ("launcher", "launcher"))
+
+
+@check("DDP704", category="consistency", severity="error", title="Ranks disagree on the job layout",
+       stage="cross_rank")
+def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: Every rank reports the same WORLD_SIZE, backend and launcher, and the ranks on one host
+    the same LOCAL_WORLD_SIZE (across hosts a different LOCAL_WORLD_SIZE is a warning).
+    Why: Ranks started with different world sizes wait for peers that never come; mixing
+    launchers or backends means the nodes were started by different commands.
+    Fix: Start every node with the same launcher command and options; only --node-rank differs.
+    """
+    for field, name in LAYOUT_FIELDS:
+        groups = group_ranks(views, lambda v: v.get(field))
+        if len(groups) > 1:
+            yield Problem(
+                message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
+                ranks=odd_ranks(groups), evidence={"field": field, "groups": _evidence(groups)})
+    per_host = {hk: group_ranks({r: views[r] for r in rs}, lambda v: v.get("local_world_size"))
+                for hk, rs in _by_host(views).items()}
+    for hk, groups in per_host.items():
+        if len(groups) > 1:
+            yield Problem(
+                message=f"LOCAL_WORLD_SIZE differs between ranks on one host: "
+                        + describe_groups(views, groups, _value_label),
+                ranks=odd_ranks(groups), evidence={"field": "local_world_size", "groups": _evidence(groups)})
+    if all(len(g) == 1 for g in per_host.values()) and len(per_host) > 1:
+        groups = group_ranks(views, lambda v: v.get("local_world_size"))
+        if len(groups) > 1:
+            yield Problem(
+                message="LOCAL_WORLD_SIZE differs between hosts: " + describe_groups(views, groups, _value_label),
+                severity="warning", ranks=odd_ranks(groups),
+                hint="Uneven nodes work with torchrun but SageMaker and most schedules assume the same "
+                     "number of processes per node; check --nproc-per-node on each node.",
+                evidence={"field": "local_world_size", "groups": _evidence(groups)})
+
+
+def _value_label(value: Hashable) -> str:
+    return "unset" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def _script_key(view: Mapping[str, Any]) -> Hashable:
+    script = view.get("entry_script")
+    return script.get("sha256") if isinstance(script, Mapping) else None
+
+
+@check("DDP705", category="consistency", severity="error", title="Nodes run different code",
+       stage="cross_rank")
+def same_code(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: The training script has the same SHA-256 on every rank.
+    Why: Nodes that run different code (an edited file synced to one node, a stale checkout) build
+    different models or call collectives in a different order: DDP fails at construction or the
+    job hangs in a collective that only some ranks reach.
+    Fix: Ship the code to every node from one source (the same image, a shared file system, or
+    SageMaker's source_dir) and re-launch.
+    """
+    if not any(_script_key(views[r]) for r in views):
+        return
+    groups = group_ranks(views, _script_key)
+    if len(groups) < 2:
+        return
+
+    def label(sha: Hashable) -> str:
+        if sha is None:
+            return "no readable script"
+        path = next(views[r]["entry_script"].get("path") for r in views if _script_key(views[r]) == sha)
+        return f"sha256 {str(sha)[:12]} ({path})"
+
+    yield Problem(
+        message="The training script differs between ranks: " + describe_groups(views, groups, label),
+        ranks=odd_ranks(groups), evidence={"groups": _evidence(groups)})
+
+
+@check("DDP706", category="consistency", severity="warning",
+       title="Communication settings differ between ranks", stage="cross_rank")
+def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
+    """
+    What: The NCCL_*, FI_*, GLOO_*, TORCH_NCCL_*, SMDATAPARALLEL_* variables (and, as information,
+    CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS) have the same value on every rank.
+    Why: NCCL settings must match across ranks: one node with NCCL_PROTO=simple or
+    NCCL_IB_DISABLE=1 and another without negotiate different protocols and may hang or run
+    slowly. A variable exported in one node's shell profile but not another's is the usual cause.
+    Fix: Set these variables in the launch command or the job's environment, the same for every
+    node, not in per-node shell profiles.
+    """
+    names = sorted({k for r in views for k in (views[r].get("env") or {})})
+    for name in names:
+        if name.endswith("RANK"):
+            continue  # per-rank by design (SMDATAPARALLEL_LOCAL_RANK)
+        groups = group_ranks(views, lambda v: (v.get("env") or {}).get(name))
+        if len(groups) < 2:
+            continue
+        yield Problem(
+            message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
+            severity="info" if name in INFO_ENV else None, ranks=odd_ranks(groups),
+            evidence={"variable": name, "groups": _evidence(groups)})

@@ -1,0 +1,247 @@
+"""Network checks on this host: the host names the job depends on resolve, and the network
+interfaces named for NCCL, Gloo and SageMaker exist.
+
+IDs DDP300-DDP309. Reaching the master's port belongs to the rendezvous (DDP310-DDP329).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from ddp_doctor.context import RankContext
+from ddp_doctor.findings import Problem
+from ddp_doctor.registry import check
+
+# Overall bound on resolving every host name (resolutions run concurrently).
+RESOLVE_TIMEOUT_S = 5.0
+# Indirection so tests can stand in a slow or fake resolver.
+_getaddrinfo: Callable[..., Any] = socket.getaddrinfo
+LOOPBACK = "lo"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host names
+
+def hosts_to_resolve(ctx: RankContext) -> dict[str, list[str]]:
+    """host name -> the sources that name it, in first-seen order (MASTER_ADDR, SM_HOSTS,
+    resourceconfig.json)."""
+    named: list[tuple[str, list[str] | None]] = [("MASTER_ADDR", [ctx.master_addr] if ctx.master_addr else None)]
+    if ctx.sagemaker is not None:
+        named += [("SM_HOSTS", ctx.sagemaker.hosts), ("resourceconfig.json hosts", ctx.sagemaker.rc_hosts)]
+    out: dict[str, list[str]] = {}
+    for source, hosts in named:
+        for h in hosts or ():
+            h = h.strip()
+            if h and source not in out.setdefault(h, []):
+                out[h].append(source)
+    return out
+
+
+def resolve_all(hosts: list[str], timeout: float | None = None) -> dict[str, str | None]:
+    """host -> None when it resolved, else why not. Lookups run in daemon threads so a resolver
+    that never answers costs at most `timeout` (default RESOLVE_TIMEOUT_S) in all and never
+    blocks interpreter exit."""
+    timeout = RESOLVE_TIMEOUT_S if timeout is None else timeout
+    results: dict[str, str | None] = {}
+    lock = threading.Lock()
+
+    def resolve(host: str) -> None:
+        try:
+            _getaddrinfo(host, None)
+            outcome: str | None = None
+        except OSError as e:
+            outcome = f"{type(e).__name__}: {e}"
+        except Exception as e:  # a resolver bug is still "did not resolve", with its reason
+            outcome = f"{type(e).__name__}: {e}"
+        with lock:
+            results[host] = outcome
+
+    threads = [threading.Thread(target=resolve, args=(h,), name=f"ddp-doctor-resolve-{h}", daemon=True)
+               for h in hosts]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        return {h: results[h] if h in results else f"did not resolve within {timeout:g} s" for h in hosts}
+
+
+@check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0)
+def hosts_resolve(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: Every host name the job depends on (MASTER_ADDR, the hosts in SM_HOSTS and in
+    SageMaker's resourceconfig.json) resolves to an address on this host, within a few seconds.
+    Why: A rank that cannot resolve the master's name cannot join the rendezvous; one that cannot
+    resolve a peer's name fails when NCCL or MPI connects to it. Either way the job hangs or fails
+    long after start, with a message that rarely names the host.
+    Fix: Make the name resolvable on every node (DNS or /etc/hosts), or set MASTER_ADDR to the
+    master's IP address.
+    """
+    sources = hosts_to_resolve(ctx)
+    if not sources:
+        return
+    outcome = resolve_all(list(sources))
+    failed = {h: why for h, why in outcome.items() if why is not None}
+    if not failed:
+        return
+    parts = [f"{h} (from {', '.join(sources[h])}): {why}" for h, why in failed.items()]
+    yield Problem(
+        message=f"{len(failed)} of {len(sources)} host name(s) did not resolve on this host: " + "; ".join(parts),
+        hint=_resolve_hint(ctx),
+        evidence={"failed": failed, "sources": sources, "timeout_s": RESOLVE_TIMEOUT_S},
+    )
+
+
+def _resolve_hint(ctx: RankContext) -> str | None:
+    if ctx.sagemaker is None:
+        return None  # the check's default Fix
+    return ("On SageMaker the host names come from SM_HOSTS (resourceconfig.json); the training "
+            "toolkit waits for every host to resolve before it starts the script, so a name that "
+            "still fails was not produced by SageMaker or DNS in the container is not ready. Use "
+            "the names from SM_HOSTS / resourceconfig.json as they are (never build 'algo-N' "
+            "yourself), and check the VPC's DNS settings (enableDnsSupport / enableDnsHostnames).")
+
+
+# ---------------------------------------------------------------------------------------------
+# Interfaces
+
+def parse_nccl_ifname(spec: str) -> tuple[bool, list[tuple[str, bool]]]:
+    """NCCL_SOCKET_IFNAME syntax -> (exclude, [(name, exact)]). A leading `^` excludes the
+    listed interfaces; an entry starting with `=` is an exact name, otherwise a prefix."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    if exclude:
+        spec = spec[1:]
+    entries = []
+    for raw in spec.split(","):
+        raw = raw.strip()
+        exact = raw.startswith("=")
+        name = raw[1:] if exact else raw
+        if name:
+            entries.append((name, exact))
+    return exclude, entries
+
+
+def nccl_selects(spec: str, interface: str) -> bool:
+    """Would NCCL use `interface` under NCCL_SOCKET_IFNAME=spec?"""
+    exclude, entries = parse_nccl_ifname(spec)
+    hit = any(interface == n if exact else interface.startswith(n) for n, exact in entries)
+    return not hit if exclude else hit
+
+
+def _sm_interface(ctx: RankContext) -> tuple[str, str] | None:
+    """(source, name) of SageMaker's network interface, when known."""
+    if ctx.env.get("SM_NETWORK_INTERFACE_NAME"):
+        return "SM_NETWORK_INTERFACE_NAME", ctx.env["SM_NETWORK_INTERFACE_NAME"].strip()
+    if ctx.sagemaker is not None and ctx.sagemaker.network_interface:
+        return "resourceconfig.json network_interface_name", str(ctx.sagemaker.network_interface).strip()
+    return None
+
+
+def _missing_problem(variable: str, value: str, missing: list[str], present: tuple[str, ...],
+                     severity: str | None, note: str = "") -> Problem:
+    if not missing:
+        what = "matches no interface"
+    else:
+        what = f"names {', '.join(repr(m) for m in missing)}, which " + ("does" if len(missing) == 1 else "do") + " not exist"
+    return Problem(
+        message=f"{variable}={value!r} {what} on this host; interfaces present: {', '.join(present)}.{note}",
+        severity=severity,
+        evidence={"variable": variable, "value": value, "missing": missing, "interfaces": list(present)},
+    )
+
+
+@check("DDP301", category="network", severity="error", title="Named network interface does not exist")
+def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: The interfaces named by NCCL_SOCKET_IFNAME (comma-separated prefixes; `=name` is an
+    exact name), GLOO_SOCKET_IFNAME (comma-separated exact names) and SM_NETWORK_INTERFACE_NAME
+    exist on this host.
+    Why: NCCL finds no socket interface and fails at init ("no socket interface found"); Gloo
+    fails with "Unable to find address for" the name. Container and instance types name their
+    interfaces differently (eth0, ens5, enp...), so a value copied from another setup breaks here.
+    Fix: Set the variable to an interface this host has (`ip -brief link` lists them), or unset it
+    and let the library choose.
+    """
+    present = ctx.host.interfaces
+    if not present:
+        return  # interfaces could not be listed: nothing to compare against
+    nccl = (ctx.env.get("NCCL_SOCKET_IFNAME") or "").strip()
+    if nccl and not nccl.startswith("^") and not any(nccl_selects(nccl, i) for i in present):
+        uses = ctx.backend in ("nccl", "smddp")
+        note = "" if uses else f" (the {ctx.backend} backend does not read it, but NCCL would fail on it)"
+        yield _missing_problem("NCCL_SOCKET_IFNAME", nccl, [], present, None if uses else "warning", note)
+    gloo = (ctx.env.get("GLOO_SOCKET_IFNAME") or "").strip()
+    if gloo:
+        missing = [n for n in (x.strip() for x in gloo.split(",")) if n and n not in present]
+        if missing:
+            uses = ctx.backend == "gloo"
+            note = "" if uses else f" (the {ctx.backend} backend does not read it, but any Gloo group would fail)"
+            yield _missing_problem("GLOO_SOCKET_IFNAME", gloo, missing, present, None if uses else "warning", note)
+    sm = _sm_interface(ctx)
+    if sm is not None and sm[1] and sm[1] not in present:
+        # The toolkit passes it on as NCCL_SOCKET_IFNAME; that variable is checked in its own right.
+        yield _missing_problem(sm[0], sm[1], [sm[1]], present, "warning")
+
+
+@check("DDP302", category="network", severity="warning",
+       title="NCCL_SOCKET_IFNAME excludes every interface but loopback")
+def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: NCCL_SOCKET_IFNAME is an exclusion list (`^docker,lo`) that leaves NCCL only the
+    loopback interface, or no interface at all.
+    Why: With only `lo`, NCCL binds to 127.0.0.1 and ranks on other nodes cannot connect: a
+    multi-node job hangs at its first collective. With nothing left, NCCL fails at init.
+    Fix: Exclude fewer interfaces, or name the interface to use (NCCL_SOCKET_IFNAME=eth0).
+    """
+    nccl = (ctx.env.get("NCCL_SOCKET_IFNAME") or "").strip()
+    present = ctx.host.interfaces
+    if not nccl.startswith("^") or not present:
+        return
+    left = [i for i in present if nccl_selects(nccl, i)]
+    if left and left != [LOOPBACK]:
+        return
+    if not left:
+        yield Problem(
+            message=f"NCCL_SOCKET_IFNAME={nccl!r} excludes every interface on this host "
+                    f"({', '.join(present)}); NCCL will find no socket interface.",
+            severity="error", evidence={"value": nccl, "interfaces": list(present), "left": left})
+        return
+    if _single_node(ctx):
+        return  # loopback is enough when every rank is on this host
+    yield Problem(
+        message=f"NCCL_SOCKET_IFNAME={nccl!r} leaves only the loopback interface 'lo' of "
+                f"{', '.join(present)}; ranks on other nodes cannot reach this one through it.",
+        evidence={"value": nccl, "interfaces": list(present), "left": left})
+
+
+def _single_node(ctx: RankContext) -> bool:
+    ws, lws = ctx.world_size, ctx.local_world_size
+    return ctx.nnodes == 1 or ws == 1 or (ws is not None and ws == lws)
+
+
+@check("DDP303", category="network", severity="warning",
+       title="NCCL_SOCKET_IFNAME disagrees with SageMaker's network interface")
+def nccl_ifname_matches_sagemaker(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: On SageMaker, NCCL_SOCKET_IFNAME selects the interface SageMaker names in
+    SM_NETWORK_INTERFACE_NAME (resourceconfig.json network_interface_name).
+    Why: SageMaker's toolkit sets NCCL_SOCKET_IFNAME to that interface; a value overridden in the
+    estimator's environment or in the script sends NCCL traffic over another interface, which is
+    slower or cannot reach the other nodes.
+    Fix: Remove the override and let the toolkit set NCCL_SOCKET_IFNAME, or set it to the value
+    of SM_NETWORK_INTERFACE_NAME.
+    """
+    if ctx.sagemaker is None:
+        return
+    nccl = (ctx.env.get("NCCL_SOCKET_IFNAME") or "").strip()
+    sm = _sm_interface(ctx)
+    if not nccl or sm is None or not sm[1] or nccl_selects(nccl, sm[1]):
+        return
+    yield Problem(
+        message=f"NCCL_SOCKET_IFNAME={nccl!r} does not select {sm[0]}={sm[1]!r}.",
+        hint=f"Set NCCL_SOCKET_IFNAME={sm[1]} (or unset it on SageMaker: the toolkit sets it).",
+        evidence={"NCCL_SOCKET_IFNAME": nccl, sm[0]: sm[1]})

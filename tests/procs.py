@@ -1,0 +1,123 @@
+"""Real processes for tests: launch ddp-doctor ranks, bound every wait, leave no survivors.
+
+Each command runs in its own session (process group); when the test is done the group must be
+empty, and a command that overruns is killed with its whole group and fails the test loudly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+# Variables a launcher or SageMaker sets; stripped so the test decides what a rank sees.
+LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_", "ROLE_",
+                     "MASTER_", "TORCHELASTIC_", "OMPI_", "PMI_", "SLURM_", "SM_", "SMDATAPARALLEL_",
+                     "DDP_DOCTOR_", "NCCL_", "GLOO_")
+DDP = [sys.executable, "-m", "ddp_doctor"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _reap(pgid: int) -> bool:
+    """Wait briefly for a process group to empty; kill what is left. True if it had survivors."""
+    deadline = time.monotonic() + 3.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    return False
+
+
+def start(cmd: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = None) -> Result:
+    started = started or time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{proc.args} ran past {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    survivors = _reap(proc.pid)
+    assert not survivors, f"{proc.args} left processes behind\nstderr:\n{err}"
+    return Result(proc.returncode, out, err, time.monotonic() - started)
+
+
+def run(cmd: Sequence[str], env: Mapping[str, str], cwd: str, timeout: float = 120.0) -> Result:
+    t = time.monotonic()
+    return finish(start(cmd, env, cwd), timeout, t)
+
+
+def run_ranks(n: int, args: Sequence[str], env: Mapping[str, str], cwd: str, *, world_size: int | None = None,
+              port: int | None = None, per_rank: Mapping[int, Mapping[str, str]] | None = None,
+              ranks: Sequence[int] | None = None, timeout: float = 120.0) -> dict[int, Result]:
+    """Start ranks by hand, as a launcher that sets RANK/WORLD_SIZE/MASTER_* would."""
+    port = port or free_port()
+    world_size = world_size or n
+    procs = {}
+    t = time.monotonic()
+    for r in ranks if ranks is not None else range(n):
+        e = dict(env)
+        e.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size),
+                 LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=e.get("MASTER_ADDR", "127.0.0.1"),
+                 MASTER_PORT=str(port))
+        e.update((per_rank or {}).get(r, {}))
+        procs[r] = start([*DDP, *args], e, cwd)
+    return {r: finish(p, timeout, t) for r, p in procs.items()}
+
+
+def load_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def ids(report: dict, severity: str | None = None) -> set[str]:
+    return {f["id"] for f in report["findings"] if severity is None or f["severity"] == severity}
+
+
+def assert_clean_output(result: Result) -> None:
+    """No Python traceback reaches the user from a diagnosed failure."""
+    assert "Traceback (most recent call last)" not in result.output, result.output
