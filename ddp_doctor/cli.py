@@ -101,12 +101,29 @@ def _exit_now(code: int) -> None:
 
 # ---------------------------------------------------------------- catalogue
 def add_list_checks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    fmt.add_argument("--markdown", action="store_true", help="print the catalogue as a Markdown table")
+
+
+def catalogue_markdown() -> str:
+    """The README's check table, generated from the same docstrings `explain` prints."""
+    from ddp_doctor import registry
+    rows = ["| ID | category | severity | title | what it checks |", "|---|---|---|---|---|"]
+    for c in sorted(registry.load_catalogue().values(), key=lambda c: c.id):
+        what = c.sections.get("What", "").replace("|", "\\|")
+        rows.append(f"| {c.id} | {c.category} | {c.severity} | {c.title} | {what} |")
+    for rid, why in sorted(registry.RETIRED.items()):
+        rows.append(f"| {rid} | retired | | | {why} |")
+    return "\n".join(rows)
 
 
 def cmd_list_checks(args: argparse.Namespace) -> int:
     from ddp_doctor import registry
     entries = sorted(registry.load_catalogue().values(), key=lambda c: c.id)
+    if args.markdown:
+        print(catalogue_markdown())
+        return EXIT_OK
     if args.json:
         print(json.dumps({"checks": [c.to_dict() for c in entries],
                           "retired": registry.RETIRED}, indent=2))

@@ -10,6 +10,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.findings import Problem
+from ddp_doctor.ranges import format_ranks  # "0-7, 9"
 from ddp_doctor.registry import check
 
 Views = Mapping[int, Mapping[str, Any]]
@@ -25,20 +26,6 @@ MAX_HOSTS_SHOWN = 3
 
 # ---------------------------------------------------------------------------------------------
 # Formatting helpers
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 3, 5, 7, 8, 9] -> "0-3, 5, 7-9"."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
     """"rank 3" or "ranks 0-7, 9"."""

@@ -56,6 +56,12 @@ def _ppn_source(sm: SageMakerView) -> str:
     return f"SM_NUM_GPUS={sm.num_gpus}" if sm.num_gpus else "SM_NUM_NEURONS, else 1"
 
 
+def _show(env: Any, name: str) -> str:
+    """`NAME='value'`, or `NAME is unset`, for messages."""
+    v = env.get(name)
+    return f"{name} is unset" if v is None else f"{name}={v!r}"
+
+
 def _is_ip(addr: str) -> bool:
     try:
         ipaddress.ip_address(addr)
@@ -386,15 +392,22 @@ def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
     ev = {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size, "hosts": dh,
           "processes_per_host": ppn, "distribution": sm.distribution}
     expected = len(dh) * ppn
+    if ctx.launcher.name == "mpirun":
+        dist = f'{{"mpi": {{"enabled": True, "processes_per_host": {ppn}}}}}'
+        own = f"`mpirun -np {expected} -npernode {ppn} ...`"
+    else:
+        dist = '{"torch_distributed": {"enabled": True}}'
+        own = f"`torchrun --nnodes {len(dh)} --nproc-per-node {ppn} --node_rank <index in {dh}> ...` on every host"
+    hint = f"Let the estimator start the ranks (distribution={dist}) or run {own}"
     if ctx.world_size is not None and ctx.world_size != expected:
         yield Problem(
             message=f"{world_n}={ctx.world_size} but SageMaker runs {len(dh)} host(s) {dh} x {ppn} processes "
                     f"per host ({_ppn_source(sm)}) = {expected}",
-            severity=severity, evidence=ev)
+            severity=severity, hint=hint, evidence=ev)
     if ctx.local_world_size is not None and ctx.local_world_size != ppn:
         yield Problem(
             message=f"{lworld_n}={ctx.local_world_size} but processes per host is {ppn} ({_ppn_source(sm)})",
-            severity=severity, evidence=ev)
+            severity=severity, hint=hint, evidence=ev)
 
 
 @check("DDP211", category="topology", severity="error", title="SM_NUM_GPUS differs from the GPUs visible")
@@ -414,16 +427,17 @@ def sagemaker_gpus_visible(ctx: RankContext) -> Iterator[Problem]:
     n, host = sm.num_gpus, ctx.host
     ev = {"SM_NUM_GPUS": n, "visible_gpus": host.visible_gpus, "physical_gpus": host.physical_gpus,
           "CUDA_VISIBLE_DEVICES": ctx.env.get("CUDA_VISIBLE_DEVICES")}
-    if host.visible_gpus < n:
+    too_few_visible = host.visible_gpus < n
+    nvml_differs = host.physical_gpus is not None and host.physical_gpus != n
+    if too_few_visible or nvml_differs:
         cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
+        counts = f"torch sees {host.visible_gpus}" + (
+            f" and NVML counts {host.physical_gpus}" if host.physical_gpus is not None else "")
         yield Problem(
-            message=f"SM_NUM_GPUS={n} but torch sees {host.visible_gpus} GPU(s)"
+            message=f"SM_NUM_GPUS={n} but {counts} GPU(s) on this host"
                     + (f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""),
-            # An explicit CUDA_VISIBLE_DEVICES may be a deliberate one-GPU-per-rank binding.
-            severity="warning" if cvd is not None else None, evidence=ev)
-    if host.physical_gpus is not None and host.physical_gpus != n:
-        yield Problem(message=f"SM_NUM_GPUS={n} but NVML counts {host.physical_gpus} GPU(s) on this host",
-                      evidence=ev)
+            # All GPUs there but narrowed by CUDA_VISIBLE_DEVICES: maybe a deliberate one-GPU-per-rank binding.
+            severity="warning" if cvd is not None and not nvml_differs else None, evidence=ev)
     lr = ctx.local_rank
     if n > 0 and lr is not None and lr >= n:
         yield Problem(message=f"LOCAL_RANK={lr} but SM_NUM_GPUS={n}: this rank has no GPU of its own",
@@ -466,7 +480,7 @@ def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
             yield Problem(message=f"SMDATAPARALLEL_SERVER_ADDR={addr} but the SageMaker master is "
                                   f"{sm.master_hostname}", evidence=ev)
         if port != str(SMDDP_PORT):
-            yield Problem(message=f"SMDATAPARALLEL_SERVER_PORT={port} (the toolkit uses {SMDDP_PORT})",
+            yield Problem(message=f"{_show(env, 'SMDATAPARALLEL_SERVER_PORT')} (the toolkit uses {SMDDP_PORT})",
                           severity="warning", evidence=ev)
     # With backend smddp, DDP106 already reports a missing smdistributed.
     if ctx.backend != "smddp" and "smddp" not in ctx.host.backends:
@@ -536,12 +550,12 @@ def efa_environment(ctx: RankContext) -> Iterator[Problem]:
     ev = {"instance_type": it, **{k: env.get(k) for k in
                                   ("FI_PROVIDER", "NCCL_PROTO", "FI_EFA_USE_DEVICE_RDMA", "NCCL_IB_DISABLE")}}
     if env.get("FI_PROVIDER") != "efa":
-        yield Problem(message=f"FI_PROVIDER={env.get('FI_PROVIDER')!r} on {it} (expected 'efa')", evidence=ev)
+        yield Problem(message=f"{_show(env, 'FI_PROVIDER')} on {it} (expected 'efa')", evidence=ev)
     if (env.get("NCCL_PROTO") or "").lower() != "simple":
-        yield Problem(message=f"NCCL_PROTO={env.get('NCCL_PROTO')!r} on {it} (the toolkit sets 'simple' for EFA)",
+        yield Problem(message=f"{_show(env, 'NCCL_PROTO')} on {it} (the toolkit sets 'simple' for EFA)",
                       evidence=ev)
     if it in EFA_RDMA_INSTANCES and env.get("FI_EFA_USE_DEVICE_RDMA") != "1":
-        yield Problem(message=f"FI_EFA_USE_DEVICE_RDMA={env.get('FI_EFA_USE_DEVICE_RDMA')!r} on {it} "
+        yield Problem(message=f"{_show(env, 'FI_EFA_USE_DEVICE_RDMA')} on {it} "
                               "(expected '1': GPUDirect RDMA over EFA)", evidence=ev)
     if env.get("NCCL_IB_DISABLE") == "1":
         yield Problem(message=f"NCCL_IB_DISABLE=1 on {it}: this disables InfiniBand verbs only; EFA is used "
