@@ -77,7 +77,12 @@ class RankPreflight:
                     f"{ctx.host.hostname}: {busy}", rank=self.rank,
                     evidence={"master_port": port, "error": busy}))
                 return self._alone()
-            if rendezvous.is_local_host(addr) is False:
+            local = rendezvous.is_local_host(addr)
+            if local is None:
+                probe = rendezvous.Probe(False, "unresolvable", "the name does not resolve")
+                self.findings.append(rendezvous.probe_finding(probe, addr, port, self.rank, opts.timeout))
+                return self._alone()
+            if local is False:
                 self.findings.append(events.raise_event(
                     ev.MASTER_NOT_LOCAL, f"MASTER_ADDR={addr} is not an address of rank 0's host "
                     f"{ctx.host.hostname}", rank=self.rank, evidence={"master_addr": addr}))

@@ -47,15 +47,20 @@ def test_no_host_names_nothing_to_do() -> None:
     assert run("DDP300", make_ctx({})) == []
 
 
-def test_unresolvable_master_addr_is_named_quickly() -> None:
-    ctx = make_ctx(torchrun_env(world_size=2, master_addr=BAD_HOST))
+def test_unresolvable_sagemaker_host_is_named_quickly(tmp_path: Path) -> None:
+    ctx = make_ctx(sm_env(["localhost", BAD_HOST], "localhost"), sm_root=tmp_path)
     start = time.monotonic()
     (f,) = run("DDP300", ctx)
     assert time.monotonic() - start < 5.0  # fails fast: no such name, no waiting for the bound
     assert f.id == "DDP300" and f.severity == "error" and f.category == "network"
-    assert BAD_HOST in f.message and "MASTER_ADDR" in f.message
-    assert "/etc/hosts" in f.hint and "IP address" in f.hint
+    assert BAD_HOST in f.message and "SM_HOSTS" in f.message
+    assert "SM_HOSTS" in f.hint
     assert f.evidence["failed"][BAD_HOST]
+
+
+def test_master_addr_is_left_to_the_rendezvous() -> None:
+    # the rendezvous resolves MASTER_ADDR on every rank and reports DDP310; not twice
+    assert run("DDP300", make_ctx(torchrun_env(world_size=2, master_addr=BAD_HOST))) == []
 
 
 def test_sagemaker_hosts_from_sm_hosts_and_resourceconfig(tmp_path: Path) -> None:
@@ -86,9 +91,9 @@ def test_resolution_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     out = network.resolve_all(["slow-host", "localhost"], timeout=0.3)
     assert time.monotonic() - start < 2.0
     assert out == {"slow-host": "did not resolve within 0.3 s", "localhost": None}
-    (f,) = run("DDP300", make_ctx(torchrun_env(world_size=2, master_addr="slow-host")))
+    (f,) = run("DDP300", make_ctx(sm_env(["slow-host"], "slow-host"), sm_root=Path("/nonexistent")))
     release.set()
-    assert "slow-host (from MASTER_ADDR): did not resolve within 0.3 s" in f.message
+    assert "slow-host (from SM_HOSTS): did not resolve within 0.3 s" in f.message
 
 
 # --- NCCL_SOCKET_IFNAME syntax --------------------------------------------------------------

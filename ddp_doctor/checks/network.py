@@ -25,9 +25,10 @@ LOOPBACK = "lo"
 # Host names
 
 def hosts_to_resolve(ctx: RankContext) -> dict[str, list[str]]:
-    """host name -> the sources that name it, in first-seen order (MASTER_ADDR, SM_HOSTS,
-    resourceconfig.json)."""
-    named: list[tuple[str, list[str] | None]] = [("MASTER_ADDR", [ctx.master_addr] if ctx.master_addr else None)]
+    """host name -> the sources that name it, in first-seen order (SM_HOSTS, resourceconfig.json).
+
+    MASTER_ADDR is left to the rendezvous, which resolves it on every rank and reports DDP310."""
+    named: list[tuple[str, list[str] | None]] = []
     if ctx.sagemaker is not None:
         named += [("SM_HOSTS", ctx.sagemaker.hosts), ("resourceconfig.json hosts", ctx.sagemaker.rc_hosts)]
     out: dict[str, list[str]] = {}
@@ -72,8 +73,9 @@ def resolve_all(hosts: list[str], timeout: float | None = None) -> dict[str, str
 @check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0)
 def hosts_resolve(ctx: RankContext) -> Iterator[Problem]:
     """
-    What: Every host name the job depends on (MASTER_ADDR, the hosts in SM_HOSTS and in
-    SageMaker's resourceconfig.json) resolves to an address on this host, within a few seconds.
+    What: Every host name of the job (the hosts in SM_HOSTS and in SageMaker's resourceconfig.json)
+    resolves to an address on this host, within a few seconds. MASTER_ADDR is resolved by the
+    rendezvous itself (DDP310).
     Why: A rank that cannot resolve the master's name cannot join the rendezvous; one that cannot
     resolve a peer's name fails when NCCL or MPI connects to it. Either way the job hangs or fails
     long after start, with a message that rarely names the host.
