@@ -60,6 +60,33 @@ def add_preflight(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="show every info finding and hint")
 
 
+# Options only the parent of a self-launched preflight uses; every other option is passed on to
+# the ranks as given, so options added for checks need no forwarding code.
+PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--json": False,
+               "--verbose": False, "-v": False}
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """The preflight arguments a self-launched rank gets: `argv` less the parent-only options."""
+    out: list[str] = []
+    skip_value = False
+    for a in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in PARENT_ONLY:
+            skip_value = PARENT_ONLY[name] and "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def check_options(args: argparse.Namespace) -> dict[str, object]:
+    """Settings for checks (RankContext.options) from the preflight options."""
+    return {}
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     from ddp_doctor import registry
     from ddp_doctor.launchers import launcher_name
@@ -74,17 +101,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose)
     if launcher_name(os.environ) == "none":
         from ddp_doctor.launch import default_nproc, launch_local
-        rank_args = ["preflight", "--timeout", str(args.timeout)]
-        for s in select:
-            rank_args += ["--select", s]
-        for s in skip:
-            rank_args += ["--skip", s]
-        if args.backend:
-            rank_args += ["--backend", args.backend]
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
-        return launch_local(nproc, rank_args, timeout=args.timeout, out=out)
+        return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out)
     from ddp_doctor.preflight import Options, run_rank
-    code = run_rank(Options(timeout=args.timeout, select=select, skip=skip, backend=args.backend, output=out))
+    code = run_rank(Options(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
+                            output=out, check_options=check_options(args)))
     _exit_now(code)
     return code
 
@@ -195,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

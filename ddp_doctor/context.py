@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from ddp_doctor import launchers, sagemaker
 from ddp_doctor.launchers import LauncherInfo
@@ -27,6 +27,9 @@ class RankContext:
     backend_source: str               # where that choice came from, for messages
     env: Mapping[str, str] = field(repr=False, default_factory=dict)
     entry_script: str | None = None   # the training script, when ddp-doctor runs one
+    # Settings for checks from the command line (thresholds, sweep sizes, output dir, ...);
+    # each check documents the keys it reads and its default.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     # Shorthands for the fields checks read most.
     @property
@@ -86,13 +89,15 @@ def choose_backend(env: Mapping[str, str], sm: SageMakerView | None, facts: Host
 def build_context(env: Mapping[str, str], facts: HostFacts, *, backend: str | None = None,
                   rank: int | None = None, world_size: int | None = None,
                   local_rank: int | None = None, sm_root: str | None = None,
-                  entry_script: str | None = None) -> RankContext:
+                  entry_script: str | None = None,
+                  options: Mapping[str, Any] | None = None) -> RankContext:
     env = dict(env)
     info = launchers.detect(env, rank=rank, world_size=world_size, local_rank=local_rank)
     sm = sagemaker.read(env, sm_root)
     chosen, source = choose_backend(env, sm, facts, backend)
     return RankContext(launcher=info, sagemaker=sm, host=facts, backend=chosen,
-                       backend_source=source, env=env, entry_script=entry_script)
+                       backend_source=source, env=env, entry_script=entry_script,
+                       options=dict(options or {}))
 
 
 def current_context(**kwargs: object) -> RankContext:

@@ -11,6 +11,7 @@ Pure functions over an environment mapping. Recognised, in this order:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -63,11 +64,20 @@ def launcher_name(env: Mapping[str, str]) -> str:
     return "none"
 
 
-def _slurm_tasks_per_node(raw: str | None) -> str | None:
-    # SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE look like "8" or "8(x2)" or "8(x2),4".
+def _slurm_tasks_per_node(raw: str | None, node_id: int | None = None) -> str | None:
+    # SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE look like "8" or "8(x2)" or "8(x2),4":
+    # per-node counts in node order; this node's count is the entry at SLURM_NODEID.
     if not raw:
         return raw
-    return raw.split(",")[0].split("(")[0]
+    counts: list[str] = []
+    for part in raw.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if not m:  # not the compressed form: hand the first entry on, env_int reports it
+            return raw.split(",")[0].split("(")[0]
+        counts += [m.group(1)] * int(m.group(2) or 1)
+    if node_id is not None and 0 <= node_id < len(counts):
+        return counts[node_id]
+    return counts[0]
 
 
 def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int | None = None,
@@ -90,7 +100,8 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
         view = dict(env)
         if name == "slurm":
             view["SLURM_NTASKS_PER_NODE"] = _slurm_tasks_per_node(
-                env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")) or ""
+                env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"),
+                as_int(env_int(env, "SLURM_NODEID"))) or ""
         values = {n: env_int(view, n) for n in names}
         variables = {n: env.get(n) for n in names}
     r, lr, ws, lws = (as_int(values[n]) for n in names)

@@ -42,6 +42,7 @@ class Options:
     local_rank: int | None = None
     entry_script: str | None = None
     keep_group: bool = False  # leave the process group up (not used by the CLI)
+    check_options: dict[str, Any] = field(default_factory=dict)  # becomes RankContext.options
 
 
 class RankPreflight:
@@ -268,7 +269,8 @@ def run_rank(opts: Options) -> int:
     """Run this process's preflight as the rank its launcher says it is; returns the exit code."""
     try:
         ctx = current_context(backend=opts.backend, rank=opts.rank, world_size=opts.world_size,
-                              local_rank=opts.local_rank, entry_script=opts.entry_script)
+                              local_rank=opts.local_rank, entry_script=opts.entry_script,
+                              options=opts.check_options)
         rep = RankPreflight(ctx, opts).run()
     except Exception as e:  # noqa: BLE001 - ddp-doctor itself failed: say so, exit 1
         detail = traceback.format_exc() if os.environ.get("DDP_DOCTOR_DEBUG") else ""

@@ -121,6 +121,9 @@ CHECK_MODULES = (
     "ddp_doctor.checks.network",
     "ddp_doctor.checks.communication",
     "ddp_doctor.checks.consistency",
+    "ddp_doctor.checks.gpu",
+    "ddp_doctor.checks.host",
+    "ddp_doctor.checks.sagemaker_job",
 )
 
 

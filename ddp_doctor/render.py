@@ -19,7 +19,8 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
     findings = report.get("findings") or []
     counts = {s: sum(1 for f in findings if f["severity"] == s) for s, _ in HEADINGS}
     status = str(report.get("status", "fail")).upper()
-    where = (f"{world.get('world_size')} rank(s)"
+    ws = world.get("world_size")
+    where = ((f"{ws} rank(s)" if ws is not None else "world size unknown")
              + (f" on {world['nnodes']} node(s)" if world.get("nnodes") else "")
              + f", launcher {world.get('launcher')}, backend {world.get('backend')}")
     lines = [f"ddp-doctor {report.get('phase', 'preflight')}: {status} "

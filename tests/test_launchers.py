@@ -114,6 +114,30 @@ def test_slurm_tasks_per_node_forms(raw: str, expected: int) -> None:
     assert launchers.detect(env).local_world_size == expected
 
 
+@pytest.mark.parametrize("node_id,expected", [(0, 4), (1, 4), (2, 2), (3, 1), (9, 4)])
+def test_slurm_uneven_tasks_per_node_picks_this_node(node_id: int, expected: int) -> None:
+    # 11 tasks on 4 nodes: "4(x2),2,1"; this node's count is the entry at SLURM_NODEID
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "11", "SLURM_NNODES": "4",
+           "SLURM_STEP_ID": "0", "SLURM_NODEID": str(node_id), "SLURM_STEP_TASKS_PER_NODE": "4(x2),2,1"}
+    assert launchers.detect(env).local_world_size == expected
+
+
+def test_slurm_small_node_first_no_false_local_rank_bound() -> None:
+    # "2,4": node 1 runs 4 tasks, so SLURM_LOCALID=3 there is fine
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "3", "SLURM_NTASKS": "6", "SLURM_NNODES": "2",
+           "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "2,4"}
+    info = launchers.detect(env)
+    assert info.local_world_size == 4 and info.local_rank == 3 and info.node_rank == 1
+
+
+def test_slurm_garbled_tasks_per_node_is_invalid() -> None:
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+           "SLURM_NTASKS_PER_NODE": "lots"}
+    info = launchers.detect(env)
+    assert info.local_world_size is None
+    assert "SLURM_NTASKS_PER_NODE" in info.invalid
+
+
 def test_slurm_allocation_without_step_is_not_a_launcher() -> None:
     # sbatch sets SLURM_PROCID in the batch script, but no srun step started the ranks.
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "1"}

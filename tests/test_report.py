@@ -277,3 +277,11 @@ def test_merge_measurements_does_not_alias_input() -> None:
     merge_measurements(into, src)
     merge_measurements(into, {"all_reduce": [m(8, 0.5, correct=False)]})
     assert src["all_reduce"][0]["correct"] is True
+
+
+def test_render_text_unknown_world_size() -> None:
+    rep = reportlib.build_report(world={"launcher": "env", "backend": "gloo", "world_size": None},
+                                 ranks=[], findings=[])
+    first = render_text(rep).splitlines()[0]
+    assert "None rank(s)" not in first and "world size unknown" in first
+    assert "launcher env, backend gloo" in first
