@@ -201,3 +201,24 @@ def test_under_mpirun(tmp_path):
     assert rep["measurements"]["all_reduce"][-1]["correct"]
     # no MASTER_ADDR under a single-node mpirun: the default is used and said so, as info
     assert "DDP104" in ids(rep, "info")
+
+
+@pytest.mark.parametrize("launcher,make_env", [
+    ("slurm", lambda r, n: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": str(n),
+                            "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+                            "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURM_JOB_ID": "42"}),
+    ("mpich", lambda r, n: {"PMI_RANK": str(r), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(r),
+                            "MPI_LOCALNRANKS": str(n)}),
+])
+def test_under_slurm_and_mpich_style_launchers(tmp_path, launcher, make_env):
+    """The variables srun and MPICH's hydra set, given to two real processes by hand."""
+    from tests.procs import finish, start
+    report = tmp_path / "r.json"
+    port = free_port()
+    procs = [start([*DDP, "preflight", "--timeout", "20", "--report", str(report)],
+                   clean_env(MASTER_PORT=str(port), **make_env(r, 2)), str(tmp_path)) for r in range(2)]
+    results = [finish(p, 120) for p in procs]
+    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    rep = load_json(str(report))
+    assert rep["world"]["launcher"] == launcher and rep["world"]["world_size"] == 2
+    assert [r["rank"] for r in rep["ranks"]] == [0, 1]
