@@ -45,6 +45,15 @@ INVALID_USAGE = declare(
     Fix: Correct the option named in the message; `ddp-doctor preflight --help` lists them.
     """)
 
+TOOL_FAILED = declare(
+    "DDP005", category="internal", severity="error", title="ddp-doctor itself failed",
+    doc="""
+    What: ddp-doctor hit an unexpected error of its own on this rank (not in a check).
+    Why: The preflight could not finish on this rank; what it had found so far is still reported.
+    Fix: Report it to the ddp-doctor maintainers with the traceback in the finding's evidence (set
+    DDP_DOCTOR_DEBUG=1 to also print it).
+    """)
+
 
 def raise_event(entry: Any, message: str, *, rank: int | None, hint: str | None = None,
                 evidence: dict[str, Any] | None = None, phase: str = "preflight",

@@ -53,9 +53,22 @@ class RankPreflight:
         self.measurements: dict[str, Any] = {}
         self.view: dict[str, Any] = {}
         self.launch_dir = ctx.env.get(LAUNCH_DIR_ENV)
+        self.failed = False  # ddp-doctor itself failed (exit code 1)
 
     # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
+        """The preflight of this rank; an unexpected error of ddp-doctor's own still ends in a
+        report (with DDP005) rather than a traceback and no report."""
+        try:
+            return self._run()
+        except Exception as e:  # noqa: BLE001
+            self.failed = True
+            self.findings.append(events.raise_event(
+                events.TOOL_FAILED, f"ddp-doctor failed on rank {self.rank}: {type(e).__name__}: {e}",
+                rank=self.rank, evidence={"traceback": traceback.format_exc()}))
+            return self._alone()
+
+    def _run(self) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
         self.findings += runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip)
         self.view = views.collect_view(ctx)
@@ -271,7 +284,8 @@ def run_rank(opts: Options) -> int:
         ctx = current_context(backend=opts.backend, rank=opts.rank, world_size=opts.world_size,
                               local_rank=opts.local_rank, entry_script=opts.entry_script,
                               options=opts.check_options)
-        rep = RankPreflight(ctx, opts).run()
+        pf = RankPreflight(ctx, opts)
+        rep = pf.run()
     except Exception as e:  # noqa: BLE001 - ddp-doctor itself failed: say so, exit 1
         detail = traceback.format_exc() if os.environ.get("DDP_DOCTOR_DEBUG") else ""
         sys.stderr.write(redact_text(f"ddp-doctor: internal error: {type(e).__name__}: {e}\n"
@@ -279,4 +293,4 @@ def run_rank(opts: Options) -> int:
         return reportlib.EXIT_INTERNAL
     if os.environ.get(LAUNCH_DIR_ENV):
         return reportlib.EXIT_OK  # the parent that launched us decides the exit code
-    return reportlib.exit_code(rep)
+    return reportlib.EXIT_INTERNAL if pf.failed else reportlib.exit_code(rep)

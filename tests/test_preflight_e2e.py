@@ -222,3 +222,15 @@ def test_under_slurm_and_mpich_style_launchers(tmp_path, launcher, make_env):
     rep = load_json(str(report))
     assert rep["world"]["launcher"] == launcher and rep["world"]["world_size"] == 2
     assert [r["rank"] for r in rep["ranks"]] == [0, 1]
+
+
+def test_internal_failure_still_writes_a_report_and_exits_1(tmp_path):
+    report = tmp_path / "r.json"
+    env = clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
+                    PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    res = run_ranks(1, ["preflight", "--timeout", "5", "--report", str(report)], env, str(tmp_path))
+    assert res[0].rc == 1, res[0].output
+    rep = load_json(str(report))
+    assert rep["root_cause"]["id"] == "DDP005"
+    assert "simulated failure inside ddp-doctor" in rep["root_cause"]["message"]
+    assert_clean_output(res[0])
