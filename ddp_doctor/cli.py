@@ -39,6 +39,26 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _threshold(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key.strip():
+            raise ValueError
+        return key.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=NUMBER (e.g. shm_min_mib=512)") from None
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return v
+
+
 # ---------------------------------------------------------------- preflight
 def add_preflight(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive_int, default=None, metavar="N",
@@ -58,11 +78,23 @@ def add_preflight(p: argparse.ArgumentParser) -> None:
                    help="process-group backend to test (default: smddp for SageMaker smdistributed "
                         "jobs, nccl with GPUs, gloo without)")
     p.add_argument("--verbose", "-v", action="store_true", help="show every info finding and hint")
+    p.add_argument("--report-s3-uri", metavar="S3_URI", default=None,
+                   help="also upload the merged report there, e.g. s3://bucket/prefix/ (needs boto3; "
+                        "default: $DDP_DOCTOR_REPORT_S3_URI); a failed upload is only a warning")
+    from ddp_doctor.comm import add_preflight_options  # the communication checks' options
+    add_preflight_options(p)
+    p.add_argument("--expect-gpus", type=_non_negative_int, default=None, metavar="N",
+                   help="the GPUs this host should have: fewer usable ones is an error (DDP590)")
+    p.add_argument("--output-dir", metavar="DIR", default=None,
+                   help="where the job writes models and checkpoints: its free space is checked (DDP603)")
+    p.add_argument("--threshold", action="append", metavar="KEY=VALUE", type=_threshold, default=None,
+                   help="override a GPU/host check threshold, e.g. shm_min_mib=512 "
+                        "(keys and defaults: `ddp-doctor explain DDP600` ... README)")
 
 
 # Options only the parent of a self-launched preflight uses; every other option is passed on to
 # the ranks as given, so options added for checks need no forwarding code.
-PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--json": False,
+PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True, "--json": False,
                "--verbose": False, "-v": False}
 
 
@@ -84,7 +116,22 @@ def rank_argv(argv: list[str]) -> list[str]:
 
 def check_options(args: argparse.Namespace) -> dict[str, object]:
     """Settings for checks (RankContext.options) from the preflight options."""
-    return {}
+    opts: dict[str, object] = {}
+    if getattr(args, "output_dir", None):
+        import os
+        opts["output_dir"] = os.path.abspath(args.output_dir)
+    if getattr(args, "threshold", None):
+        from ddp_doctor.checks import gpu, host
+        known = {**gpu.OPTION_DEFAULTS, **host.OPTION_DEFAULTS}
+        for key, value in args.threshold:
+            if key not in known:
+                raise UsageError(f"--threshold {key}: unknown key; known: {', '.join(sorted(known))}")
+            opts[key] = value
+    if getattr(args, "expect_gpus", None) is not None:
+        opts["expect_gpus"] = args.expect_gpus  # checks/runner_expectations.py (DDP590)
+    from ddp_doctor.comm import options_from_args  # communication checks (comm_*, instance_type, ...)
+    opts.update(options_from_args(args))
+    return opts
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -98,7 +145,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"--select/--skip: {', '.join(bad)} match no check ID, ID prefix or category "
                          f"(see `ddp-doctor list-checks`)")
-    out = Output(report_path=args.report, json=args.json, verbose=args.verbose)
+    check_options(args)  # a bad --threshold is a usage error before any rank starts
+    out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
     if launcher_name(os.environ) == "none":
         from ddp_doctor.launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
@@ -191,11 +239,36 @@ def cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- run
+def add_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("argv", nargs=argparse.REMAINDER,
+                   help="[torchrun options] [--report PATH] [--timeout S] [--hang-timeout S] "
+                        "(SCRIPT | -m MODULE) [ARGS...]")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ddp_doctor.training.run import RunUsageError, main as run_main
+    try:
+        return run_main(args.argv)
+    except RunUsageError as e:
+        raise UsageError(str(e)) from None
+
+
+def _bench_comm() -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    from ddp_doctor.bench_comm import add_bench_comm, cmd_bench_comm
+    return add_bench_comm, cmd_bench_comm
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "preflight": ("check the launcher environment, the network and the process group", add_preflight, cmd_preflight),
+    "run": ("preflight, then run a training script in the same processes, watched", add_run, cmd_run),
     "env": ("print a paste-ready summary of versions, launcher and environment", add_env, cmd_env),
     "list-checks": ("list the check catalogue", add_list_checks, cmd_list_checks),
     "explain": ("explain one check: what it does, why it matters, how to fix it", add_explain, cmd_explain),
+    "sagemaker-check": ("check a SageMaker training job's settings before launch (needs boto3: the aws extra)",
+                        lambda p: __import__("ddp_doctor.sagemaker_job", fromlist=["_"]).add_parser(p),
+                        lambda a: __import__("ddp_doctor.sagemaker_job", fromlist=["_"]).command(a)),
+    "bench-comm": ("run only the all_reduce sweep and print an nccl-tests style table", *_bench_comm()),
 }
 
 
@@ -217,8 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
+    if argv and argv[0] == "run":
+        # `run` takes torchrun's options and then the script's own: argparse must not see them.
+        args = argparse.Namespace(command="run", argv=argv[1:], func=cmd_run)
+    else:
+        args = parser.parse_args(argv)
+    if args.command != "run":
+        args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

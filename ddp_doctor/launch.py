@@ -19,7 +19,7 @@ from typing import Any
 
 from ddp_doctor import events, report as reportlib
 from ddp_doctor.findings import Finding
-from ddp_doctor.output import Output, show, warn
+from ddp_doctor.output import Output, show, upload_report, warn
 from ddp_doctor import sinks
 
 CPU_DEFAULT_RANKS = 2
@@ -90,6 +90,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
     if err:
         warn(err)
     show(rep, out, None if err else path)
+    upload_report(rep, out)
     return reportlib.exit_code(rep)
 
 

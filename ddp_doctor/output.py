@@ -23,7 +23,12 @@ class Output:
     report_path: str | None = None   # --report; falls back to DDP_DOCTOR_REPORT, then DEFAULT_REPORT
     json: bool = False               # --json: the report as JSON on stdout instead of text
     verbose: bool = False
-    quiet: bool = False              # no text at all (the API's default inside training scripts)
+    quiet: bool = False              # no text at all
+    # `ddp-doctor run` keeps the script's stdout its own: text only when there is something to
+    # say (status not pass), on stderr.
+    only_if_not_pass: bool = False
+    stderr: bool = False
+    report_s3_uri: str | None = None  # --report-s3-uri; falls back to DDP_DOCTOR_REPORT_S3_URI
 
     def path(self, env: Any = None) -> str:
         env = os.environ if env is None else env
@@ -34,10 +39,26 @@ def warn(message: str) -> None:
     sys.stderr.write(f"ddp-doctor: warning: {redact_text(message)}\n")
 
 
-def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None, prefix: str = "") -> None:
-    if out.quiet:
+def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str = "") -> None:
+    """Upload the report to S3 when asked (--report-s3-uri or DDP_DOCTOR_REPORT_S3_URI); a failure
+    is a warning on stderr and never changes the exit code."""
+    env = os.environ if env is None else env
+    uri = out.report_s3_uri or env.get("DDP_DOCTOR_REPORT_S3_URI")
+    if not uri:
         return
-    stream = stream or sys.stdout
+    try:
+        from ddp_doctor.s3upload import upload_report as s3_upload
+        err = s3_upload(rep, uri, env=env, suffix=suffix)
+    except Exception as e:  # noqa: BLE001 - a sink never takes the run down
+        err = f"could not upload the report to {uri}: {type(e).__name__}: {e}"
+    if err:
+        warn(err)
+
+
+def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None, prefix: str = "") -> None:
+    if out.quiet or (out.only_if_not_pass and rep.get("status") == "pass"):
+        return
+    stream = stream or (sys.stderr if out.stderr else sys.stdout)
     if out.json:
         text = json.dumps(redact_obj(rep), indent=2)
     else:
@@ -80,6 +101,7 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
         if err:
             warn(err)
         show(rep, out, None if err else path)
+        upload_report(rep, out, ctx.env)
     elif alone:
         own = path if rank == 0 else f"{path}.rank{rank}.json"
         err = sinks.write_report_file(rep, own)
@@ -89,4 +111,5 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
             warn(err)
         show(rep, out, own, stream=sys.stdout if rank == 0 else sys.stderr,
              prefix="" if rank == 0 else f"[rank {rank}] ")
+        upload_report(rep, out, ctx.env, suffix="" if rank == 0 else f".rank{rank}")
     platform_sinks(rep, ctx)

@@ -43,6 +43,7 @@ class Options:
     entry_script: str | None = None
     keep_group: bool = False  # leave the process group up (not used by the CLI)
     check_options: dict[str, Any] = field(default_factory=dict)  # becomes RankContext.options
+    launch_dir: str | None = None  # where a ddp-doctor parent collects rank files (default: env)
 
 
 class RankPreflight:
@@ -52,7 +53,7 @@ class RankPreflight:
         self.findings: list[Finding] = []
         self.measurements: dict[str, Any] = {}
         self.view: dict[str, Any] = {}
-        self.launch_dir = ctx.env.get(LAUNCH_DIR_ENV)
+        self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
 
     # ------------------------------------------------------------------ steps

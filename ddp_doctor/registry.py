@@ -24,7 +24,7 @@ from ddp_doctor.findings import CATEGORIES, SEVERITIES, Finding, Problem
 #   group      - (ctx, group) -> problems; on every rank, once the process group exists
 #   cross_rank - (ctx, views) -> problems; on the reporting rank, over every rank's view
 #   event      - raised by the machinery (rendezvous, runner); documentation only
-STAGES = ("local", "group", "cross_rank", "event")
+STAGES = ("local", "group", "cross_rank", "event", "job")  # job: (JobContext) -> problems, client side (sagemaker_job.py)
 ID_PATTERN = re.compile(r"^DDP\d{3}$")
 SECTIONS = ("What", "Why", "Fix")
 
@@ -124,6 +124,9 @@ CHECK_MODULES = (
     "ddp_doctor.checks.gpu",
     "ddp_doctor.checks.host",
     "ddp_doctor.checks.sagemaker_job",
+    "ddp_doctor.checks.runner_expectations",
+    "ddp_doctor.training.failures",
+    "ddp_doctor.training.signatures",
 )
 
 

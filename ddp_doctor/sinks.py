@@ -17,6 +17,13 @@ from ddp_doctor.ranges import format_ranks
 from ddp_doctor.redact import redact_obj, redact_text
 
 EXCEPTION_NAME = "DDPDoctorPreflightError"
+EXCEPTION_NAMES = {"preflight": EXCEPTION_NAME, "training": "DDPDoctorTrainingError",
+                   "teardown": "DDPDoctorTeardownError"}
+
+
+def exception_name(report: dict[str, Any]) -> str:
+    """The exception class named in error files and on stderr, by the report's phase."""
+    return EXCEPTION_NAMES.get(str(report.get("phase")), EXCEPTION_NAME)
 # SageMaker keeps the first 1024 characters of output/failure as FailureReason and the toolkit may
 # prepend a header: keep the diagnosis within the first 900.
 FAILURE_LIMIT = 900
@@ -176,7 +183,7 @@ def torchelastic_error_data(report: dict[str, Any], timestamp: float | None = No
     prints `py_callstack` (not `message`) as the root cause's "traceback", so it starts with the
     diagnosis too."""
     safe = redact_obj(report)
-    line = f"{EXCEPTION_NAME}: {diagnosis_text(safe)}"
+    line = f"{exception_name(safe)}: {diagnosis_text(safe)}"
     callstack = redact_text(f"{line}\n\n{_findings_text(safe)}\n")
     return {"message": {"message": line, "extraInfo": {
         "py_callstack": callstack,
@@ -204,4 +211,4 @@ def sm_failure_line(report: dict[str, Any]) -> str:
     """One stderr line for the SageMaker toolkit, which captures stderr into FailureReason from
     the first line containing a known exception name (its list has RuntimeError but would not match
     our own class name alone)."""
-    return f"{EXCEPTION_NAME} (RuntimeError): {diagnosis_text(report, 300)}"
+    return f"{exception_name(report)} (RuntimeError): {diagnosis_text(report, 300)}"

@@ -1,59 +1,327 @@
-"""Communication checks that need the process group (stage `group`).
+"""Communication checks (category `communication`): the all_reduce sweep with its correctness
+check, broadcast and all_gather, the bandwidth an instance type should reach, stragglers, the
+send/recv ring and clock skew. The measuring lives in ddp_doctor.comm; these functions decide.
 
-The full all_reduce sweep, stragglers and clock skew belong to the communication suite; this module
-holds the correctness check every preflight runs: one all_reduce whose exact result is known.
+Settings read from ctx.options (set by the preflight options of the same names; defaults in
+ddp_doctor.comm): comm_min_bytes, comm_max_bytes, comm_iters, comm_warmup, comm_budget_s,
+comm_mode, comm_progress (a callable bench-comm passes to print each size), comm_min_fraction,
+instance_type, straggler_factor, straggler_min_s, max_clock_skew_s.
+
+Every check here issues the same collectives on every rank, decided only from values all ranks
+agree on, so a skipped or failing check never leaves a rank waiting in a collective alone.
 """
 from __future__ import annotations
 
-import time
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
+from ddp_doctor import comm
 from ddp_doctor.findings import Problem
 from ddp_doctor.group import Group
+from ddp_doctor.ranges import format_ranks
 from ddp_doctor.registry import check
 
-SANITY_BYTES = (4096, 1 << 20)
+# Kept for callers of the first version of DDP401.
+busbw_factor = comm.busbw_factor
 
 
-def busbw_factor(n: int) -> float:
-    """nccl-tests: all_reduce bus bandwidth = algbw x 2(n-1)/n."""
-    return 2.0 * (n - 1) / n if n > 1 else 1.0
+def _opt(ctx: Any, key: str, default: Any) -> Any:
+    options: Mapping[str, Any] = getattr(ctx, "options", None) or {}
+    v = options.get(key)
+    return default if v is None else v
+
+
+def _split_possible(ctx: Any, group: Group) -> bool:
+    return group.backend != "smddp" and group.world_size > 1
+
+
+def wrong_result_problems(op: str, entries: list[dict[str, Any]], backend: str) -> list[Problem]:
+    """One problem per group of entries with wrong elements (empty when every size was right)."""
+    bad = [e for e in entries if not e.get("correct", True)]
+    if not bad:
+        return []
+    ranks = sorted({r for e in bad for r in e.get("wrong_ranks", [])})
+    sizes = ", ".join(f"{comm.format_bytes(e['bytes'])} ({e['wrong']} wrong)" for e in bad)
+    first = bad[0]
+    label = first.get("group", "world")
+    where = "" if label == "world" else f" in the {label} group"
+    return [Problem(
+        message=f"{op} over {first.get('nranks', '?')} ranks{where} ({backend}) returned wrong "
+                f"elements at {len(bad)} of {len(entries)} sizes: {sizes}; wrong on rank(s) "
+                f"{format_ranks(ranks) if ranks else '?'}",
+        ranks=tuple(ranks) if ranks else None,
+        evidence={"op": op, "group": label, "sizes": [e["bytes"] for e in bad],
+                  "wrong": [e["wrong"] for e in bad], "wrong_ranks": ranks})]
 
 
 @check("DDP401", category="communication", severity="error", stage="group",
-       title="all_reduce gives a wrong result", timeout=120.0)
-def all_reduce_correct(ctx: object, group: Group) -> Iterator[Problem]:
+       title="all_reduce gives a wrong result", timeout=900.0)
+def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     """
-    What: Every rank all_reduces (sum) a float32 tensor filled with rank + 1 and checks that each
-    element equals n(n+1)/2 exactly, at a small and a 1 MiB size.
-    Why: A backend that connects but corrupts or drops data (a broken NCCL transport, a faulty GPU
-    or NIC) makes training diverge silently instead of failing.
-    Fix: Run `ddp-doctor bench-comm` to see which size fails; try NCCL_PROTO=simple and
+    What: Runs the all_reduce sweep (nccl-tests methodology: sizes doubling from --comm-min-bytes
+    to --comm-max-bytes, warm-up, timed iterations, algbw and busbw) and checks every size's
+    result element by element against the exact sum of known per-rank values; with more than
+    one node it also sweeps each node's ranks (intra-node) and the ranks sharing a local rank
+    (inter-node) apart. Figures go to measurements.all_reduce (_intra, _inter).
+    Why: A backend that connects but corrupts or drops data (a broken NCCL transport, a faulty
+    GPU or NIC) makes training diverge silently instead of failing.
+    Fix: Run `ddp-doctor bench-comm` to see which sizes fail; try NCCL_PROTO=simple and
     NCCL_ALGO=Ring, and check the GPUs and NICs of the ranks named (ECC errors, link state).
     """
-    import torch
-    import torch.distributed as dist
+    world = comm.world_comm(group)
+    cfg = comm.sweep_config(getattr(ctx, "options", None) or {}, group.device)
+    progress = _opt(ctx, "comm_progress", None)
+    report = progress if callable(progress) and group.rank == 0 else None
+    problems: list[Problem] = []
+    entries = comm.sweep_all_reduce(world, cfg, report)
+    group.measurements["all_reduce"] = entries
+    problems += wrong_result_problems("all_reduce(sum)", entries, group.backend)
+    if _split_possible(ctx, group):
+        lay = comm.layout(world, ctx)
+        if len({node for node, _ in lay}) > 1:
+            intra, inter = comm.split_comms(world, lay)
+            for sub, name in ((intra, "all_reduce_intra"), (inter, "all_reduce_inter")):
+                got: list[dict[str, Any]] = []
+                if sub is not None:
+                    got = comm.sweep_all_reduce(sub, cfg, report if sub.rank == 0 else None)
+                    group.measurements[name] = got
+                    problems += wrong_result_problems("all_reduce(sum)", got, group.backend)
+                # the next sweep starts together on every rank (groups of one skip theirs)
+                world.wait(comm._barrier(world))
+    yield from problems
 
+
+@check("DDP402", category="communication", severity="error", stage="group",
+       title="broadcast or all_gather gives a wrong result", timeout=120.0)
+def broadcast_all_gather_correct(ctx: Any, group: Group) -> Iterator[Problem]:
+    """
+    What: Broadcasts known values from rank 0 (small size) and from the last rank (1 MiB), and
+    all_gathers known per-rank values, counting the elements that arrive wrong on every rank;
+    the figures (busbw: broadcast x1, all_gather x(n-1)/n) go to measurements.broadcast and
+    measurements.all_gather.
+    Why: DDP broadcasts rank 0's parameters and buffers at construction, and samplers, metrics
+    and checkpoints gather: a transport that corrupts these starts ranks from different weights.
+    Fix: Run `NCCL_DEBUG=INFO ddp-doctor preflight --select DDP402` and compare the transports
+    NCCL picks per rank; check the GPUs and NICs of the ranks named.
+    """
+    world = comm.world_comm(group)
+    lo = int(_opt(ctx, "comm_min_bytes", comm.DEFAULT_MIN_BYTES))
+    hi = max(lo, min(1 * comm.MIB, int(_opt(ctx, "comm_max_bytes", 1 * comm.MIB))))
+    bc = [comm.check_broadcast(world, lo, 0), comm.check_broadcast(world, hi, group.world_size - 1)]
+    if hi == lo:
+        bc = bc[1:]
+    ag = [comm.check_all_gather(world, hi)]
+    group.measurements["broadcast"] = bc
+    group.measurements["all_gather"] = ag
+    yield from wrong_result_problems("broadcast", bc, group.backend)
+    yield from wrong_result_problems("all_gather", ag, group.backend)
+
+
+def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: str | None, backend: str,
+                    device: str, env: Mapping[str, str], min_fraction: float = comm.DEFAULT_MIN_FRACTION
+                    ) -> Problem | None:
+    """The verdict on one sweep: a warning when busbw at the largest size is below min_fraction
+    of what the instance type reaches, an info when it cannot be judged with NCCL on GPUs, and
+    nothing on CPU / gloo (no expectation exists there: report, don't judge)."""
+    if not entries:
+        return None
+    big = max(entries, key=lambda e: e["bytes"])
+    seen = f"{big['busbw_gbps']:.2f} GB/s busbw at {comm.format_bytes(big['bytes'])} ({scope}, {backend})"
+    if backend not in ("nccl", "smddp") or not device.startswith("cuda"):
+        return None
+    expected = comm.expected_busbw(instance_type, scope)
+    if expected is None:
+        return Problem(message=f"{seen}; instance type {instance_type or 'unknown'} has no expected "
+                               f"figure, so it is reported, not judged (--instance-type names it)",
+                       severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"],
+                                                  "instance_type": instance_type})
+    if big["bytes"] < comm.MIN_JUDGED_BYTES:
+        return Problem(message=f"{seen}; not judged: the largest size is below "
+                               f"{comm.format_bytes(comm.MIN_JUDGED_BYTES)} (--comm-max-bytes)",
+                       severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"]})
+    if big["busbw_gbps"] >= min_fraction * expected:
+        return None
+    causes = comm.likely_causes(scope, env, instance_type)
+    return Problem(
+        message=f"{seen} is {big['busbw_gbps'] / expected:.0%} of the ~{expected:g} GB/s a healthy "
+                f"{instance_type} reaches {scope} (threshold {min_fraction:g}x). Likely causes: "
+                + "; ".join(causes),
+        evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"], "expected_gbps": expected,
+                  "bytes": big["bytes"], "instance_type": instance_type, "min_fraction": min_fraction,
+                  "causes": causes})
+
+
+@check("DDP403", category="communication", severity="warning", stage="group",
+       title="all_reduce bandwidth below what the instance type reaches", timeout=30.0)
+def bandwidth_expected(ctx: Any, group: Group) -> Iterator[Problem]:
+    """
+    What: Compares the all_reduce busbw at the largest size of the sweep (DDP401) with what a
+    healthy instance of the job's type reaches (a built-in table of ml.p3/p3dn/p4d/p4de/p5/g5
+    figures), intra-node and inter-node apart; warns below --comm-min-fraction (default 0.5) of
+    it. The type comes from --instance-type or SageMaker. Unknown types are reported, not
+    judged; CPU / gloo runs are not judged.
+    Why: A job that runs at a fraction of the fabric's bandwidth trains, but slowly and
+    expensively; the usual causes (EFA not in use, the wrong socket interface, peer-to-peer
+    disabled) are settings, not hardware.
+    Fix: Use EFA on EFA instances (FI_PROVIDER=efa with the aws-ofi-nccl plugin; NCCL_DEBUG=INFO
+    must show NET/OFI), set NCCL_SOCKET_IFNAME to the instance's interface, unset
+    NCCL_P2P_DISABLE, and check `nvidia-smi topo -m` for NVLink between the GPUs.
+    """
+    sm = getattr(ctx, "sagemaker", None)
+    itype = _opt(ctx, "instance_type", None) or (sm.instance_type if sm is not None else None)
+    frac = float(_opt(ctx, "comm_min_fraction", comm.DEFAULT_MIN_FRACTION))
+    m = group.measurements
+    if m.get("all_reduce_intra") or m.get("all_reduce_inter"):
+        sweeps = [("intra-node", m.get("all_reduce_intra") or []), ("inter-node", m.get("all_reduce_inter") or [])]
+    else:  # one node: the world sweep is intra-node; several nodes without a split: the network bounds it
+        nodes = ctx.nnodes or 1
+        sweeps = [("inter-node" if nodes > 1 else "intra-node", m.get("all_reduce") or [])]
+    for scope, entries in sweeps:
+        p = judge_bandwidth(entries, scope, itype, group.backend, group.device, ctx.env, frac)
+        if p is not None:
+            yield p
+
+
+@check("DDP404", category="communication", severity="info", stage="local",
+       title="intra- and inter-node bandwidth not measured apart")
+def split_unavailable(ctx: Any) -> Iterator[Problem]:
+    """
+    What: With more than one node on the smddp backend, says that the all_reduce sweep measures
+    all ranks together only: smdistributed dataparallel supports no new_group(), so the
+    node-local and cross-node groups cannot be created.
+    Why: A single figure mixes NVLink and the network: a slow network hides behind fast
+    NVLink figures and the other way round.
+    Fix: To see the two apart, run `ddp-doctor bench-comm --backend nccl` on the same instances
+    (NCCL is what smddp uses within a node).
+    """
+    if ctx.backend == "smddp" and (ctx.nnodes or 1) > 1:
+        yield Problem(message=f"backend smddp on {ctx.nnodes} nodes: the sweep measures the {ctx.world_size} "
+                              f"ranks together; intra-node and inter-node groups need new_group(), which "
+                              f"smddp does not support",
+                      evidence={"backend": ctx.backend, "nnodes": ctx.nnodes})
+
+
+def _node_of(lay: list[tuple[int, int]]) -> dict[int, int]:
+    """rank -> node index (0, 1, ... in order of the nodes' lowest rank)."""
+    keys: dict[int, int] = {}
+    for node, _ in lay:
+        keys.setdefault(node, len(keys))
+    return {r: keys[node] for r, (node, _) in enumerate(lay)}
+
+
+def straggler_problems(times: Mapping[int, float], node_of: Mapping[int, int], what: str,
+                       factor: float, min_s: float) -> list[Problem]:
+    """Name the ranks (and nodes) markedly slower than the median at `what`."""
+    out = []
+    vals = sorted(times.values())
+    median = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    slow = comm.outliers(times, factor, min_s)
+    if slow:
+        listed = ", ".join(f"rank {r} {times[r] * 1e3:.1f} ms ({x:.1f}x)" for r, x in sorted(slow.items()))
+        out.append(Problem(
+            message=f"{what}: median {median * 1e3:.1f} ms over {len(times)} ranks; markedly slower: {listed}",
+            ranks=tuple(sorted(slow)),
+            evidence={"seconds": {str(r): t for r, t in times.items()}, "median_s": median,
+                      "slow": {str(r): x for r, x in slow.items()}, "factor": factor, "min_s": min_s}))
+    nodes = comm.slow_nodes(times, node_of, factor, min_s)
+    if nodes:
+        ranks = tuple(sorted(r for r, n in node_of.items() if n in nodes))
+        out.append(Problem(
+            message=f"{what}: node(s) {', '.join(str(n) for n in sorted(nodes))} markedly slower than the "
+                    f"median node ({', '.join(f'{x:.1f}x' for _, x in sorted(nodes.items()))})",
+            ranks=ranks, evidence={"slow_nodes": {str(k): v for k, v in nodes.items()}}))
+    return out
+
+
+@check("DDP405", category="communication", severity="warning", stage="group",
+       title="a rank computes markedly slower than the others", timeout=120.0)
+def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
+    """
+    What: Every rank times the same fixed amount of compute (float32 matmuls; on the GPU when
+    it has one) between barriers, three times; the best times are gathered and a rank (or
+    node) slower than --straggler-factor (1.5) x the median, and by more than
+    --straggler-min-ms (10), is named.
+    Why: DDP steps at the pace of its slowest rank: one throttled GPU, a host shared with other
+    work or a rank with fewer CPU threads slows the whole job.
+    Fix: On the ranks named, look for other processes (`nvidia-smi`, `top`), thermal or power
+    throttling (`nvidia-smi -q -d PERFORMANCE`), CPU affinity and OMP_NUM_THREADS differences.
+    """
+    if group.world_size < 2:
+        return
+    world = comm.world_comm(group)
+    lay = comm.layout(world, ctx)
+    world.wait(comm._barrier(world))
+    best = min(comm.fixed_work(group.device))
+    times = {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
+    yield from straggler_problems(times, _node_of(lay), "fixed compute",
+                                  float(_opt(ctx, "straggler_factor", comm.DEFAULT_STRAGGLER_FACTOR)),
+                                  float(_opt(ctx, "straggler_min_s", comm.DEFAULT_STRAGGLER_MIN_S)))
+
+
+@check("DDP406", category="communication", severity="warning", stage="group",
+       title="a send/recv link is markedly slower than the others", timeout=120.0)
+def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
+    """
+    What: Sends 256 KiB around a ring (each rank sends to rank + 1 and receives from rank - 1 at
+    once, isend/irecv), three times; the time each rank waits for its receive measures the link
+    from its left neighbour. A link slower than --straggler-factor (1.5) x the median, and by
+    more than --straggler-min-ms (10), is named with its two ranks.
+    Why: One slow path (a degraded NIC, a host on another network spine, traffic through a
+    slow interface) paces every collective that crosses it.
+    Fix: Check the interface both ranks use (NCCL_SOCKET_IFNAME, `ip -s link` errors), EFA on
+    both hosts, and their placement; `ddp-doctor bench-comm` measures the groups apart.
+    """
+    if group.world_size < 2:
+        return
+    world = comm.world_comm(group)
+    lay = comm.layout(world, ctx)
+    best = min(comm.ring_times(world))
     n = group.world_size
-    expected = n * (n + 1) / 2.0
-    results = group.measurements.setdefault("all_reduce", [])
-    for nbytes in SANITY_BYTES:
-        t = torch.full((nbytes // 4,), float(group.rank + 1), dtype=torch.float32, device=group.device)
-        group.wait(dist.all_reduce(t, async_op=True))  # warm-up
-        t.fill_(float(group.rank + 1))
-        start = time.perf_counter()
-        group.wait(dist.all_reduce(t, async_op=True))
-        if t.is_cuda:
-            torch.cuda.synchronize(t.device)
-        seconds = time.perf_counter() - start
-        wrong = int((t != expected).sum().item())
-        algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-        results.append({"bytes": nbytes, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-                        "busbw_gbps": algbw * busbw_factor(n), "correct": wrong == 0, "wrong": wrong})
-        if wrong:
-            sample = t[t != expected][:3].tolist()
-            yield Problem(
-                message=f"all_reduce(sum) of {nbytes} bytes over {n} ranks ({group.backend}): {wrong} of "
-                        f"{t.numel()} elements wrong on rank {group.rank}; expected {expected:g}, saw "
-                        f"e.g. {sample}",
-                evidence={"bytes": nbytes, "wrong": wrong, "expected": expected, "sample": sample})
+    times = {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
+    slow = comm.outliers(times, float(_opt(ctx, "straggler_factor", comm.DEFAULT_STRAGGLER_FACTOR)),
+                         float(_opt(ctx, "straggler_min_s", comm.DEFAULT_STRAGGLER_MIN_S)))
+    if slow:
+        node_of = _node_of(lay)
+        links = ", ".join(f"rank {(r - 1) % n} (node {node_of[(r - 1) % n]}) -> rank {r} (node {node_of[r]}) "
+                          f"{times[r] * 1e3:.1f} ms ({x:.1f}x)" for r, x in sorted(slow.items()))
+        median = sorted(times.values())[n // 2]
+        yield Problem(message=f"send/recv ring of 256 KiB: median {median * 1e3:.1f} ms; markedly slower "
+                              f"link(s): {links}",
+                      ranks=tuple(sorted({r for r in slow} | {(r - 1) % n for r in slow})),
+                      evidence={"seconds": {str(r): t for r, t in times.items()},
+                                "slow_links": [[(r - 1) % n, r] for r in sorted(slow)]})
+
+
+@check("DDP407", category="communication", severity="warning", stage="group",
+       title="node clocks disagree", timeout=60.0)
+def clock_skew(ctx: Any, group: Group) -> Iterator[Problem]:
+    """
+    What: Reads every rank's wall clock right after each of three barriers and compares it with
+    rank 0's, with the barrier's own duration as the uncertainty; warns when a rank's clock is
+    off by more than --max-clock-skew (1 s) beyond that uncertainty.
+    Why: Skewed clocks make logs and traces of different nodes impossible to line up, break
+    timestamp-based root-cause ordering, and can fail TLS and AWS request signing.
+    Fix: Run a time service on every node (chrony or systemd-timesyncd; on EC2 the Amazon Time
+    Sync Service at 169.254.169.123) and check `chronyc tracking`.
+    """
+    import time
+    if group.world_size < 2:
+        return
+    world = comm.world_comm(group)
+    rows: list[float] = []
+    for _ in range(3):
+        start = time.monotonic()
+        world.wait(comm._barrier(world))
+        wall = time.time()
+        rows += [wall, time.monotonic() - start]
+    gathered = world.gather_floats(rows)
+    samples = {r: [(v[i], v[i + 1]) for i in range(0, len(v), 2)] for r, v in enumerate(gathered)}
+    offsets = comm.clock_offsets(samples, ref=0)
+    limit = float(_opt(ctx, "max_clock_skew_s", comm.DEFAULT_MAX_CLOCK_SKEW_S))
+    bad = comm.skewed(offsets, limit)
+    if bad:
+        listed = ", ".join(f"rank {r} {o:+.3f} s (+/- {u:.3f})" for r, (o, u) in sorted(bad.items()))
+        yield Problem(message=f"wall clocks differ from rank 0's by more than {limit:g} s: {listed}",
+                      ranks=tuple(sorted(bad)),
+                      evidence={"offsets_s": {str(r): o for r, (o, _) in offsets.items()},
+                                "uncertainty_s": {str(r): u for r, (_, u) in offsets.items()},
+                                "max_skew_s": limit})

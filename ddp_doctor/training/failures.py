@@ -1,0 +1,70 @@
+"""Catalogue entries for what `ddp-doctor run` observes about the training itself (DDP800-DDP819).
+Known error signatures have their own entries in signatures.py (DDP820 on)."""
+from __future__ import annotations
+
+from ddp_doctor.registry import declare
+
+RANK_RAISED = declare(
+    "DDP800", category="training_failure", severity="error", title="A rank raised an exception",
+    doc="""
+    What: The training script raised an exception on this rank that matches no known signature;
+    the finding carries the exception and its traceback.
+    Why: The first rank to fail is the root cause; the other ranks usually fail or time out after
+    it, waiting in a collective for the rank that is gone.
+    Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that
+    failed after it) and fix that error first.
+    """)
+
+RANK_HUNG = declare(
+    "DDP801", category="training_failure", severity="error", title="Training made no progress",
+    doc="""
+    What: A rank made no progress (its Python stack did not move and no optimizer step ran) for
+    --hang-timeout seconds. The finding names the rank(s) that are not where the others are and
+    carries every rank's Python stack; then the job is ended.
+    Why: One rank stuck outside a collective (a data-loading stall, a rank-dependent branch, a
+    rank that skipped a collective) leaves every other rank blocked in the collective until the
+    30-minute default timeout.
+    Fix: Look at the odd rank's stack: make every rank call the same collectives in the same order
+    (no rank-dependent early exit or extra all_reduce), and bound data loading.
+    """)
+
+PEER_FAILED = declare(
+    "DDP802", category="training_failure", severity="error", title="A rank failed after a peer failed",
+    doc="""
+    What: This rank failed after another rank had already failed; its error is a consequence (for
+    example gloo's "Connection closed by peer", a collective timeout, a store that went away).
+    Why: When one rank dies, its peers blocked in a collective with it fail too; their errors hide
+    the real cause if read first.
+    Fix: Fix the root-cause rank's error; this rank's failure should then disappear.
+    """)
+
+RANK_KILLED = declare(
+    "DDP803", category="training_failure", severity="error", title="A rank ended without a Python error",
+    doc="""
+    What: A rank process ended (killed by a signal, or a hard crash) without a Python exception.
+    Why: SIGKILL usually means the kernel's out-of-memory killer or a cancelled job; SIGSEGV or
+    SIGBUS a crash in native code (a DataLoader worker on a too-small /dev/shm raises SIGBUS).
+    Fix: Check the host's memory (dmesg for "Out of memory: Killed process"), /dev/shm size
+    (docker --shm-size), and the rank's stderr for a native crash report.
+    """)
+
+ABORT_AT_EXIT = declare(
+    "DDP804", category="teardown", severity="info", title="Abort at interpreter exit after the script ended",
+    doc="""
+    What: The script finished (its exit status was recorded) and the process then aborted while the
+    interpreter shut down (SIGABRT, "terminate called without an active exception").
+    Why: torch 2.13 on gloo sometimes aborts in static destructors after a correct
+    destroy_process_group. It happens after your code ran; it is not a bug in your script.
+    Fix: Nothing to fix in the script. ddp-doctor reports the script's own exit status; call
+    dist.destroy_process_group() at the end of training and upgrade torch when a fix is released.
+    """)
+
+SPAWN_CHILD_FAILED = declare(
+    "DDP805", category="training_failure", severity="error", title="A spawned process failed",
+    doc="""
+    What: A process started by torch.multiprocessing.spawn failed; torch re-raised its error in
+    the parent. The finding names the process index (usually the rank) and its traceback.
+    Why: spawn-based scripts run their ranks as children of one process; the parent's traceback
+    only says a child failed.
+    Fix: Read the child's traceback in the finding, and fix the error of the first failing process.
+    """)

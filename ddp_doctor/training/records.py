@@ -1,0 +1,71 @@
+"""Per-rank records of a training run, written as files (never through a collective, so they
+cannot deadlock the job): how the rank ended, its exception, its heartbeat and its stack.
+
+Layout of a run directory: rank-N.json (outcome), hb-N.json (heartbeat), stack-N.txt (stacks
+dumped on request).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from typing import Any
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a record that cannot be written must not break the user's job
+
+
+def outcome_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"rank-{rank}.json")
+
+
+def heartbeat_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"hb-{rank}.json")
+
+
+def stack_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"stack-{rank}.txt")
+
+
+def write_outcome(run_dir: str, rank: int, data: dict[str, Any]) -> None:
+    _write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
+
+
+def write_heartbeat(run_dir: str, rank: int, data: dict[str, Any]) -> None:
+    _write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data})
+
+
+def _read_all(pattern: str) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for p in glob.glob(pattern):
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+            out[int(d["rank"])] = d
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def read_outcomes(run_dir: str) -> dict[int, dict[str, Any]]:
+    return _read_all(os.path.join(run_dir, "rank-*.json"))
+
+
+def read_heartbeats(run_dir: str) -> dict[int, dict[str, Any]]:
+    return _read_all(os.path.join(run_dir, "hb-*.json"))
+
+
+def read_stack(run_dir: str, rank: int) -> str | None:
+    try:
+        with open(stack_path(run_dir, rank), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None

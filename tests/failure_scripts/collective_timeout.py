@@ -1,0 +1,11 @@
+"""DDP825 (2 ranks): rank 1 is late for an all_reduce; rank 0's gloo collective times out."""
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=2))
+if dist.get_rank() == 1:
+    time.sleep(6)
+dist.all_reduce(torch.ones(4))

@@ -1,0 +1,7 @@
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("rank", dist.get_rank(), "sum", t[0].item(), "argv", sys.argv[1:])
+dist.destroy_process_group()
+sys.exit(int(os.environ.get("EXIT", "0")))
