@@ -4,6 +4,16 @@ Importing this package is cheap: torch is imported only by the parts that need i
 """
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "preflight"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import ddp_doctor` stays cheap and torch-free until the API is used.
+    if name == "preflight":
+        from ddp_doctor.api import preflight
+        return preflight
+    raise AttributeError(f"module 'ddp_doctor' has no attribute {name!r}")

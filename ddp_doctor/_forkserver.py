@@ -282,6 +282,7 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     try:
         func = _load_function(spec)
         kwargs = pickle.loads(spec["kwargs"])
+        out["loaded"] = time.time()
         for name in spec.get("rank_arg", ()):
             kwargs[name] = rank
         for name in spec.get("world_size_arg", ()):
@@ -296,6 +297,7 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         dist.init_process_group(spec["backend"], store=store, rank=rank,
                                 world_size=int(spec["world_size"]),
                                 timeout=timedelta(seconds=float(spec["timeout"])))
+        out["initialised"] = time.time()
         try:
             func(**kwargs)
         finally:
@@ -309,8 +311,10 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         end = time.monotonic() + float(spec["timeout"])
         while store.add(FINISHED_KEY, 0) < int(spec["world_size"]) and time.monotonic() < end:
             time.sleep(0.002)
+        out["all_finished"] = time.time()
         if not _bounded(dist.destroy_process_group, DESTROY_BOUND_S):
             out["destroy_hung"] = True
+        out["destroyed"] = time.time()
     except BaseException as e:  # noqa: BLE001 - Skipped and Failed derive from BaseException
         out["time"] = out["time"] or time.time()
         if skipped_types and isinstance(e, skipped_types):

@@ -239,6 +239,15 @@ NOT_FOUND_CODES = {"NoSuchEntity", "NoSuchBucket", "NoSuchKey", "404", "NotFound
                    "ValidationError", "InvalidParameterValue"}
 
 
+MESSAGE_LIMIT = 300  # characters of an AWS error message quoted in a finding
+
+
+def _one_line(text: str) -> str:
+    """An AWS error message on one line, without markup (a proxy may answer with an HTML page)."""
+    text = " ".join(re.sub(r"<[^>]{0,200}>", " ", text).split())
+    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "..."
+
+
 @dataclass
 class Reply:
     """An AWS answer: `data` when ok, else the error code and message. `recorded` means the
@@ -355,7 +364,7 @@ class JobContext:
         except bx.ClientError as e:
             err = e.response.get("Error", {}) if isinstance(e.response, dict) else {}
             code = str(err.get("Code") or "")
-            message = str(err.get("Message") or e)
+            message = _one_line(str(err.get("Message") or e))
             status = (e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
             if code in DENIED_CODES or (status == 403 and code not in CREDENTIAL_CODES):
                 return self._record("denied", service, api, code or "403", message)
@@ -367,9 +376,9 @@ class JobContext:
         except (bx.NoCredentialsError, bx.PartialCredentialsError, bx.NoRegionError,
                 bx.ProfileNotFound, bx.EndpointConnectionError, bx.ConnectTimeoutError,
                 bx.ReadTimeoutError) as e:
-            return self._record("unreachable", service, api, type(e).__name__, str(e))
+            return self._record("unreachable", service, api, type(e).__name__, _one_line(str(e)))
         except bx.BotoCoreError as e:
-            return Reply(ok=False, code=type(e).__name__, message=str(e))
+            return Reply(ok=False, code=type(e).__name__, message=_one_line(str(e)))
 
     def caller_arn(self) -> str | None:
         """Who the calls were made as (sts:GetCallerIdentity never needs a permission)."""
@@ -423,12 +432,12 @@ def processes_per_instance(spec: JobSpec, gpus: int | None) -> int | None:
     return gpus if gpus else (1 if gpus == 0 else None)
 
 
-def world_of_job(spec: JobSpec, gpus: int | None) -> dict[str, Any]:
+def world_of_job(spec: JobSpec, gpus: int | None, region: str | None = None) -> dict[str, Any]:
     """The report's world block for the planned job."""
     ppn = processes_per_instance(spec, gpus)
     name = spec.distribution_name
     launcher = {"torch_distributed": "torchrun", "smdistributed": "mpirun", "pytorchddp": "mpirun",
-                "mpi": "mpirun", "none": "python"}.get(name, name)
+                "mpi": "mpirun", "none": "python"}.get(name, "unknown")
     backend = ("smddp" if name in ("smdistributed", "pytorchddp")
                else "nccl" if is_gpu_type(spec.instance_type or "") else None)
     count = spec.instance_count if spec.instance_count and spec.instance_count > 0 else None
@@ -438,7 +447,7 @@ def world_of_job(spec: JobSpec, gpus: int | None) -> dict[str, Any]:
         "nnodes": count, "nproc_per_node": ppn, "master_addr": None, "master_port": None,
         "platform": "sagemaker", "planned": True, "instance_type": spec.instance_type,
         "instance_count": spec.instance_count, "distribution": name,
-        "gpus_per_instance": gpus, "region": spec.region,
+        "gpus_per_instance": gpus, "region": region or spec.region,
     }
 
 
@@ -487,7 +496,7 @@ def run_checks(ctx: JobContext, *, select: list[str] | None = None, skip: list[s
         gpus = ctx.gpus_per_instance()
     else:
         gpus = ctx.spec.gpus_per_instance
-    return reportlib.build_report(world=world_of_job(ctx.spec, gpus), ranks=[], findings=findings)
+    return reportlib.build_report(world=world_of_job(ctx.spec, gpus, ctx.region), ranks=[], findings=findings)
 
 
 def check_job(spec: JobSpec | Mapping[str, Any], session: Any = None, *, select: Iterable[str] | None = None,

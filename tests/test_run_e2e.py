@@ -118,3 +118,40 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, argv, needle):
     res = run([*DDP, *argv], clean_env(), str(tmp_path), timeout=30)
     assert res.rc == 2 and needle in res.stderr, res.output
     assert_clean_output(res)
+
+
+def test_one_line_api_under_torchrun_then_the_scripts_own_init(tmp_path):
+    env = clean_env(PYTHONPATH=str(ROOT))
+    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")], env,
+              str(tmp_path))
+    assert res.rc == 0, res.output
+    assert "after preflight rank 0 [2.0, 2.0]" in res.stdout and "after preflight rank 1" in res.stdout
+
+
+def test_one_line_api_under_an_env_launch(tmp_path):
+    # rank 0 hosts the preflight's store on MASTER_PORT, then the script hosts its own there
+    port = free_port()
+    from tests.procs import finish, start
+    procs = [start([sys.executable, script("api_one_line.py")],
+                   clean_env(PYTHONPATH=str(ROOT), RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                   str(tmp_path)) for r in range(2)]
+    results = [finish(p, 120) for p in procs]
+    assert all(r.rc == 0 for r in results), [r.output for r in results]
+
+
+def test_one_line_api_inside_spawn_workers(tmp_path):
+    res = run([sys.executable, script("api_spawn.py"), str(free_port())], clean_env(PYTHONPATH=str(ROOT)),
+              str(tmp_path))
+    assert res.rc == 0, res.output
+    assert "spawn rank 0 pass" in res.stdout or "spawn rank 0 warn" in res.stdout
+    assert "spawn rank 1" in res.stdout
+
+
+def test_one_line_api_failure_exits_3_before_the_script(tmp_path):
+    env = clean_env(PYTHONPATH=str(ROOT), SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
+                    DDP_DOCTOR_SM_ROOT=str(tmp_path / "opt_ml"))
+    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")], env,
+              str(tmp_path))
+    assert res.rc != 0 and "after preflight" not in res.stdout
+    assert "exitcode  : 3" in res.stderr and "SM_HOSTS" in res.stderr

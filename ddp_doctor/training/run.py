@@ -247,4 +247,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     if err:
         warn(err)
     show(rep, out, None if err else path)
+    if rep.get("status") == "fail":
+        from ddp_doctor.context import current_context
+        from ddp_doctor.output import platform_sinks
+        platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     return code

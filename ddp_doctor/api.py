@@ -1,0 +1,43 @@
+"""The Python API: one line at the top of a training entrypoint.
+
+    import ddp_doctor
+    ddp_doctor.preflight()                      # under torchrun, mpirun, SageMaker, SLURM
+    ddp_doctor.preflight(rank=r, world_size=n)  # inside a torch.multiprocessing.spawn worker
+
+It runs this rank's preflight, tears its process group and store down so the script's own
+init_process_group works unchanged, and on errors writes the report and ends the process with
+exit status 3 (SystemExit), before any GPU hour is spent.
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any, Iterable
+
+
+def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int | None = None,
+              local_rank: int | None = None, report: str | None = None,
+              select: Iterable[str] | None = None, skip: Iterable[str] | None = None,
+              backend: str | None = None, exit_on_failure: bool = True) -> dict[str, Any]:
+    """Run this rank's preflight; returns the report (on the reporting rank the merged one, on the
+    others the verdict). Prints nothing when all is well; the report text goes to stderr otherwise."""
+    from ddp_doctor import registry
+    from ddp_doctor.context import current_context
+    from ddp_doctor.output import Output
+    from ddp_doctor.preflight import Options, RankPreflight
+    from ddp_doctor.report import EXIT_FAILED, exit_code
+
+    sel, skp = registry.parse_selectors(select), registry.parse_selectors(skip)
+    bad = registry.unknown_selectors(sel + skp)
+    if bad:
+        raise ValueError(f"select/skip: {', '.join(bad)} match no check ID, ID prefix or category")
+    opts = Options(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,
+                   world_size=world_size, local_rank=local_rank,
+                   output=Output(report_path=report, only_if_not_pass=True, stderr=True))
+    pf = RankPreflight(current_context(backend=backend, rank=rank, world_size=world_size,
+                                       local_rank=local_rank), opts)
+    rep = pf.run()
+    del pf  # the store and process group go with it, before the script creates its own
+    gc.collect()
+    if exit_on_failure and exit_code(rep) == EXIT_FAILED:
+        raise SystemExit(EXIT_FAILED)
+    return rep
