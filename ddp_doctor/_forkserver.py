@@ -45,6 +45,10 @@ DESTROY_BOUND_S = 10.0   # bound on destroy_process_group in a rank that passed
 ABORT_AFTER_REPORT_ENV = "DDP_DOCTOR_ABORT_AFTER_REPORT"
 POOL_LOST = "the rank pool (forkserver) died"
 FINISHED_KEY = "ddp_doctor/finished"
+INITIALISED_KEY = "ddp_doctor/initialised"
+# A failure with one of these messages is a consequence of a peer that went away first.
+PEER_LOSS = ("closed by peer", "reset by peer", "remote worker", "remote process", "broken pipe",
+             "connection refused", "peer closed")
 
 
 # ---------------------------------------------------------------- framing
@@ -297,6 +301,12 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         dist.init_process_group(spec["backend"], store=store, rank=rank,
                                 world_size=int(spec["world_size"]),
                                 timeout=timedelta(seconds=float(spec["timeout"])))
+        # gloo's connectFullMesh is not a barrier: a rank that left right after its own init (a
+        # skip, a quick failure) would break a peer still connecting. Wait for every rank's init.
+        store.add(INITIALISED_KEY, 1)
+        end = time.monotonic() + float(spec["timeout"])
+        while store.add(INITIALISED_KEY, 0) < int(spec["world_size"]) and time.monotonic() < end:
+            time.sleep(0.001)
         out["initialised"] = time.time()
         try:
             func(**kwargs)
@@ -640,11 +650,15 @@ def classify(res: RunResult) -> Verdict:
             return Verdict("skipped", f"{reason} (skipped on {where})", reason, notes)
         return Verdict("passed", "", "", notes)
     lines: list[str] = []
-    failures.sort()
+    # Root cause: the earliest failure that is not a peer loss (a rank that crashed is seen by the
+    # forkserver a moment after its peers saw the connection drop), else the earliest failure.
+    def key(ev: tuple[float, int, str, str, str]) -> tuple[bool, float, int]:
+        consequence = ev[2] == "failed" and any(p in (ev[3] + ev[4][-600:]).lower() for p in PEER_LOSS)
+        return (consequence, ev[0], ev[1])
     events: list[tuple[float, int, str, str, str]] = (
         [(t, r, "failed", one, detail) for t, r, one, detail in failures]
         + [(t, r, "skipped", f"pytest.skip: {m}", "") for t, r, m in skips])
-    events.sort()
+    events.sort(key=key)
     if events:
         t0, root, kind, one, _ = events[0]
         summary = f"rank {root} {'failed' if kind == 'failed' else 'skipped'} first: {one}"

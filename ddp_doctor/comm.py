@@ -473,18 +473,23 @@ def _barrier(comm: Comm) -> Any:
     return dist.barrier(group=comm.pg, async_op=True)
 
 
+def _median(vals: Sequence[float]) -> float:
+    v = sorted(vals)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
 def outliers(times: Mapping[Any, float], factor: float = DEFAULT_STRAGGLER_FACTOR,
              min_excess_s: float = DEFAULT_STRAGGLER_MIN_S) -> dict[Any, float]:
-    """Entries markedly slower than the median: above factor x median AND more than
-    min_excess_s above it (so scheduling noise on small machines does not count). Returns
-    {key: ratio to the median}."""
+    """Entries markedly slower than the median of the others: above factor x that median AND
+    more than min_excess_s above it (so scheduling noise on small machines does not count).
+    The median leaves the entry itself out, so that with two ranks a slow one is compared with
+    the other, not with an average it pulls up. Returns {key: ratio to that median}."""
     if len(times) < 2:
         return {}
-    vals = sorted(times.values())
-    mid = len(vals) // 2
-    median = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
     out = {}
     for k, v in times.items():
+        median = _median([t for j, t in times.items() if j != k])
         if v > factor * median and v - median > min_excess_s:
             out[k] = v / median if median > 0 else float("inf")
     return out

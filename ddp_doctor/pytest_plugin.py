@@ -67,6 +67,9 @@ PREFLIGHT_TIMEOUT_DESC = (
 REPORT_DESC = (
     "where the session preflight writes its JSON report (default: ddp-doctor-report.json in the "
     "current directory). Env DDP_DOCTOR_REPORT.")
+PREFLIGHT_ARGS_DESC = (
+    "more options for `ddp-doctor preflight` in the session preflight, as one shell-quoted string "
+    "(e.g. \"--skip DDP405 --comm-max-bytes 16M\"). Env DDP_DOCTOR_PREFLIGHT_ARGS.")
 MARKER_DESC = (
     f"{MARKER}(world_size={DEFAULT_WORLD_SIZE}, backend='auto', timeout={DEFAULT_TIMEOUT:g}): run the "
     "test on world_size ranks with an initialised process group (ddp-doctor); backend auto|gloo|nccl; "
@@ -108,6 +111,11 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _shell_words(text: str) -> list[str]:
+    import shlex
+    return shlex.split(str(text))
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         t = str(text).strip().lower()
@@ -126,6 +134,7 @@ SETTINGS = (
     Setting("ddp_preflight_timeout", "DDP_DOCTOR_PREFLIGHT_TIMEOUT", "ddp_preflight_timeout", _seconds,
             DEFAULT_PREFLIGHT_TIMEOUT),
     Setting("ddp_report", "DDP_DOCTOR_REPORT", "ddp_report", str, None),
+    Setting("ddp_preflight_args", "DDP_DOCTOR_PREFLIGHT_ARGS", "ddp_preflight_args", _shell_words, []),
 )
 
 
@@ -163,6 +172,7 @@ class Settings:
     timeout_source: str = "default"
     preflight_timeout: float = DEFAULT_PREFLIGHT_TIMEOUT
     report: str | None = None
+    preflight_args: list[str] = field(default_factory=list)
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -170,7 +180,7 @@ def read_settings(config: pytest.Config) -> Settings:
     return Settings(preflight=v["ddp_doctor"][0], expect_gpus=v["ddp_expect_gpus"][0],
                     on_failure=v["ddp_preflight_failure"][0], timeout=v["ddp_timeout"][0],
                     timeout_source=v["ddp_timeout"][1], preflight_timeout=v["ddp_preflight_timeout"][0],
-                    report=v["ddp_report"][0])
+                    report=v["ddp_report"][0], preflight_args=v["ddp_preflight_args"][0])
 
 
 @dataclass(frozen=True)
@@ -269,12 +279,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ddp-preflight-timeout", dest="ddp_preflight_timeout", metavar="S", default=None,
                     help=PREFLIGHT_TIMEOUT_DESC)
     group.addoption("--ddp-report", dest="ddp_report", metavar="PATH", default=None, help=REPORT_DESC)
+    group.addoption("--ddp-preflight-args", dest="ddp_preflight_args", metavar="ARGS", default=None,
+                    help=PREFLIGHT_ARGS_DESC)
     parser.addini("ddp_doctor", DDP_DOCTOR_DESC, default=None)
     parser.addini("ddp_expect_gpus", EXPECT_GPUS_DESC, default=None)
     parser.addini("ddp_preflight_failure", ON_FAILURE_DESC, default=None)
     parser.addini("ddp_timeout", TIMEOUT_DESC, default=None)
     parser.addini("ddp_preflight_timeout", PREFLIGHT_TIMEOUT_DESC, default=None)
     parser.addini("ddp_report", REPORT_DESC, default=None)
+    parser.addini("ddp_preflight_args", PREFLIGHT_ARGS_DESC, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -324,20 +337,23 @@ def _request(config: pytest.Config, items: list[pytest.Item]) -> dict[str, Any]:
 SPEC = pytest.StashKey[MarkSpec]()
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: count only the tests that will run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     state = _state(config)
     req = _request(config, items)
-    if req["items"]:
-        _pool(state).start()  # torch loads in the forkserver while collection ends and tests start
     if not _wanted(state, req["items"]):
+        if req["items"]:
+            _pool(state).start()  # torch loads in the forkserver while the first tests start
         return
     if state.worker:
         if state.exchange:
             wid = config.workerinput.get("workerid", "gw")  # type: ignore[attr-defined]
             _write_json(os.path.join(state.exchange, f"request-{wid}.json"), req)
         items.insert(0, PreflightItem.from_parent(session, name=PREFLIGHT_NODEID, nodeid=PREFLIGHT_NODEID))
-        return
+        return  # the rank pool starts with the first distributed test, after the preflight
     state.verdict = run_session_preflight(config, req)
+    if req["items"]:
+        _pool(state).start()  # after the preflight, so the two do not compete for the CPUs
     items.insert(0, PreflightItem.from_parent(session, name=PREFLIGHT_NODEID, nodeid=PREFLIGHT_NODEID))
     _add_suite_properties(config, state.verdict)
     if state.verdict["status"] in ("fail", "error") and state.settings.on_failure == "deselect":
@@ -608,6 +624,7 @@ def run_one_preflight(backend: str, nproc: int, report: str, settings: Settings)
            "--backend", backend, "--timeout", f"{t:g}", "--report", report, "--json"]
     if settings.expect_gpus is not None:
         cmd += ["--expect-gpus", str(settings.expect_gpus)]
+    cmd += settings.preflight_args
     bound = 3 * t + 90
     t0 = time.monotonic()
     try:

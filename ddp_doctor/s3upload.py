@@ -91,7 +91,7 @@ def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | 
         if client is None:
             import boto3
             from botocore.config import Config
-            cfg = Config(connect_timeout=5, read_timeout=15, retries={"max_attempts": 1})
+            cfg = Config(connect_timeout=5, read_timeout=15, retries={"total_max_attempts": 1})
             client = (session or boto3.Session()).client("s3", config=cfg)
     except ImportError:
         return 'could not upload the report: boto3 is not installed (pip install "ddp-doctor[aws]")'

@@ -311,7 +311,7 @@ class JobContext:
             if service not in self._clients:
                 from botocore.config import Config
                 cfg = Config(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1],
-                             retries={"max_attempts": 2, "mode": "standard"})
+                             retries={"total_max_attempts": 2, "mode": "standard"})
                 self._clients[service] = self.session.client(service, region_name=self.spec.region or None,
                                                              config=cfg)
             return self._clients[service]

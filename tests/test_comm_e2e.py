@@ -84,37 +84,53 @@ def test_bench_comm_plot_without_matplotlib_is_a_usage_error(tmp_path):
     assert res.rc == 2 and "pip install 'ddp-doctor[plot]'" in res.stderr
 
 
-def _busy_loop(core: int) -> subprocess.Popen:
-    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"],
-                            start_new_session=True)
+# Busy loops that start once their parent (the rank) has loaded torch, so the rank starts at full
+# speed, and end as soon as the rank does.
+HOG = """
+import os, time
+p = os.getppid()
+def loaded():
+    try:
+        with open(f"/proc/{p}/maps") as f:
+            return "libtorch_cpu" in f.read()
+    except OSError:
+        return True
+while os.getppid() == p and not loaded():
+    time.sleep(0.05)
+while os.getppid() == p:
+    pass
+"""
+# The rank and its three busy loops share one CPU and one session: sessions are scheduling
+# groups (autogroup), so the four split that group's share of the CPU and the rank gets a
+# quarter of it whatever else the machine runs.
+WITH_HOGS = 'cpu=$1; hog=$2; py=$3; shift 3; for i in 1 2 3; do taskset -c "$cpu" "$py" -c "$hog" & done; ' \
+            'exec taskset -c "$cpu" "$@"'
 
 
 def test_straggler_rank_is_named(tmp_path):
-    # A real slow rank: rank 1 is pinned to CPU 1 together with two busy loops, so the scheduler
-    # gives it about a third of that core, while rank 0 has CPU 0 to itself. The fixed work then
-    # takes rank 1 about 3x as long (DDP405 needs 1.5x and 10 ms more than the median).
+    # A real slow rank: rank 1 runs on CPU 1 beside three busy loops of its own session and gets
+    # about a quarter of that CPU, while rank 0 has CPU 0 to itself. The fixed work then takes
+    # rank 1 about 4x as long (DDP405 needs 1.5x the others' median and 10 ms more).
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2 or shutil.which("taskset") is None:
         pytest.skip("needs 2 CPUs and taskset to make one rank really slower")
     report = tmp_path / "r.json"
     port = free_port()
-    hogs = [_busy_loop(cpus[1]), _busy_loop(cpus[1])]
-    try:
-        procs = []
-        for r, cpu in ((0, cpus[0]), (1, cpus[1])):
-            env = clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(start(["taskset", "-c", str(cpu), *DDP, "preflight", "--timeout", "30", "--report",
-                                str(report), "--select", "DDP405"], env, str(tmp_path)))
-        results = [finish(p, 120) for p in procs]
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
+    procs = []
+    for r, cpu in ((0, cpus[0]), (1, cpus[1])):
+        env = clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        args = ["preflight", "--timeout", "30", "--report", str(report), "--select", "DDP405"]
+        if r == 0:
+            cmd = ["taskset", "-c", str(cpu), *DDP, *args]
+        else:
+            cmd = ["sh", "-c", WITH_HOGS, "sh", str(cpu), HOG, sys.executable, *DDP, *args]
+        procs.append(start(cmd, env, str(tmp_path)))
+    results = [finish(p, 120) for p in procs]
     assert results[0].rc == 0, results[0].output
     rep = load_json(str(report))
     slow = [f for f in rep["findings"] if f["id"] == "DDP405"]
-    assert slow and slow[0]["severity"] == "warning" and 1 in slow[0]["ranks"], rep["findings"]
+    assert slow and slow[0]["severity"] == "warning" and slow[0]["ranks"] == [1], rep["findings"]
     assert "rank 1" in slow[0]["message"]
 
 

@@ -155,3 +155,16 @@ def test_one_line_api_failure_exits_3_before_the_script(tmp_path):
               str(tmp_path))
     assert res.rc != 0 and "after preflight" not in res.stdout
     assert "exitcode  : 3" in res.stderr and "SM_HOSTS" in res.stderr
+
+
+def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(tmp_path):
+    pytest.importorskip("transformers")
+    report = tmp_path / "r.json"
+    env = clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=str(tmp_path / "model"),
+                    SM_OUTPUT_DATA_DIR=str(tmp_path / "out"))
+    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), "-m",
+               "ddp_doctor.training.hf_trainer", "--max-steps", "4"], env, str(tmp_path), timeout=300)
+    assert res.rc == 0, res.output
+    assert "world_size=2" in res.stdout
+    assert (tmp_path / "out" / "metrics.json").is_file() and any((tmp_path / "model").iterdir())
+    assert load_json(str(report))["status"] in ("pass", "warn")

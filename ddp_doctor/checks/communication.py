@@ -212,11 +212,11 @@ def straggler_problems(times: Mapping[int, float], node_of: Mapping[int, int], w
                        factor: float, min_s: float) -> list[Problem]:
     """Name the ranks (and nodes) markedly slower than the median at `what`."""
     out = []
-    vals = sorted(times.values())
-    median = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    median = comm._median(list(times.values()))
     slow = comm.outliers(times, factor, min_s)
     if slow:
-        listed = ", ".join(f"rank {r} {times[r] * 1e3:.1f} ms ({x:.1f}x)" for r, x in sorted(slow.items()))
+        listed = ", ".join(f"rank {r} {times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)"
+                           for r, x in sorted(slow.items()))
         out.append(Problem(
             message=f"{what}: median {median * 1e3:.1f} ms over {len(times)} ranks; markedly slower: {listed}",
             ranks=tuple(sorted(slow)),
@@ -282,8 +282,8 @@ def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
     if slow:
         node_of = _node_of(lay)
         links = ", ".join(f"rank {(r - 1) % n} (node {node_of[(r - 1) % n]}) -> rank {r} (node {node_of[r]}) "
-                          f"{times[r] * 1e3:.1f} ms ({x:.1f}x)" for r, x in sorted(slow.items()))
-        median = sorted(times.values())[n // 2]
+                          f"{times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)" for r, x in sorted(slow.items()))
+        median = comm._median(list(times.values()))
         yield Problem(message=f"send/recv ring of 256 KiB: median {median * 1e3:.1f} ms; markedly slower "
                               f"link(s): {links}",
                       ranks=tuple(sorted({r for r in slow} | {(r - 1) % n for r in slow})),

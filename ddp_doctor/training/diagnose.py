@@ -75,14 +75,19 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     findings: list[Finding] = []
     failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
                      if o.get("exception")), key=lambda x: x[0])
-    first_rank = failed[0][1] if failed else None
+    sig_of = {r: classify(failure_text(outcomes[r]["exception"])) for _, r in failed}
+    # The root cause is the first rank whose error is not itself a symptom of a lost peer.
+    causes = [r for _, r in failed if not (sig_of[r] is not None and sig_of[r].consequence)]
+    first_rank = causes[0] if causes else (failed[0][1] if failed else None)
     first_key = None
     if first_rank is not None:
         e = outcomes[first_rank]["exception"]
         first_key = (e.get("type"), e.get("message"))
     for _, r in failed:
         e = outcomes[r]["exception"]
-        peer = first_rank if (r != first_rank and (e.get("type"), e.get("message")) != first_key) else None
+        same = (e.get("type"), e.get("message")) == first_key or (
+            sig_of[r] is not None and sig_of[r] is sig_of.get(first_rank))  # raised on its own too
+        peer = first_rank if (r != first_rank and not same) else None
         f = exception_finding(r, e, consequence_of=peer)
         f.time = e.get("time", f.time)
         findings.append(f)
@@ -100,7 +105,10 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
                 f"error", rank=r, evidence={"exit_status": code}, phase="training"))
     code = 0
-    if first_rank is not None:
+    killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
+    if first_rank is not None and not causes and killed:
+        code = 128 - killed[0]  # only lost-peer symptoms raised: the killed rank is the cause
+    elif first_rank is not None:
         code = int(outcomes[first_rank].get("exit_code") or 1)
     else:
         for r in ranks:

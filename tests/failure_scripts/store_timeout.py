@@ -1,6 +1,4 @@
 """DDP835: a world of 2 but only this process joins: the store times out waiting for clients."""
-import os
-import tempfile
 from datetime import timedelta
 
 import torch.distributed as dist

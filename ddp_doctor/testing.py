@@ -1,0 +1,117 @@
+"""Helpers for users' own tests of distributed code (also used by ddp-doctor's tests).
+
+- :func:`simulated_sagemaker`: a SageMaker training container's SM_* variables and
+  /opt/ml/input/config files under a temporary root, restored afterwards;
+- :class:`LocalChecks` (the ``ddp_doctor`` pytest fixture): run ddp-doctor's local checks in this
+  process and get the findings back.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+__all__ = ["Findings", "LocalChecks", "SimulatedSageMaker", "run_local_checks", "simulated_sagemaker"]
+
+DISTRIBUTION_FLAGS = {
+    "torch_distributed": "sagemaker_torch_distributed_enabled",
+    "smdistributed": "sagemaker_distributed_dataparallel_enabled",
+    "pytorchddp": "sagemaker_pytorch_ddp_enabled",
+    "mpi": "sagemaker_mpi_enabled",
+}
+SM_ROOT_ENV = "DDP_DOCTOR_SM_ROOT"
+
+
+@dataclass(frozen=True)
+class SimulatedSageMaker:
+    root: str                  # plays /opt/ml (DDP_DOCTOR_SM_ROOT points here)
+    env: dict[str, str]        # the variables that were set
+
+
+@contextlib.contextmanager
+def simulated_sagemaker(hosts: Sequence[str] = ("algo-1",), current_host: str | None = None, *,
+                        num_gpus: int = 0, distribution: str | None = "torch_distributed",
+                        root: str | os.PathLike[str] | None = None,
+                        instance_type: str = "ml.g5.12xlarge",
+                        hyperparameters: Mapping[str, Any] | None = None,
+                        extra_env: Mapping[str, str] | None = None) -> Iterator[SimulatedSageMaker]:
+    """Inside the block, this process looks like a SageMaker training container on `current_host`
+    (default: the first host): SM_HOSTS (a JSON list), SM_CURRENT_HOST, SM_NUM_GPUS,
+    SM_FRAMEWORK_PARAMS (with the flag of `distribution`), SM_TRAINING_ENV, ... and
+    <root>/input/config/resourceconfig.json (and hyperparameters.json). The environment is put
+    back exactly as it was afterwards. `root` defaults to a temporary directory, removed after."""
+    hosts = list(hosts)
+    if not hosts:
+        raise ValueError("simulated_sagemaker: hosts must name at least one host")
+    current = current_host or hosts[0]
+    if distribution is not None and distribution not in DISTRIBUTION_FLAGS:
+        raise ValueError(f"simulated_sagemaker: distribution={distribution!r}; one of "
+                         f"{', '.join(DISTRIBUTION_FLAGS)} or None")
+    with contextlib.ExitStack() as stack:
+        base = str(root) if root is not None else stack.enter_context(tempfile.TemporaryDirectory(prefix="sm-"))
+        cfg = os.path.join(base, "input", "config")
+        os.makedirs(cfg, exist_ok=True)
+        rc = {"current_host": current, "current_instance_type": instance_type, "current_group_name":
+              "homogeneousCluster", "hosts": hosts, "network_interface_name": "eth0",
+              "instance_groups": [{"instance_group_name": "homogeneousCluster",
+                                   "instance_type": instance_type, "hosts": hosts}]}
+        with open(os.path.join(cfg, "resourceconfig.json"), "w", encoding="utf-8") as f:
+            json.dump(rc, f)
+        fp: dict[str, Any] = {"sagemaker_instance_type": instance_type}
+        if distribution is not None:
+            fp[DISTRIBUTION_FLAGS[distribution]] = True
+        hp = {**fp, **dict(hyperparameters or {})}
+        with open(os.path.join(cfg, "hyperparameters.json"), "w", encoding="utf-8") as f:
+            json.dump({k: json.dumps(v) for k, v in hp.items()}, f)
+        env = {
+            "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": current, "SM_NUM_GPUS": str(num_gpus),
+            "SM_CURRENT_INSTANCE_TYPE": instance_type, "SM_NETWORK_INTERFACE_NAME": "eth0",
+            "SM_IS_HETERO": "false", "SM_FRAMEWORK_PARAMS": json.dumps(fp),
+            "SM_TRAINING_ENV": json.dumps({"hosts": hosts, "current_host": current,
+                                           "num_gpus": num_gpus, "master_hostname": hosts[0]}),
+            SM_ROOT_ENV: base, **dict(extra_env or {}),
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield SimulatedSageMaker(root=base, env=env)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class Findings(list):  # type: ignore[type-arg]
+    """A list of :class:`ddp_doctor.findings.Finding` with shorthands for assertions."""
+
+    @property
+    def ids(self) -> set[str]:
+        return {f.id for f in self}
+
+    @property
+    def errors(self) -> list[Any]:
+        return [f for f in self if f.severity == "error"]
+
+
+def run_local_checks(*, select: Sequence[str] | None = None, skip: Sequence[str] | None = None,
+                     options: Mapping[str, Any] | None = None, backend: str | None = None) -> Findings:
+    """ddp-doctor's local checks (no process group needed) as this process sees itself now."""
+    from ddp_doctor import registry, runner
+    from ddp_doctor.context import current_context
+    ctx = current_context(backend=backend, options=dict(options or {}))
+    return Findings(runner.run_stage("local", (ctx,), ctx.rank, select=registry.parse_selectors(select),
+                                     skip=registry.parse_selectors(skip)))
+
+
+class LocalChecks:
+    """What the ``ddp_doctor`` fixture returns: call it to run the local checks now. Picklable,
+    so a ``@pytest.mark.distributed`` test can call it on every rank."""
+
+    def __call__(self, *, select: Sequence[str] | None = None, skip: Sequence[str] | None = None,
+                 options: Mapping[str, Any] | None = None, backend: str | None = None) -> Findings:
+        return run_local_checks(select=select, skip=skip, options=options, backend=backend)
