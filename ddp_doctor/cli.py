@@ -88,8 +88,9 @@ def add_preflight(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", metavar="DIR", default=None,
                    help="where the job writes models and checkpoints: its free space is checked (DDP603)")
     p.add_argument("--threshold", action="append", metavar="KEY=VALUE", type=_threshold, default=None,
-                   help="override a GPU/host check threshold, e.g. shm_min_mib=512 "
-                        "(keys and defaults: `ddp-doctor explain DDP600` ... README)")
+                   help="override a GPU/host check threshold (repeatable): shm_min_mib (1024), "
+                        "ram_min_mib_per_rank (1024), disk_min_free_gib (10), open_files_min (4096), "
+                        "gpu_busy_mib (1024), pcie_load_pct (50)")
 
 
 # Options only the parent of a self-launched preflight uses; every other option is passed on to
