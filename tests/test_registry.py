@@ -195,7 +195,7 @@ def test_checks_for_respects_selection() -> None:
 
 def test_unknown_selectors() -> None:
     assert registry.unknown_selectors(["DDP101", "network", "DDP3", "ddp1", "internal"]) == []
-    assert registry.unknown_selectors(["nonsense", "DDP101", "DDP9"]) == ["nonsense", "DDP9"]
+    assert registry.unknown_selectors(["nonsense", "DDP101", "DDP99"]) == ["nonsense", "DDP99"]
 
 
 # ---------------------------------------------------------------- plugin modules

@@ -100,10 +100,21 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
             findings.append(raise_event(
                 failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
                 f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
+        elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
+            # the launcher stops the survivors once a rank has failed: a consequence, said so
+            findings.append(raise_event(
+                failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
+                f"rank failed", rank=r, evidence={"exit_status": code, "consequence": True},
+                phase="training"))
         elif o is None and code < 0:
             findings.append(raise_event(
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
                 f"error", rank=r, evidence={"exit_status": code}, phase="training"))
+        elif o is None:
+            findings.append(raise_event(
+                failures.RANK_KILLED, f"rank {r} exited with status {code} before its script ended "
+                f"(no Python error was recorded: os._exit() or a crash in native code)", rank=r,
+                evidence={"exit_status": code}, phase="training"))
     code = 0
     killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
     if first_rank is not None and not causes and killed:
@@ -121,6 +132,12 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 code = 128 - c if c < 0 else c
                 break
     return findings, code
+
+
+def _others_failed(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> bool:
+    if any(o.get("exception") for r, o in outcomes.items() if r != rank):
+        return True
+    return any(c not in (0, -signal.SIGTERM) for r, c in exits.items() if r != rank)
 
 
 def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:

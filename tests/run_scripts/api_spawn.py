@@ -11,7 +11,7 @@ import ddp_doctor
 def worker(rank: int, world: int) -> None:
     rep = ddp_doctor.preflight(rank=rank, world_size=world, timeout=20)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    print("spawn rank", rank, rep["status"], flush=True)
+    os.write(1, f"spawn rank {rank} {rep['status']}\n".encode())  # one write: lines never interleave
     dist.destroy_process_group()
 
 
