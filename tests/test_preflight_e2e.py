@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.procs import DDP, assert_clean_output, clean_env, free_port, ids, load_json, run, run_ranks
+from tests.procs import DDP, assert_clean_output, assert_healthy, clean_env, free_port, ids, load_json, run, run_ranks
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -18,8 +18,9 @@ def test_self_launch_cpu_default_passes(tmp_path):
     report = tmp_path / "r.json"
     res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report)], clean_env(), str(tmp_path))
     assert res.rc == 0, res.output
-    assert "PASS" in res.stdout and str(report) in res.stdout
+    assert ("PASS" in res.stdout or "WARN" in res.stdout) and str(report) in res.stdout
     rep = load_json(str(report))
+    assert_healthy(rep)
     assert rep["schema"] == "ddp-doctor.report" and rep["schema_version"] == 1
     assert rep["world"]["world_size"] == 2 and rep["world"]["backend"] == "gloo"
     assert [r["rank"] for r in rep["ranks"]] == [0, 1]
@@ -34,8 +35,9 @@ def test_under_torchrun_json_and_report(tmp_path):
                "--timeout", "20", "--report", str(report), "--json"], clean_env(), str(tmp_path))
     assert res.rc == 0, res.output
     printed = json.loads(res.stdout)  # only rank 0 prints, and only the JSON document
-    assert printed["status"] == "pass" and printed["world"]["launcher"] == "torchrun"
-    assert load_json(str(report))["status"] == "pass"
+    assert printed["world"]["launcher"] == "torchrun"
+    assert_healthy(printed)
+    assert load_json(str(report))["status"] == printed["status"]
 
 
 def test_world_size_larger_than_launched_names_missing_rank(tmp_path):
@@ -181,7 +183,7 @@ def test_two_nodes_simulated_with_two_torchrun_invocations(tmp_path):
     results = [finish(p, 120) for p in procs]
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
-    assert rep["status"] == "pass", rep["findings"]
+    assert_healthy(rep)
     assert rep["world"]["nnodes"] == 2 and rep["world"]["world_size"] == 2
     assert sorted((r["node_rank"], r["host"]) for r in rep["ranks"]) == [(0, "algo-1"), (1, "algo-2")]
 
