@@ -8,7 +8,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "preflight"]
+__all__ = ["__version__", "check_sampler", "preflight"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,7 @@ def __getattr__(name: str) -> Any:
     if name == "preflight":
         from ddp_doctor.api import preflight
         return preflight
+    if name == "check_sampler":
+        from ddp_doctor.training.sampler_check import check_sampler
+        return check_sampler
     raise AttributeError(f"module 'ddp_doctor' has no attribute {name!r}")

@@ -127,6 +127,7 @@ CHECK_MODULES = (
     "ddp_doctor.checks.runner_expectations",
     "ddp_doctor.training.failures",
     "ddp_doctor.training.signatures",
+    "ddp_doctor.training.sampler_check",
 )
 
 

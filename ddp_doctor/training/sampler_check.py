@@ -1,0 +1,108 @@
+"""`ddp_doctor.check_sampler(loader_or_sampler, epochs=2)`: before training, draw the indices every
+rank would draw and check the shards are disjoint, cover the data set, and change between epochs.
+
+It runs in one process: for a DistributedSampler it builds the sampler of every rank (same seed,
+rank r of num_replicas); any other sampler is what every rank would draw, since each rank builds
+the same one. DistributedSampler's padding (up to num_replicas - 1 repeated indices when
+drop_last=False) is by design and not reported as overlap.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from collections import Counter
+from typing import Any
+
+from ddp_doctor.events import raise_event
+from ddp_doctor.findings import Finding
+from ddp_doctor.ranges import format_ranks
+from ddp_doctor.registry import declare
+
+OVERLAP = declare(
+    "DDP850", category="sampler", severity="error", title="Ranks draw the same samples",
+    doc="""
+    What: The indices the ranks draw in one epoch overlap beyond DistributedSampler's padding
+    (at most world_size - 1 repeats when drop_last=False).
+    Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
+    at 1/N of the speed it should, with N times the effective repetition.
+    Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
+    Trainer/Accelerate shard the data), and call sampler.set_epoch(epoch) every epoch.
+    """)
+
+NOT_COVERED = declare(
+    "DDP851", category="sampler", severity="warning", title="Some samples are never drawn",
+    doc="""
+    What: Over all ranks, one epoch leaves indices of the data set undrawn, beyond what
+    drop_last=True may drop (fewer than world_size samples).
+    Why: A sampler built for another data set size, or num_replicas larger than the world, skips
+    data silently.
+    Fix: Build DistributedSampler from the data set the DataLoader uses, with num_replicas equal to
+    the world size (the default reads it from the process group).
+    """)
+
+SAME_ORDER = declare(
+    "DDP852", category="sampler", severity="warning", title="Same order every epoch",
+    doc="""
+    What: A shuffling sampler yields the same order in consecutive epochs.
+    Why: DistributedSampler seeds its shuffle with seed + epoch; without sampler.set_epoch(epoch)
+    every epoch sees the data in the same order, which hurts convergence.
+    Fix: Call sampler.set_epoch(epoch) at the start of every epoch (Trainer does it for you).
+    """)
+
+
+def _sampler_of(obj: Any) -> Any:
+    batch_sampler = getattr(obj, "batch_sampler", None)
+    if batch_sampler is not None and getattr(batch_sampler, "sampler", None) is not None:
+        return batch_sampler.sampler
+    return getattr(obj, "sampler", obj)
+
+
+def _draw(sampler: Any, epoch: int) -> list[int]:
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    return [int(i) for i in iter(sampler)]
+
+
+def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
+                  dataset_size: int | None = None) -> list[Finding]:
+    """Findings (empty when the sharding is right) for a DataLoader or a sampler."""
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = _sampler_of(obj)
+    distributed = isinstance(sampler, DistributedSampler)
+    world = int(sampler.num_replicas) if distributed else int(world_size or os.environ.get("WORLD_SIZE", 1))
+    n = dataset_size if dataset_size is not None else len(getattr(sampler, "dataset", None) or
+                                                          getattr(obj, "dataset", None) or sampler)
+    findings: list[Finding] = []
+    draws: list[list[list[int]]] = []  # epoch -> rank -> indices
+    for e in range(max(1, epochs)):
+        per_rank = []
+        for r in range(world):
+            s = copy.copy(sampler)
+            if distributed:
+                s.rank = r
+            per_rank.append(_draw(s, e))
+        draws.append(per_rank)
+
+    first = draws[0]
+    counts = Counter(i for shard in first for i in shard)
+    repeats = sum(c - 1 for c in counts.values() if c > 1)
+    allowed = world - 1 if distributed and not getattr(sampler, "drop_last", False) else 0
+    if world > 1 and repeats > allowed:
+        shared = sorted(i for i, c in counts.items() if c > 1)
+        findings.append(raise_event(OVERLAP, (
+            f"{type(sampler).__name__} over {n} samples and {world} ranks: {repeats} index draws repeat "
+            f"across ranks in one epoch (padding allows {allowed}); e.g. indices {shared[:5]} are drawn by "
+            f"ranks {format_ranks(r for r, shard in enumerate(first) if shared and shared[0] in shard)}"),
+            rank=None, ranks=list(range(world)),
+            evidence={"sampler": type(sampler).__name__, "repeats": repeats, "allowed": allowed}))
+    missing = n - len(counts)
+    if missing > (world - 1 if getattr(sampler, "drop_last", False) else 0):
+        findings.append(raise_event(NOT_COVERED, (
+            f"one epoch over {world} rank(s) draws {len(counts)} of {n} distinct samples: {missing} never "
+            f"drawn"), rank=None, evidence={"missing": missing, "dataset_size": n}))
+    shuffled = any(shard != sorted(shard) for shard in first)
+    if epochs > 1 and shuffled and draws[0] == draws[1]:
+        findings.append(raise_event(SAME_ORDER, (
+            f"{type(sampler).__name__} shuffles, but gave the same order in epochs 0 and 1 on every rank"),
+            rank=None, evidence={"epochs": epochs}))
+    return findings
