@@ -39,10 +39,10 @@ PR_SET_PDEATHSIG = 1
 STACK_WAIT_S = 1.0       # how long the parent waits for faulthandler dumps of hung ranks
 PEER_GRACE_S = 3.0       # after a rank failed, how long its peers get to fail or finish on their own
 REAP_WAIT_S = 5.0        # after a kill, how long the parent waits for the forkserver to reap ranks
-DESTROY_BOUND_S = 10.0   # bound on destroy_process_group in a rank that passed
+DESTROY_BOUND_S = 10.0
+PG_TIMEOUT_MARGIN_S = 10.0  # the process group's own timeout is the test's plus this   # bound on destroy_process_group in a rank that passed
 # Test hook: ranks named here (comma-separated) call os.abort() right after reporting, exactly as
 # torch's gloo teardown abort does; used by ddp-doctor's own tests of the classification.
-ABORT_AFTER_REPORT_ENV = "DDP_DOCTOR_ABORT_AFTER_REPORT"
 POOL_LOST = "the rank pool (forkserver) died"
 FINISHED_KEY = "ddp_doctor/finished"
 INITIALISED_KEY = "ddp_doctor/initialised"
@@ -241,8 +241,6 @@ def _rank_main(spec: dict[str, Any], rank: int, pgid: int, server: int) -> None:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001
         pass
-    if str(rank) in os.environ.get(ABORT_AFTER_REPORT_ENV, "").split(","):
-        os.abort()
     os._exit(0)  # no interpreter teardown: gloo may abort in static destructors (DOMAIN.md s2)
 
 
@@ -300,7 +298,9 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         store = dist.FileStore(os.path.join(spec["dir"], "store"), int(spec["world_size"]))
         dist.init_process_group(spec["backend"], store=store, rank=rank,
                                 world_size=int(spec["world_size"]),
-                                timeout=timedelta(seconds=float(spec["timeout"])))
+                                # past the parent's hard timeout, so a hang ends one way:
+                                # every live rank's stack, then the kill
+                                timeout=timedelta(seconds=float(spec["timeout"]) + PG_TIMEOUT_MARGIN_S))
         # gloo's connectFullMesh is not a barrier: a rank that left right after its own init (a
         # skip, a quick failure) would break a peer still connecting. Wait for every rank's init.
         store.add(INITIALISED_KEY, 1)
