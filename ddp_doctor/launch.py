@@ -47,7 +47,29 @@ def launcher_command(nproc: int, rank_args: list[str]) -> list[str]:
             "--nproc-per-node", str(nproc), "--max-restarts", "0", "-m", "ddp_doctor", *rank_args]
 
 
+def _descendants(pid: int) -> list[Any]:
+    try:
+        import psutil
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - psutil missing or the process is gone
+        return []
+
+
 def terminate_tree(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """End the launcher and everything under it. torch's launcher starts each worker in a session
+    of its own, so the launcher's process group does not hold them: remember them first."""
+    workers = _descendants(proc.pid)
+    try:
+        _terminate_group(proc, grace)
+    finally:
+        for w in workers:
+            try:
+                w.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def _terminate_group(proc: subprocess.Popen[Any], grace: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

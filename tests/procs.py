@@ -73,13 +73,32 @@ def start(cmd: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Po
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its group and every descendant. Launchers such as torchrun start their
+    workers in sessions of their own, so killing the group alone can leave a worker holding our
+    pipes (and the test waiting forever)."""
+    import psutil
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL) if p.pid == pid else p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+
+
 def finish(proc: subprocess.Popen[str], timeout: float, started: float | None = None) -> Result:
     started = started or time.monotonic()
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        kill_tree(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(output lost: a process outside the tree kept the pipes open)"
         raise AssertionError(f"{proc.args} ran past {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
     survivors = _reap(proc.pid)
     assert not survivors, f"{proc.args} left processes behind\nstderr:\n{err}"

@@ -77,3 +77,9 @@ def test_hang_without_collectives_names_the_minority_location():
     hbs[2] = {"where": "a.py:9 in g", "in_collective": False}
     f = hang_finding(hbs, {}, 5)
     assert f.ranks == [2]
+
+
+def test_rank_ended_after_hanging_at_exit_keeps_the_scripts_status():
+    findings, code = training_findings({0: outcome(0), 1: outcome(0)}, {1: -signal.SIGKILL}, [0, 1])
+    (f,) = findings
+    assert f.id == "DDP806" and f.severity == "warning" and f.ranks == [1] and code == 0

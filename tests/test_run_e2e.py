@@ -168,3 +168,16 @@ def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(tmp_path):
     assert "world_size=2" in res.stdout
     assert (tmp_path / "out" / "metrics.json").is_file() and any((tmp_path / "model").iterdir())
     assert load_json(str(report))["status"] in ("pass", "warn")
+
+
+def test_rank_stuck_at_exit_is_ended_within_the_teardown_bound(tmp_path, monkeypatch):
+    # The bound is 60 s in production; this test uses a copy of the run with a short bound.
+    report = tmp_path / "r.json"
+    code = ("import sys; import ddp_doctor.training.run as r; r.TEARDOWN_BOUND = 2.0; "
+            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))")
+    res = run([sys.executable, "-c", code, "run", "--nproc-per-node", "2", "--report", str(report),
+               script("stuck_at_exit.py")], clean_env(), str(tmp_path), timeout=120)
+    assert res.rc == 0, res.output
+    rep = load_json(str(report))
+    stuck = [f for f in rep["findings"] if f["id"] == "DDP806"]
+    assert stuck and sorted(stuck[0]["ranks"] + [r for f in stuck[1:] for r in f["ranks"]]) == [0, 1]

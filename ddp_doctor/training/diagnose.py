@@ -100,6 +100,11 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
             findings.append(raise_event(
                 failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
                 f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
+        elif o is not None and code == -signal.SIGKILL:
+            findings.append(raise_event(
+                failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
+                f"but the process did not exit and was ended (SIGKILL)", rank=r, phase="teardown",
+                evidence={"exit_status": code}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so
             findings.append(raise_event(

@@ -68,3 +68,14 @@ SPAWN_CHILD_FAILED = declare(
     only says a child failed.
     Fix: Read the child's traceback in the finding, and fix the error of the first failing process.
     """)
+
+STUCK_AT_EXIT = declare(
+    "DDP806", category="teardown", severity="warning", title="Process did not exit after the script ended",
+    doc="""
+    What: The script ended (its exit status was recorded) but the process was still alive long
+    after, hung in interpreter teardown; ddp-doctor ended it. The job's exit status is the script's.
+    Why: A process group that was never destroyed, a non-daemon thread, or torch 2.13's gloo
+    teardown can keep a finished rank alive, so the launcher waits and the job never completes.
+    Fix: Call dist.destroy_process_group() at the end of training and make background threads
+    daemons (or join them); if it persists, end the script with os._exit(status) after flushing.
+    """)

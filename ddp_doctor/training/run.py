@@ -160,6 +160,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     try:
         while proc.poll() is None:
             time.sleep(0.5)
+            end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
             hang = detect_hang(run_dir, opts.hang_timeout)
             if hang is not None:
                 break
@@ -176,6 +177,27 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     finally:
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+TEARDOWN_BOUND = 60.0  # seconds a rank may take to exit after its script ended
+
+
+def end_stuck_at_exit(run_dir: str, bound: float) -> list[int]:
+    """Ranks whose script ended (outcome recorded) but whose process has not exited within
+    `bound`: interpreter teardown hangs (seen with torch 2.13's gloo). End them; the script's own
+    exit status stands and the report says so (DDP806)."""
+    import signal
+    from ddp_doctor.training import records
+    now = time.time()
+    ended = []
+    for r, o in records.read_outcomes(run_dir).items():
+        if now - float(o.get("time", now)) > bound:
+            try:
+                os.kill(int(o["pid"]), signal.SIGKILL)
+                ended.append(r)
+            except (OSError, KeyError, ValueError):
+                pass
+    return ended
 
 
 def detect_hang(run_dir: str, hang_timeout: float) -> dict[int, dict[str, Any]] | None:

@@ -54,6 +54,10 @@ def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
     return out[::-1]
 
 
+def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
+    return any(f[0].endswith(os.path.join("torch", "multiprocessing", "spawn.py")) for f in stack)
+
+
 def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
     """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
     skip = _skip_dirs()
@@ -112,8 +116,10 @@ class ProgressWatch:
             records.write_heartbeat(self.run_dir, self.rank, {
                 "time": now, "last_progress": self.last_progress, "steps": self.steps,
                 "phase": self.phase, **describe(stack)})
-            if self.phase != "training":
-                self.last_progress = now  # preflight and teardown have bounds of their own
+            if self.phase != "training" or _waiting_for_spawned_ranks(stack):
+                # preflight and teardown have bounds of their own; a process joining the ranks it
+                # spawned is idle by design while they train (their own progress is not seen here)
+                self.last_progress = now
             elif self.on_hang and not fired and now - self.last_progress > self.hang_timeout:
                 fired = True
                 self.on_hang(self)
