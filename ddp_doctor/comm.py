@@ -659,6 +659,7 @@ def plot(measurements: Mapping[str, Any], path: str, title: str = "ddp-doctor be
 # ---------------------------------------------------------------- command-line options
 def add_preflight_options(p: argparse.ArgumentParser) -> None:
     """The communication suite's preflight options (they reach the checks as ctx.options)."""
+    from ddp_doctor.cli import _positive_int  # the CLI's own validators: one definition
     g = p.add_argument_group("communication checks")
     g.add_argument("--comm-min-bytes", type=parse_bytes, default=None, metavar="SIZE",
                    help=f"smallest all_reduce size of the sweep (default: {format_bytes(DEFAULT_MIN_BYTES)})")
@@ -684,16 +685,6 @@ def add_preflight_options(p: argparse.ArgumentParser) -> None:
                    help=f"... and only when it is more than MS ms slower (default: {DEFAULT_STRAGGLER_MIN_S * 1e3:g})")
     g.add_argument("--max-clock-skew", type=float, default=None, metavar="S",
                    help=f"warn when node clocks differ by more than S seconds (default: {DEFAULT_MAX_CLOCK_SKEW_S:g})")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return v
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -154,7 +154,7 @@ def test_needs_nccl(rank):
 
 
 def test_plain():
-    assert True
+    assert sum([1, 2]) == 3
 '''
 
 
