@@ -18,14 +18,9 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _common import clean_env  # noqa: E402
 SIZES = (16 << 20, 64 << 20)
-
-
-def clean_env() -> dict[str, str]:
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_", "OMPI_", "SM_", "DDP_DOCTOR_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def run(cmd: list[str], cwd: str) -> str:

@@ -17,13 +17,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def clean_env() -> dict[str, str]:
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_", "OMPI_", "SM_", "DDP_DOCTOR_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+sys.path.insert(0, HERE)
+from _common import clean_env  # noqa: E402
 
 
 def timed(cmd: list[str], cwd: str) -> float:

@@ -37,3 +37,27 @@ def hosts_file(tmp: Path, names: Sequence[str]) -> Path:
 
 def on_node(hostname: str, hosts: Path, cmd: Sequence[str]) -> list[str]:
     return ["unshare", "--uts", "--mount", "sh", "-c", SCRIPT, "node", hostname, str(hosts), *cmd]
+
+
+def run_nodes(tmp_path: Path, hosts: Sequence[str], rank_args: Sequence[str], *, nproc: int = 1,
+              master: str | None = None, node_rank_of=None, env_for=None, timeout: float = 120.0) -> list:
+    """Start one torchrun per simulated host (`--nnodes len(hosts)`), each running
+    `python -m ddp_doctor <rank_args>`, and wait for all of them (bounded, no survivors).
+
+    `node_rank_of(host)` gives each host's --node-rank (default: its position), `env_for(host)`
+    its environment (default: a clean one), `master` the --master-addr (default: the first host)."""
+    import sys
+
+    from tests.procs import clean_env, finish, free_port, start
+    require_namespaces()
+    hosts_path = hosts_file(tmp_path, hosts)
+    port = free_port()
+    procs = []
+    for i, host in enumerate(hosts):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)),
+               "--node-rank", str(node_rank_of(host) if node_rank_of else i),
+               "--nproc-per-node", str(nproc), "--master-addr", master or hosts[0],
+               "--master-port", str(port), "-m", "ddp_doctor", *rank_args]
+        procs.append(start(on_node(host, hosts_path, cmd), env_for(host) if env_for else clean_env(),
+                           str(tmp_path)))
+    return [finish(p, timeout) for p in procs]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -135,19 +134,11 @@ def test_straggler_rank_is_named(tmp_path):
 
 
 def test_two_simulated_nodes_measure_intra_and_inter_apart(tmp_path):
-    from tests.nodes import hosts_file, on_node, require_namespaces
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
+    from tests.nodes import run_nodes
     report = tmp_path / "r.json"
-    procs = []
-    for node, name in enumerate(("algo-1", "algo-2")):
-        cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
-               "--master-addr", "algo-1", "--master-port", str(port), "-m", "ddp_doctor", "preflight",
-               "--timeout", "30", "--report", str(report), "--select", "DDP401,DDP403",
-               "--comm-max-bytes", "16K"]
-        procs.append(start(on_node(name, hosts, cmd), clean_env(), str(tmp_path)))
-    results = [finish(p, 180) for p in procs]
+    results = run_nodes(tmp_path, ["algo-1", "algo-2"], [
+        "preflight", "--timeout", "30", "--report", str(report), "--select", "DDP401,DDP403",
+        "--comm-max-bytes", "16K"], nproc=2, timeout=180)
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     m = rep["measurements"]

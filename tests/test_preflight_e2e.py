@@ -168,19 +168,10 @@ def test_planted_aws_secret_appears_in_no_output(tmp_path):
 
 
 def test_two_nodes_simulated_with_two_torchrun_invocations(tmp_path):
-    from tests.nodes import hosts_file, on_node, require_namespaces
-    from tests.procs import finish, start
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
+    from tests.nodes import run_nodes
     report = tmp_path / "r.json"
-    procs = []
-    for node, name in enumerate(("algo-1", "algo-2")):
-        cmd = [*TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-               "--master-addr", "algo-1", "--master-port", str(port), "-m", "ddp_doctor", "preflight",
-               "--timeout", "20", "--report", str(report)]
-        procs.append(start(on_node(name, hosts, cmd), clean_env(), str(tmp_path)))
-    results = [finish(p, 120) for p in procs]
+    results = run_nodes(tmp_path, ["algo-1", "algo-2"],
+                        ["preflight", "--timeout", "20", "--report", str(report)])
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     assert_healthy(rep)

@@ -5,13 +5,12 @@ way the toolkit launches torchrun (node rank = position in the instance group's 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from tests.helpers_context import write_sm_config
-from tests.nodes import hosts_file, on_node, require_namespaces
-from tests.procs import clean_env, finish, free_port, ids, load_json, start
+from tests.nodes import run_nodes
+from tests.procs import clean_env, ids, load_json
 
 pytestmark = pytest.mark.slow
 HOSTS = ["algo-1", "algo-2"]
@@ -33,17 +32,10 @@ def sm_node_env(tmp_path, host: str) -> dict[str, str]:
 
 
 def launch(tmp_path, master: str, node_rank_of) -> tuple[list, dict]:
-    require_namespaces()
-    hosts = hosts_file(tmp_path, HOSTS)
-    port = free_port()
     report = tmp_path / "report.json"
-    procs = []
-    for host in HOSTS:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--node-rank", str(node_rank_of(host)), "--master-addr", master, "--master-port", str(port),
-               "-m", "ddp_doctor", "preflight", "--timeout", "20", "--report", str(report)]
-        procs.append(start(on_node(host, hosts, cmd), sm_node_env(tmp_path, host), str(tmp_path)))
-    results = [finish(p, 120) for p in procs]
+    results = run_nodes(tmp_path, HOSTS, ["preflight", "--timeout", "20", "--report", str(report)],
+                        master=master, node_rank_of=node_rank_of,
+                        env_for=lambda host: sm_node_env(tmp_path, host))
     return results, load_json(str(report))
 
 

@@ -47,7 +47,7 @@ def run_dir_for(env: Any) -> str:
     return os.path.join(tempfile.gettempdir(), f"ddp-doctor-run-{job}".replace("/", "_"))
 
 
-def preflight(opts: RunOptions, run_dir: str, rank_hint: int) -> tuple[dict[str, Any], int]:
+def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
     from ddp_doctor.preflight import Options, RankPreflight
     from ddp_doctor.context import current_context
     under_parent = bool(os.environ.get(PARENT_ENV))
@@ -80,7 +80,7 @@ def run_rank(opts: RunOptions) -> int:
     from ddp_doctor.training.watchdog import ProgressWatch
     watch = ProgressWatch(run_dir, rank, opts.hang_timeout,
                          on_hang=None if under_parent else _end_hung_rank).start()
-    _, code = preflight(opts, run_dir, rank)
+    _, code = preflight(opts, run_dir)
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
         # there after a correct teardown, DOMAIN.md section 2), keeping exit status 3 exact.

@@ -147,7 +147,6 @@ def agent_command(torchrun: list[str], doctor: list[str], target: Target) -> lis
 
 def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) -> int:
     from ddp_doctor.launch import _die_with_parent, terminate_tree
-    from ddp_doctor.training import records
     from ddp_doctor.training.agent import RESULT_ENV
     from ddp_doctor.training.rank_run import PARENT_ENV, RUN_DIR_ENV
 
@@ -213,7 +212,6 @@ def detect_hang(run_dir: str, hang_timeout: float) -> dict[int, dict[str, Any]] 
 
 def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Ask every rank for its stacks (SIGUSR2 -> faulthandler), give them a moment to write."""
-    import signal
     from ddp_doctor.training.watchdog import STACK_SIGNAL
     for hb in hbs.values():
         try:
