@@ -128,6 +128,7 @@ CHECK_MODULES = (
     "ddp_doctor.training.failures",
     "ddp_doctor.training.signatures",
     "ddp_doctor.training.sampler_check",
+    "ddp_doctor.training.probe_rules",
 )
 
 

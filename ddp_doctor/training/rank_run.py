@@ -90,8 +90,12 @@ def run_rank(opts: RunOptions) -> int:
         os._exit(code)
     watch.phase = "training"
     watch.last_progress = time.time()
+    from ddp_doctor.training import probes
+    probe = probes.install(run_dir)
+    probes.child_env(os.environ, run_dir)  # type: ignore[arg-type]
     outcome = run_target(opts.target)
     watch.phase = "teardown"
+    probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
     records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
                                           "host": os.uname().nodename, "phase": "training"})
     if not under_parent:
@@ -110,8 +114,13 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     from ddp_doctor.context import current_context
     from ddp_doctor.output import platform_sinks, show
     from ddp_doctor.training.diagnose import training_findings
+    from ddp_doctor.training.probe_rules import probe_findings
+    if rank == 0 and not failed:
+        _wait_for_local_ranks(run_dir, started)
     outcomes = {r: o for r, o in records.read_outcomes(run_dir).items() if o.get("time", 0) >= started - 5}
     findings, _ = training_findings(outcomes, {}, sorted(outcomes))
+    failed_job = failed or any(o.get("exception") or o.get("exit_code") for o in outcomes.values())
+    findings += probe_findings(records.read_probes(run_dir, since=started - 5), failed=failed_job)
     ctx = current_context()
     rep = reportlib.build_report(world=reportlib.world_of(ctx), ranks=[], phase="training", findings=findings)
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
@@ -123,6 +132,23 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
         cause = rep.get("root_cause") or {}
         if rank in cause.get("ranks", []) or (ctx.world_size or 1) == 1:
             show(rep, out, own)
+    elif rep.get("status") != "pass":
+        show(rep, out, own)  # what the probes found in a run that ended well
+
+
+LOCAL_WAIT = 10.0  # seconds rank 0 waits for the other ranks of its node to finish their records
+
+
+def _wait_for_local_ranks(run_dir: str, started: float) -> None:
+    """Rank 0 finished: give the other ranks of this node a bounded moment to end their scripts,
+    so their probe records are complete when the report is made."""
+    want = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    deadline = time.time() + LOCAL_WAIT
+    while time.time() < deadline:
+        done = [p for p in records.read_probes(run_dir, since=started - 5) if p.get("ended")]
+        if len(done) >= want:
+            return
+        time.sleep(0.1)
 
 
 def _end_hung_rank(watch: Any) -> None:

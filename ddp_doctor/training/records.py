@@ -2,7 +2,7 @@
 cannot deadlock the job): how the rank ended, its exception, its heartbeat and its stack.
 
 Layout of a run directory: rank-N.json (outcome), hb-N.json (heartbeat), stack-N.txt (stacks
-dumped on request).
+dumped on request), probe-PID.json (what the in-training probes of one process recorded).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
+def write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -35,12 +35,16 @@ def stack_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"stack-{rank}.txt")
 
 
+def probe_path(run_dir: str, pid: int) -> str:
+    return os.path.join(run_dir, f"probe-{pid}.json")
+
+
 def write_outcome(run_dir: str, rank: int, data: dict[str, Any]) -> None:
-    _write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
+    write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
 
 
 def write_heartbeat(run_dir: str, rank: int, data: dict[str, Any]) -> None:
-    _write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data})
+    write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data})
 
 
 def _read_all(pattern: str) -> dict[int, dict[str, Any]]:
@@ -69,3 +73,17 @@ def read_stack(run_dir: str, rank: int) -> str | None:
             return f.read()
     except OSError:
         return None
+
+
+def read_probes(run_dir: str, since: float = 0.0) -> list[dict[str, Any]]:
+    """The probe records of every process that wrote one (started at `since` or later)."""
+    out = []
+    for p in sorted(glob.glob(os.path.join(run_dir, "probe-*.json"))):
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and float(d.get("started", 0)) >= since:
+            out.append(d)
+    return out

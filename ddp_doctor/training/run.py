@@ -231,6 +231,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.output import Output, show, warn
     from ddp_doctor.training import records
     from ddp_doctor.training.diagnose import EXIT_HANG, hang_finding, training_findings
+    from ddp_doctor.training.probe_rules import probe_findings
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     pf_dir = os.path.join(run_dir, "preflight")
@@ -259,6 +260,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             findings += more
             if code == 0 and agent_code and not outcomes:
                 code = agent_code  # the launcher itself failed
+        failed = hang is not None or any(f.severity == "error" for f in findings)
+        findings += probe_findings(records.read_probes(run_dir), failed=failed)
         rep = reportlib.build_report(world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                      ranks=(pf or {}).get("ranks") or [], findings=findings,
                                      measurements=(pf or {}).get("measurements") or {}, phase="training")

@@ -1,0 +1,1 @@
+"""Directory put on PYTHONPATH for child interpreters; see sitecustomize.py."""

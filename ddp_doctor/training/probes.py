@@ -1,0 +1,654 @@
+"""In-training probes: a per-process timeline of what the script does with torch.distributed, and
+fingerprints of what each rank trains on, recorded while the real job runs.
+
+`install()` wraps a few torch entry points in place (init_process_group, destroy_process_group,
+cuda.set_device, DistributedDataParallel, DataLoader and its iterator, Trainer.__init__ once
+transformers is imported) and registers an optimizer step hook. The wrappers only record and then
+call the original: no collective is added, nothing the script sees changes. Per batch the cost is a
+few attribute reads and two clock reads; the first K batches of every epoch also keep their indices
+and a per-sample content fingerprint, and parameters are check-summed after the first optimizer
+step and at the end.
+
+The record of a process is written as a file in the run directory (probe-PID.json), at a few
+moments (first step, fingerprints complete, destroy_process_group, end of the script, exit), never
+per batch. `probe_rules.py` turns the records of all ranks into findings.
+
+Child interpreters the script starts (torch.multiprocessing.spawn, subprocess) get the probes
+through `probe_site/sitecustomize.py` on PYTHONPATH, the way coverage.py measures subprocesses.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Callable
+
+PROBE_DIR_ENV = "DDP_DOCTOR_PROBE_DIR"
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_site")
+K_BATCHES = 8            # batches per epoch whose indices and contents are fingerprinted
+MAX_ITERATIONS = 4       # epochs per loader kept in full
+MAX_EVENTS = 400
+MAX_DATA_TIMES = 512
+SHUFFLING = ("RandomSampler", "SeedableRandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+SHARDING = ("BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "DataLoaderDispatcher",
+            "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler")
+
+_recorder: "Recorder | None" = None
+_patched = False
+_lock = threading.Lock()
+
+
+def _here() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_site() -> str | None:
+    """file:line of the innermost frame outside ddp-doctor, torch and the standard library: where
+    the script (or the library it called) did what is recorded."""
+    from ddp_doctor.training.watchdog import _skip_dirs
+    skip = _skip_dirs()
+    for frame, line in traceback.walk_stack(sys._getframe(1)):
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) and not name.startswith("<"):
+            return f"{name}:{line}"
+    return None
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+    return dist
+
+
+def _pg_up() -> bool:
+    try:
+        dist = _dist()
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ------------------------------------------------------------------ fingerprints of batches
+
+def _leaves(batch: Any, out: list[Any], depth: int = 0) -> None:
+    import torch
+    if depth > 4:
+        return
+    if isinstance(batch, torch.Tensor):
+        out.append(batch)
+    elif isinstance(batch, dict) or hasattr(batch, "items") and callable(batch.items):
+        for k in sorted(batch.keys(), key=str):
+            _leaves(batch[k], out, depth + 1)
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            _leaves(b, out, depth + 1)
+
+
+def sample_hashes(batch: Any, n: int | None) -> list[str] | None:
+    """One short fingerprint per sample of a collated batch (rows of every CPU tensor whose first
+    dimension is the batch size), or None when the batch does not split that way."""
+    import torch
+    leaves: list[Any] = []
+    _leaves(batch, leaves)
+    rows = []
+    for t in leaves:
+        if t.device.type != "cpu" or t.dim() == 0 or t.is_complex() or (n is not None and t.shape[0] != n):
+            continue
+        n = t.shape[0]
+        x = t.detach().reshape(n, -1).to(torch.float64)
+        w = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)
+        rows.append(torch.stack([x.sum(1), (x * w).sum(1)], 1))
+    if not rows or not n:
+        return None
+    sig = torch.cat(rows, 1).tolist()
+    return [hashlib.blake2b(repr(r).encode(), digest_size=6).hexdigest() for r in sig]
+
+
+def _as_indices(idx: Any) -> list[int] | None:
+    try:
+        if isinstance(idx, (list, tuple)):
+            return [int(i) for i in idx]
+        return [int(idx)]
+    except (TypeError, ValueError):
+        return None  # an IterableDataset's placeholder, or keys that are not integers
+
+
+class Iteration:
+    """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of."""
+
+    __slots__ = ("loader", "number", "epoch", "steps_at_start", "steps_at_last", "batches",
+                 "indices", "hashes", "data_times", "recorder", "done")
+
+    def __init__(self, recorder: "Recorder", loader: dict[str, Any], number: int, epoch: Any) -> None:
+        self.recorder, self.loader, self.number, self.epoch = recorder, loader, number, epoch
+        self.steps_at_start = self.steps_at_last = recorder.steps
+        self.batches = 0
+        self.indices: list[Any] = []
+        self.hashes: list[Any] = []
+        self.data_times: list[float] = []
+        self.done = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "epoch": self.epoch, "batches": self.batches,
+                "training": self.steps_at_last > self.steps_at_start,
+                "indices": self.indices, "hashes": self.hashes}
+
+
+class Recorder:
+    """Everything the probes saw in this process."""
+
+    def __init__(self, out_dir: str | None) -> None:
+        self.out_dir = out_dir
+        self.pid = os.getpid()
+        self.started = time.time()
+        self.events: list[dict[str, Any]] = []
+        self.steps = 0
+        self.step_times: list[float] = []
+        self.loaders: dict[int, dict[str, Any]] = {}
+        self.iterations: dict[int, list[Iteration]] = {}
+        self.data_times: dict[int, list[float]] = {}
+        self.checksums: dict[str, dict[str, Any]] = {}
+        self.ddp_modules: list[Any] = []   # weakrefs to DistributedDataParallel instances
+        self.pg: dict[str, Any] = {}       # rank / world size / backend of the default group
+        self.extra: dict[str, Any] = {}    # what callbacks add (Trainer arguments, ...)
+        self.ended: dict[str, Any] | None = None
+        self.set_device_called = False
+        self._listeners: list[Callable[["Recorder"], None]] = []
+
+    # -- identity
+    @property
+    def rank(self) -> int | None:
+        if self.pg.get("rank") is not None:
+            return int(self.pg["rank"])
+        return _int_env("RANK")
+
+    def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        e = {"kind": kind, "t": time.time(), "site": user_site(), **data}
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(e)
+        return e
+
+    # -- steps and checksums
+    def on_step(self, optimizer: Any, *_: Any) -> None:
+        self.steps += 1
+        if len(self.step_times) < MAX_DATA_TIMES:
+            self.step_times.append(time.perf_counter())
+        if self.steps == 1:
+            self.checksum("first_step")
+            self.flush()
+
+    def checksum(self, point: str) -> None:
+        """Sums of every parameter and buffer of the DDP-wrapped models (only those: FSDP and other
+        sharded wrappers hold different shards on each rank by design)."""
+        try:
+            entries = []
+            mods = [m() for m in self.ddp_modules]
+            mods = [m for m in mods if m is not None]
+            for i, m in enumerate(mods):
+                prefix = f"model{i}." if len(mods) > 1 else ""
+                inner = getattr(m, "module", m)
+                entries += [(prefix + n, p, "param") for n, p in inner.named_parameters()]
+                entries += [(prefix + n, b, "buffer") for n, b in inner.named_buffers()]
+            if entries:
+                self.checksums[point] = {"step": self.steps, "t": time.time(), **tensor_sums(entries)}
+        except Exception as e:  # noqa: BLE001 - a probe never breaks the job
+            self.extra.setdefault("probe_errors", []).append(f"checksum {point}: {e!r}")
+
+    # -- output
+    def to_dict(self) -> dict[str, Any]:
+        loaders = []
+        for lid, info in self.loaders.items():
+            times = self.data_times.get(lid, [])
+            loaders.append({**info, "iterations": [it.to_dict() for it in self.iterations.get(lid, [])],
+                            "data_times": times})
+        return {"pid": self.pid, "rank": self.rank, "local_rank": _int_env("LOCAL_RANK"),
+                "world_size": self.pg.get("world_size") or _int_env("WORLD_SIZE"),
+                "host": os.uname().nodename, "started": self.started, "time": time.time(),
+                "pg": self.pg, "events": self.events, "steps": self.steps,
+                "step_interval": _median_interval(self.step_times),
+                "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
+
+    def flush(self) -> None:
+        if not self.out_dir or os.getpid() != self.pid:
+            return
+        if not (self.events or self.steps or self.loaders):
+            return  # a helper process that did nothing worth reporting
+        from ddp_doctor.training.records import probe_path, write_json
+        write_json(probe_path(self.out_dir, self.pid), self.to_dict())
+
+    def end(self, **data: Any) -> None:
+        """The script ended: last checksum, whether the process group is still up, flush."""
+        if self.ended is not None:
+            return
+        if "end" not in self.checksums and self.steps:
+            self.checksum("end")
+        self.ended = {"t": time.time(), "pg_initialized": _pg_up(), **data}
+        self.flush()
+
+
+def _median_interval(times: list[float]) -> float | None:
+    if len(times) < 3:
+        return None
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return gaps[len(gaps) // 2]
+
+
+def tensor_sums(entries: list[tuple[str, Any, str]]) -> dict[str, Any]:
+    """Per tensor: float64 sum and sum of absolute values, computed on the tensor's device and
+    copied back once per device (one synchronisation, not one per tensor)."""
+    import torch
+    names, kinds, by_device = [], [], {}
+    for i, (name, t, kind) in enumerate(entries):
+        if t.is_complex() or t.numel() == 0:
+            continue
+        names.append(name)
+        kinds.append(kind)
+        d = t.detach()
+        by_device.setdefault(d.device, []).append((len(names) - 1, d.sum(dtype=torch.float64),
+                                                  d.abs().sum(dtype=torch.float64)
+                                                  if d.dtype != torch.bool else d.sum(dtype=torch.float64)))
+    sums = [0.0] * len(names)
+    abss = [0.0] * len(names)
+    for _, items in by_device.items():
+        vals = torch.stack([torch.stack([s, a]) for _, s, a in items]).cpu().tolist()
+        for (j, _, _), (s, a) in zip(items, vals):
+            sums[j], abss[j] = s, a
+    return {"names": names, "kinds": kinds, "sum": sums, "abs": abss}
+
+
+# ------------------------------------------------------------------ install
+
+def recorder() -> Recorder | None:
+    rec = _recorder
+    if rec is not None and rec.pid != os.getpid():
+        return None  # a forked child (a DataLoader worker): not ours to record
+    return rec
+
+
+def install(out_dir: str | None) -> Recorder:
+    """Start recording in this process (idempotent); returns the recorder."""
+    global _recorder
+    with _lock:
+        if _recorder is None or _recorder.pid != os.getpid():
+            _recorder = Recorder(out_dir)
+            atexit.register(_at_exit)
+        elif out_dir and not _recorder.out_dir:
+            _recorder.out_dir = out_dir
+        _patch()
+    return _recorder
+
+
+def _at_exit() -> None:
+    rec = recorder()
+    if rec is not None:
+        rec.end(how="exit")
+
+
+def _after_fork_in_child() -> None:
+    global _recorder
+    rec = _recorder
+    if rec is not None and rec.pid != os.getpid():
+        # A forked child starts with an empty record of its own: it becomes a rank if it
+        # initialises a process group (ranks started with the fork start method).
+        _recorder = Recorder(rec.out_dir)
+
+
+def _before_fork() -> None:
+    rec = recorder()
+    if rec is None:
+        return
+    try:
+        import torch
+        if not torch.cuda.is_initialized():
+            return
+    except Exception:  # noqa: BLE001
+        return
+    stack = [f.filename for f in traceback.extract_stack()]
+    if any(os.path.join("torch", "utils", "data") in s for s in stack):
+        return  # DataLoader workers fork after CUDA by design; they do not touch CUDA
+    rec.event("fork_after_cuda")
+    rec.flush()
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    orig = getattr(owner, name)
+    if getattr(orig, "_ddp_doctor_probe", False):
+        return
+    new = make(orig)
+    functools.update_wrapper(new, orig)
+    new._ddp_doctor_probe = True  # type: ignore[attr-defined]
+    new._ddp_doctor_orig = orig  # type: ignore[attr-defined]
+    setattr(owner, name, new)
+
+
+def _patch() -> None:
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    init = _make_init(c10d.init_process_group)
+    for owner in (dist, c10d):
+        _wrap(owner, "init_process_group", lambda orig: init)
+    destroy = _make_destroy(c10d.destroy_process_group)
+    for owner in (dist, c10d):
+        _wrap(owner, "destroy_process_group", lambda orig: destroy)
+    _wrap(torch.cuda, "set_device", _make_set_device)
+    _wrap(DistributedDataParallel, "__init__", _make_ddp_init)
+    _wrap(DataLoader, "__init__", _make_loader_init)
+    _wrap(DataLoader, "__iter__", _make_loader_iter)
+    _wrap(_BaseDataLoaderIter, "_next_index", _make_next_index)
+    _wrap(_BaseDataLoaderIter, "__next__", _make_next)
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(_on_step)
+    except Exception:  # noqa: BLE001
+        pass
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    when_imported("transformers.trainer", _patch_trainer)
+
+
+def _on_step(optimizer: Any, *args: Any) -> None:
+    rec = recorder()
+    if rec is not None:
+        rec.on_step(optimizer, *args)
+
+
+def _make_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        rec = recorder()
+        if rec is None:
+            return orig(*args, **kwargs)
+        backend = kwargs.get("backend", args[0] if args else None)
+        timeout = kwargs.get("timeout")
+        already = _pg_up()
+        e = rec.event("init_process_group", backend=str(backend) if backend is not None else None,
+                      timeout_s=timeout.total_seconds() if hasattr(timeout, "total_seconds") else None,
+                      already_initialized=already,
+                      previous_site=rec.pg.get("site") if already else None)
+        if already:
+            rec.flush()
+        result = orig(*args, **kwargs)
+        dist = _dist()
+        rec.pg = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                  "backend": str(dist.get_backend()), "site": e["site"]}
+        e["ok"] = True
+        return result
+    return init_process_group
+
+
+def _make_destroy(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def destroy_process_group(group: Any = None) -> Any:
+        rec = recorder()
+        if rec is not None and group is None and _pg_up():
+            rec.event("destroy_process_group")
+            if rec.steps:
+                rec.checksum("end")
+            rec.flush()
+        return orig(group) if group is not None else orig()
+    return destroy_process_group
+
+
+def _make_set_device(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def set_device(device: Any) -> Any:
+        rec = recorder()
+        if rec is not None:
+            rec.set_device_called = True
+            rec.event("set_device", device=str(device))
+        return orig(device)
+    return set_device
+
+
+def _module_device(module: Any) -> str | None:
+    for p in module.parameters():
+        return str(p.device)
+    return None
+
+
+def _make_ddp_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        rec = recorder()
+        if rec is None:
+            return orig(self, module, *args, **kwargs)
+        pg_up = _pg_up()
+        device_ids = kwargs.get("device_ids", args[0] if args else None)
+        current = None
+        try:
+            import torch
+            if torch.cuda.is_initialized():
+                current = torch.cuda.current_device()
+        except Exception:  # noqa: BLE001
+            pass
+        backend = str(_dist().get_backend()) if pg_up else None
+        count = 0
+        if backend == "nccl":
+            try:
+                import torch
+                count = torch.cuda.device_count()
+            except Exception:  # noqa: BLE001
+                pass
+        rec.event("ddp", pg_initialized=pg_up, device_ids=[str(d) for d in device_ids] if device_ids else None,
+                  module_device=_module_device(module), current_device=current, device_count=count,
+                  set_device_called=rec.set_device_called, backend=backend,
+                  module_class=type(module).__name__)
+        if not pg_up:
+            rec.flush()  # the constructor is about to fail: keep the record
+        orig(self, module, *args, **kwargs)
+        rec.ddp_modules.append(weakref.ref(self))
+    return __init__
+
+
+def _sampler_info(loader: Any) -> dict[str, Any]:
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else None
+    batch_inner = getattr(batch_sampler, "batch_sampler", None)  # accelerate's shards wrap one
+    deepest = getattr(batch_inner, "sampler", None)
+    names = [type(x).__name__ for x in (loader, sampler, batch_sampler, inner, batch_inner, deepest)
+             if x is not None]
+    dataset = getattr(loader, "dataset", None)
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001
+        size = None
+    from torch.utils.data import IterableDataset
+    s = inner if inner is not None and type(sampler).__name__ == "SequentialSampler" else sampler
+    shuffle = bool(type(s).__name__ in SHUFFLING or getattr(s, "shuffle", False)
+                   or any(n in SHUFFLING for n in names))
+    return {"class": type(loader).__name__, "sampler": type(sampler).__name__ if sampler is not None else None,
+            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
+            "samplers": names, "dataset": type(dataset).__name__, "dataset_size": size,
+            "map_style": not isinstance(dataset, IterableDataset),
+            "batch_size": getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None),
+            "distributed": any(n in SHARDING for n in names) or (
+                hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")),
+            "shuffle": shuffle}
+
+
+def _distributed_sampler(loader: Any) -> Any:
+    from torch.utils.data.distributed import DistributedSampler
+    for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(s, DistributedSampler):
+            return s
+    return None
+
+
+def _make_loader_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        rec = recorder()
+        if rec is None:
+            return
+        try:
+            lid = len(rec.loaders)
+            object.__setattr__(self, "_ddp_doctor_id", lid)
+            e = rec.event("dataloader", id=lid, pg_initialized=_pg_up())
+            rec.loaders[lid] = {"id": lid, "site": e["site"], **_sampler_info(self)}
+            e.update({k: rec.loaders[lid][k] for k in ("sampler", "dataset_size", "distributed")})
+        except Exception:  # noqa: BLE001
+            pass
+    return __init__
+
+
+def _make_loader_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __iter__(self: Any) -> Any:
+        it = orig(self)
+        rec = recorder()
+        lid = getattr(self, "_ddp_doctor_id", None)
+        if rec is None or lid is None:
+            return it
+        try:
+            its = rec.iterations.setdefault(lid, [])
+            ds = _distributed_sampler(self)
+            epoch = getattr(ds, "epoch", None) if ds is not None else None
+            if lid in rec.loaders:
+                rec.loaders[lid]["iterated"] = rec.loaders[lid].get("iterated", 0) + 1
+                rec.loaders[lid].update(_sampler_info(self))  # accelerate may swap samplers late
+            state = Iteration(rec, rec.loaders.get(lid, {}), len(its), epoch)
+            if len(its) < MAX_ITERATIONS:
+                its.append(state)
+            it._ddp_doctor_state = state
+        except Exception:  # noqa: BLE001
+            pass
+        return it
+    return __iter__
+
+
+def _make_next_index(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _next_index(self: Any) -> Any:
+        idx = orig(self)
+        state = getattr(self, "_ddp_doctor_state", None)
+        if state is not None and len(state.indices) < K_BATCHES:
+            state.indices.append(_as_indices(idx))
+        return idx
+    return _next_index
+
+
+def _make_next(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __next__(self: Any) -> Any:
+        state = getattr(self, "_ddp_doctor_state", None)
+        if state is None:
+            return orig(self)
+        state.steps_at_last = state.recorder.steps  # also on the call that ends the epoch
+        t0 = time.perf_counter()
+        data = orig(self)
+        dt = time.perf_counter() - t0
+        rec = state.recorder
+        state.batches += 1
+        times = rec.data_times.setdefault(state.loader.get("id", -1), [])
+        if len(times) < MAX_DATA_TIMES:
+            times.append(dt)
+        if len(state.hashes) < K_BATCHES:
+            i = len(state.hashes)
+            idx = state.indices[i] if i < len(state.indices) else None
+            try:
+                state.hashes.append(sample_hashes(data, len(idx) if idx else None))
+            except Exception:  # noqa: BLE001
+                state.hashes.append(None)
+            if len(state.hashes) == K_BATCHES:
+                rec.flush()
+        return data
+    return __next__
+
+
+def _patch_trainer(module: Any) -> None:
+    trainer = getattr(module, "Trainer", None)
+    if trainer is None:
+        return
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            model = kwargs.get("model", args[0] if args else None)
+            note_trainer(model)
+            return orig(self, *args, **kwargs)
+        return __init__
+    _wrap(trainer, "__init__", make)
+
+
+def note_trainer(model: Any) -> None:
+    """Record a Trainer being built, and whether its model is already wrapped in DDP."""
+    rec = recorder()
+    if rec is None or any(e["kind"] == "trainer" for e in rec.events):
+        return
+    from torch.nn.parallel import DistributedDataParallel
+    rec.event("trainer", model_class=type(model).__name__ if model is not None else None,
+              ddp_wrapped=isinstance(model, DistributedDataParallel))
+
+
+# ------------------------------------------------------------------ post-import hooks
+
+class _AfterImport:
+    """A meta path finder that runs `callback(module)` right after `name` is imported."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        import importlib.machinery
+        try:
+            sys.meta_path.remove(self)  # once is enough
+        except ValueError:
+            pass
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+        orig = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig(module)
+            try:
+                callback(module)
+            except Exception:  # noqa: BLE001 - a probe never breaks an import
+                pass
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def when_imported(name: str, callback: Callable[[Any], None]) -> None:
+    """Call `callback(module)` now if `name` is imported, else right after it is."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    sys.meta_path.insert(0, _AfterImport(name, callback))  # type: ignore[arg-type]
+
+
+def install_in_child() -> None:
+    """From sitecustomize: record this interpreter once it imports torch (not before: importing
+    torch at start-up would slow down every Python the script starts)."""
+    out_dir = os.environ.get(PROBE_DIR_ENV)
+    if not out_dir:
+        return
+    when_imported("torch", lambda _m: install(out_dir))
+
+
+def child_env(env: dict[str, str], out_dir: str) -> None:
+    """Make Python processes started with `env` record too (PYTHONPATH + the probe directory)."""
+    env[PROBE_DIR_ENV] = out_dir
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *parts])
+
+
+def dumps(rec: Recorder) -> str:
+    return json.dumps(rec.to_dict())
