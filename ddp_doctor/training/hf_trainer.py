@@ -28,8 +28,9 @@ The model is a tiny BERT sequence classifier built from a config, so nothing is 
 hub (``HF_HUB_OFFLINE=1`` is fine). On machines without CUDA the Trainer runs on CPU over gloo.
 The Trainer initialises the process group itself when a launcher set LOCAL_RANK.
 
-If ``ddp_doctor.training.callback.DoctorCallback`` can be imported it is added to the Trainer's
-callbacks (``--no-doctor-callback`` leaves it out).
+``ddp_doctor.training.DoctorCallback`` is added to the Trainer's callbacks (``--no-doctor-callback``
+leaves it out): it checks sampler sharding, parameter consistency and data-loading stragglers while
+the job trains.
 """
 from __future__ import annotations
 
@@ -177,8 +178,8 @@ def doctor_callbacks(disabled: bool) -> list[Any]:
     if disabled:
         return []
     try:
-        from ddp_doctor.training.callback import DoctorCallback  # written by another issue
-    except ImportError:
+        from ddp_doctor.training.callback import DoctorCallback
+    except ImportError:  # transformers without ddp-doctor's callback module: train without it
         return []
     return [DoctorCallback()]
 

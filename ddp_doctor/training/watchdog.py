@@ -31,7 +31,7 @@ def _skip_dirs() -> tuple[str, ...]:
     global _PKG_DIRS
     if _PKG_DIRS is None:
         dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # ddp_doctor
-        for key in ("stdlib", "platstdlib"):
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):  # libraries are not the user's code
             p = sysconfig.get_paths().get(key)
             if p:
                 dirs.append(p)
