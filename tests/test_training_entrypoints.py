@@ -116,6 +116,9 @@ def test_hf_trainer_two_ranks_reads_sagemaker_channel(tmp_path):
     assert config["vocab_size"] >= 201 and len(config["id2label"]) == 3  # grown to fit the channel's data
     # Loss is the per-example mean, not world_size times it (the Trainer's num_items_in_batch scaling).
     assert float(fields["train_loss"]) < 2 * math.log(3), fields
+    # DoctorCallback ran on both ranks; rank 0 wrote the report: nothing but the batch-size note.
+    rep = json.loads((tmp_path / "ddp-doctor-report.json").read_text(encoding="utf-8"))
+    assert [f["id"] for f in rep["findings"]] == ["DDP873"] and rep["status"] == "pass", rep["findings"]
 
 
 def test_hf_trainer_single_process_synthetic(tmp_path):

@@ -422,7 +422,7 @@ def _compare(point: str, step: int, sums: dict[int, dict[str, Any]]) -> list[Fin
         out.append(_finding(entry, (
             f"{kind} of the DDP model differ {when}: rank(s) {format_ranks(diff)} vs rank {ref_rank} in "
             f"{max(len(v) for v in diff.values())} of {total} tensors ({shown}"
-            f"{'; …' if len(names) > 3 else ''})"), rank=None, ranks=sorted(diff) + [ref_rank],
+            f"{'; …' if len(names) > 3 else ''})"), rank=None, ranks=sorted(set(diff) | {ref_rank}),
             evidence={"point": point, "step": step, "reference_rank": ref_rank,
                       "differing": {str(r): v[:20] for r, v in diff.items()}}))
     return out

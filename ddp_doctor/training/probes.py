@@ -590,8 +590,9 @@ def note_trainer(model: Any) -> None:
     if rec is None or any(e["kind"] == "trainer" for e in rec.events):
         return
     from torch.nn.parallel import DistributedDataParallel
-    rec.event("trainer", model_class=type(model).__name__ if model is not None else None,
-              ddp_wrapped=isinstance(model, DistributedDataParallel))
+    wrapped = isinstance(model, DistributedDataParallel)
+    inner = model.module if wrapped else model
+    rec.event("trainer", model_class=type(inner).__name__ if inner is not None else None, ddp_wrapped=wrapped)
 
 
 # ------------------------------------------------------------------ post-import hooks

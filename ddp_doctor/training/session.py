@@ -13,7 +13,6 @@ adds what the callback knows (Trainer arguments) to the record.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from datetime import timedelta
@@ -53,8 +52,10 @@ class ProbeSession:
     def alert(self, findings: list[Any]) -> None:
         """Errors known at once (a Trainer given a DDP model) are said now, on stderr: training
         may fail before the end-of-training report."""
+        if self.wrapped or (self.rec is not None and self.rec.rank not in (None, 0)):
+            return  # the wrapper's report says it; without one, rank 0 speaks for all
         for f in findings:
-            if f.severity == "error" and (self.rec is None or self.rec.rank in (None, 0) or not self.wrapped):
+            if f.severity == "error":
                 sys.stderr.write(f"ddp-doctor: {f.id} {f.title}: {f.message}\n")
 
     def finish(self) -> dict[str, Any] | None:

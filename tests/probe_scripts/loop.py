@@ -72,6 +72,6 @@ for epoch in range(args.epochs):
         opt.zero_grad()
         loss.backward()
         opt.step()
-print(f"rank {rank} done loss={loss.item():.4f}", flush=True)
+os.write(1, f"rank {rank} done loss={loss.item():.4f}\n".encode())  # one write: no interleaving
 if not args.no_destroy:
     dist.destroy_process_group()
