@@ -1,0 +1,62 @@
+"""Parts of the probes that need no ranks: batch fingerprints, check sums, and the sitecustomize
+that carries the probes into interpreters a script starts (run in fresh interpreters, so that this
+test process is never patched)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from ddp_doctor.training import probes
+from tests.procs import clean_env
+
+
+def test_sample_fingerprints_follow_contents_not_batch_position():
+    x = torch.arange(12.0).reshape(4, 3)
+    a = probes.sample_hashes({"x": x, "y": torch.tensor([0, 1, 0, 1])}, 4)
+    b = probes.sample_hashes({"y": torch.tensor([1, 0, 1, 0]), "x": x.flip(0)}, 4)
+    assert a is not None and len(set(a)) == 4 and a == b[::-1]  # same samples, reversed order
+    c = probes.sample_hashes({"x": x + 1, "y": torch.tensor([0, 1, 0, 1])}, 4)
+    assert not set(a) & set(c)
+    assert probes.sample_hashes(["text", 3], None) is None  # nothing to fingerprint
+    assert probes.sample_hashes((x, torch.tensor(2.0)), None) == probes.sample_hashes((x,), None)
+
+
+def test_tensor_sums_one_value_pair_per_tensor():
+    entries = [("w", torch.tensor([1.0, -2.0]), "param"), ("n", torch.tensor(3), "buffer"),
+               ("flag", torch.tensor([True, False, True]), "buffer"), ("empty", torch.zeros(0), "param")]
+    s = probes.tensor_sums(entries)
+    assert s["names"] == ["w", "n", "flag"] and s["kinds"] == ["param", "buffer", "buffer"]
+    assert s["sum"] == [-1.0, 3.0, 2.0] and s["abs"] == [3.0, 3.0, 2.0]
+
+
+def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomize(tmp_path):
+    other = tmp_path / "other_site"
+    other.mkdir()
+    marker = tmp_path / "marker"
+    (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env = clean_env()
+    env["PYTHONPATH"] = str(other)
+    probes.child_env(env, str(tmp_path / "records"))
+    (tmp_path / "records").mkdir()
+    assert env["PYTHONPATH"].split(":")[0] == probes.SITE_DIR
+    # A child that never imports torch is not slowed down by it.
+    out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    assert marker.read_text() == "ran"  # the shadowed sitecustomize still ran
+    code = ("import torch, torch.distributed as dist\n"
+            "from ddp_doctor.training import probes\n"
+            "assert probes.recorder() is not None\n"
+            "store = dist.HashStore()\n"
+            "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+            "dist.destroy_process_group()\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [rec_file] = list((tmp_path / "records").glob("probe-*.json"))
+    rec = json.loads(rec_file.read_text())
+    kinds = [e["kind"] for e in rec["events"]]
+    assert kinds == ["init_process_group", "destroy_process_group"] and rec["rank"] == 0
+    assert rec["ended"]["how"] == "exit" and rec["ended"]["pg_initialized"] is False
