@@ -52,11 +52,15 @@ def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomiz
             "assert probes.recorder() is not None\n"
             "store = dist.HashStore()\n"
             "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
+            "s = torch.utils.data.DistributedSampler(range(8))\n"
+            "s.set_epoch(3)\n"
             "dist.destroy_process_group()\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     [rec_file] = list((tmp_path / "records").glob("probe-*.json"))
     rec = json.loads(rec_file.read_text())
     kinds = [e["kind"] for e in rec["events"]]
-    assert kinds == ["init_process_group", "destroy_process_group"] and rec["rank"] == 0
+    assert kinds == ["init_process_group", "set_epoch", "destroy_process_group"] and rec["rank"] == 0
+    assert rec["events"][0]["backend"] == "gloo" and rec["events"][1]["epoch"] == 3
+    assert rec["pg"]["world_size"] == 1
     assert rec["ended"]["how"] == "exit" and rec["ended"]["pg_initialized"] is False

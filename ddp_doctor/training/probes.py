@@ -2,8 +2,8 @@
 fingerprints of what each rank trains on, recorded while the real job runs.
 
 `install()` wraps a few torch entry points in place (init_process_group, destroy_process_group,
-cuda.set_device, DistributedDataParallel, DataLoader and its iterator, Trainer.__init__ once
-transformers is imported) and registers an optimizer step hook. The wrappers only record and then
+cuda.set_device, DistributedDataParallel, DataLoader and its iterator, DistributedSampler.set_epoch,
+Trainer.__init__ once transformers is imported) and registers an optimizer step hook. The wrappers only record and then
 call the original: no collective is added, nothing the script sees changes. Per batch the cost is a
 few attribute reads and two clock reads; the first K batches of every epoch also keep their indices
 and a per-sample content fingerprint, and parameters are check-summed after the first optimizer
@@ -354,6 +354,8 @@ def _patch() -> None:
         _wrap(owner, "destroy_process_group", lambda orig: destroy)
     _wrap(torch.cuda, "set_device", _make_set_device)
     _wrap(DistributedDataParallel, "__init__", _make_ddp_init)
+    from torch.utils.data.distributed import DistributedSampler
+    _wrap(DistributedSampler, "set_epoch", _make_set_epoch)
     _wrap(DataLoader, "__init__", _make_loader_init)
     _wrap(DataLoader, "__iter__", _make_loader_iter)
     _wrap(_BaseDataLoaderIter, "_next_index", _make_next_index)
@@ -416,6 +418,15 @@ def _make_set_device(orig: Callable[..., Any]) -> Callable[..., Any]:
             rec.event("set_device", device=str(device))
         return orig(device)
     return set_device
+
+
+def _make_set_epoch(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def set_epoch(self: Any, epoch: int) -> Any:
+        rec = recorder()
+        if rec is not None:
+            rec.event("set_epoch", epoch=int(epoch), shuffle=bool(getattr(self, "shuffle", False)))
+        return orig(self, epoch)
+    return set_epoch
 
 
 def _module_device(module: Any) -> str | None:
