@@ -109,3 +109,24 @@ def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(tmp_pa
     else:
         [f] = find(rep, "DDP850")
         assert f["ranks"] == [0, 1] and "spawn_loop.py" in f["message"]
+
+
+def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(tmp_path):
+    from tests.nodes import run_nodes
+
+    report = tmp_path / "r.json"
+
+    def env_for(host: str) -> dict[str, str]:
+        tmp = tmp_path / f"tmp-{host}"  # each node's run directory is its own, as on real hosts
+        tmp.mkdir(exist_ok=True)
+        return clean_env(TMPDIR=str(tmp))
+
+    results = run_nodes(tmp_path, ["algo-1", "algo-2"], ["run", "--report", str(report),
+                                                         str(SCRIPTS / "loop.py"), "--no-sampler"],
+                        env_for=env_for, timeout=180)
+    assert all(r.rc == 0 for r in results), [r.output[-3000:] for r in results]
+    rep = load_json(str(report))
+    [f] = find(rep, "DDP850")
+    assert f["ranks"] == [0, 1]
+    assert list((tmp_path / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-1.json"))
+    assert not list((tmp_path / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-0.json"))

@@ -148,17 +148,21 @@ STRAGGLER_RATIO, STRAGGLER_MIN_S = 2.0, 0.020
 
 def by_rank(records: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """One record per rank: the process that formed the process group as that rank wins over a
-    process that only carries the rank in its environment (a spawn parent, a launcher)."""
+    process that only carries the rank in its environment (a spawn parent, a launcher), and a
+    rank's own final record over the copy it shared through the store before it ended."""
     out: dict[int, dict[str, Any]] = {}
     for rec in records:
         r = rec.get("rank")
         if r is None:
             continue
-        score = (bool(rec.get("pg")), rec.get("steps", 0), len(rec.get("loaders") or []))
         old = out.get(int(r))
-        if old is None or score > (bool(old.get("pg")), old.get("steps", 0), len(old.get("loaders") or [])):
+        if old is None or _completeness(rec) > _completeness(old):
             out[int(r)] = rec
     return out
+
+
+def _completeness(rec: dict[str, Any]) -> tuple[bool, int, int, bool]:
+    return (bool(rec.get("pg")), int(rec.get("steps") or 0), len(rec.get("loaders") or []), bool(rec.get("ended")))
 
 
 def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False) -> list[Finding]:

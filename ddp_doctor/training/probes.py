@@ -406,8 +406,37 @@ def _make_destroy(orig: Callable[..., Any]) -> Callable[..., Any]:
             if rec.steps:
                 rec.checksum("end")
             rec.flush()
+            share_across_nodes(rec)
         return orig(group) if group is not None else orig()
     return destroy_process_group
+
+
+STORE_WAIT = 15.0  # seconds rank 0 waits for the other nodes' records at destroy_process_group
+
+
+def share_across_nodes(rec: Recorder) -> None:
+    """Ranks on other nodes write their records in another directory: while the process group is
+    still up, every rank puts its record in the group's store and rank 0 copies the others into
+    its run directory (bounded waits, no collective), so its report covers every node."""
+    try:
+        dist = _dist()
+        world = dist.get_world_size()
+        local = _int_env("LOCAL_WORLD_SIZE") or _int_env("OMPI_COMM_WORLD_LOCAL_SIZE")
+        if not rec.out_dir or world <= 1 or local is None or local >= world:
+            return
+        from ddp_doctor.training.records import write_json
+        from ddp_doctor.training.session import gather
+        store = dist.distributed_c10d._get_default_store()
+        rank = dist.get_rank()
+        store.set(f"ddp_doctor/node-records/{rank}", json.dumps(rec.to_dict()))
+        if rank != 0:
+            return
+        got, _ = gather(store, "ddp_doctor/node-records", world, STORE_WAIT)
+        for d in got:
+            if d.get("rank") not in (None, 0):
+                write_json(os.path.join(rec.out_dir, f"probe-remote-{d['rank']}.json"), d)
+    except Exception as e:  # noqa: BLE001 - a probe never breaks the job
+        rec.extra.setdefault("probe_errors", []).append(f"share across nodes: {e!r}")
 
 
 def _make_set_device(orig: Callable[..., Any]) -> Callable[..., Any]:
