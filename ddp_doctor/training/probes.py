@@ -36,6 +36,7 @@ K_BATCHES = 8            # batches per epoch whose indices and contents are fing
 MAX_ITERATIONS = 4       # epochs per loader kept in full
 MAX_EVENTS = 400
 MAX_DATA_TIMES = 512
+ROW_ELEMENTS = 1024      # elements of a sample that its fingerprint reads, at most
 SHUFFLING = ("RandomSampler", "SeedableRandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 SHARDING = ("BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "DataLoaderDispatcher",
             "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler")
@@ -108,7 +109,10 @@ def sample_hashes(batch: Any, n: int | None) -> list[str] | None:
         if t.device.type != "cpu" or t.dim() == 0 or t.is_complex() or (n is not None and t.shape[0] != n):
             continue
         n = t.shape[0]
-        x = t.detach().reshape(n, -1).to(torch.float64)
+        x = t.detach().reshape(n, -1)
+        if x.shape[1] > ROW_ELEMENTS:  # an image batch: a strided sample of each row is enough
+            x = x[:, :: -(-x.shape[1] // ROW_ELEMENTS)]
+        x = x.to(torch.float64)
         w = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)
         rows.append(torch.stack([x.sum(1), (x * w).sum(1)], 1))
     if not rows or not n:
