@@ -191,6 +191,9 @@ def test_batch_scaling_info_and_teardown():
     [t] = pr.teardown(left)
     assert t.id == "DDP880" and t.ranks == [0, 1] and t.phase == "teardown"
     assert "DDP880" not in ids_of(pr.probe_findings(left.values(), failed=True))  # a failed job: not judged
+    by_lib = {r: record(r, events=[dict(made[0], by_library=True)], ended={"pg_initialized": True, "exit_code": 0})
+              for r in (0, 1)}
+    assert pr.teardown(by_lib) == []  # Trainer/Lightning made the group: theirs to manage
     done = copy.deepcopy(left)
     for rec in done.values():
         rec["ended"]["pg_initialized"] = False

@@ -179,6 +179,14 @@ class Recorder:
             return int(self.pg["rank"])
         return _int_env("RANK")
 
+    def adopt_group(self) -> None:
+        """A process group made before the probes were installed (Lightning makes it before any
+        callback runs; its launcher sets no RANK): take this process's rank from it."""
+        if not self.pg and _pg_up():
+            dist = _dist()
+            self.pg = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                       "backend": str(dist.get_backend()), "site": None}
+
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         e = {"kind": kind, "t": time.time(), "site": user_site(), **data}
         if len(self.events) < MAX_EVENTS:
@@ -237,6 +245,7 @@ class Recorder:
         """The script ended: last checksum, whether the process group is still up, flush."""
         if self.ended is not None:
             return
+        self.adopt_group()
         if "end" not in self.checksums and self.steps:
             self.checksum("end")
         self.ended = {"t": time.time(), "pg_initialized": _pg_up(), **data}
@@ -379,6 +388,20 @@ def _on_step(optimizer: Any, *args: Any) -> None:
         rec.on_step(optimizer, *args)
 
 
+def _called_from_library() -> bool:
+    """Whether the code that called into torch (past torch's and ddp-doctor's own frames) is an
+    installed library (Trainer/accelerate, Lightning) rather than the user's script."""
+    import sysconfig
+    torch_dir = os.path.dirname(os.path.dirname(os.path.abspath(_dist().__file__)))
+    libs = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+    for frame, _ in traceback.walk_stack(sys._getframe(1)):
+        name = frame.f_code.co_filename
+        if name.startswith((torch_dir, _here())) or name.startswith("<"):
+            continue
+        return name.startswith(libs)
+    return False
+
+
 def _make_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         rec = recorder()
@@ -389,7 +412,7 @@ def _make_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         already = _pg_up()
         e = rec.event("init_process_group", backend=str(backend) if backend is not None else None,
                       timeout_s=timeout.total_seconds() if hasattr(timeout, "total_seconds") else None,
-                      already_initialized=already,
+                      already_initialized=already, by_library=_called_from_library(),
                       previous_site=rec.pg.get("site") if already else None)
         if already:
             rec.flush()

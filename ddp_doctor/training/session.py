@@ -44,6 +44,7 @@ class ProbeSession:
             return
         self.wrapped = _under_wrapper()
         self.rec = probes.install(None)
+        self.rec.adopt_group()
 
     def note(self, key: str, value: Any) -> None:
         if self.rec is not None:
@@ -72,6 +73,7 @@ class ProbeSession:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             return self._report([rec.to_dict()], missing=[])
+        rec.adopt_group()
         rank, world = dist.get_rank(), dist.get_world_size()
         store = dist.distributed_c10d._get_default_store()
         prefix = f"{KEY_PREFIX}/{self.finished}"
