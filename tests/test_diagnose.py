@@ -83,3 +83,11 @@ def test_rank_ended_after_hanging_at_exit_keeps_the_scripts_status():
     findings, code = training_findings({0: outcome(0), 1: outcome(0)}, {1: -signal.SIGKILL}, [0, 1])
     (f,) = findings
     assert f.id == "DDP806" and f.severity == "warning" and f.ranks == [1] and code == 0
+
+
+def test_peer_terminated_by_the_launcher_after_its_script_ended_is_stuck_at_exit_too():
+    # ddp-doctor ended rank 0 past the bound; torchrun then sent SIGTERM to rank 1, also past its script.
+    findings, code = training_findings({0: outcome(0), 1: outcome(0)}, {0: -signal.SIGKILL, 1: -signal.SIGTERM},
+                                       [0, 1])
+    assert sorted((f.id, tuple(f.ranks)) for f in findings) == [("DDP806", (0,)), ("DDP806", (1,))]
+    assert "SIGTERM" in findings[1].message and code == 0

@@ -194,7 +194,7 @@ SHM_WRAP = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /
 CASES = {
     "env_not_set": (None, "DDP820", [0], 1, {}, []),
     "port_in_use": (None, "DDP821", [0], 1, {}, []),
-    "init_twice": (None, "DDP822", [0], 1, {}, []),
+    "init_twice": (None, "DDP864", [0], 1, {}, []),  # the probe names both call sites; DDP822 follows
     "unused_parameter": (2, "DDP823", None, 1, {}, []),  # both ranks raise it; the first is named
     "collective_timeout": (2, "DDP825", [0], 1, {}, []),
     "peer_killed": (2, "DDP803", [1], 137, {}, []),  # rank 0: DDP802 via DDP826 (a consequence)
@@ -203,7 +203,7 @@ CASES = {
                      ["--skip", "launcher_env,topology,network"]),  # no SageMaker job around it
     "smdistributed_deprecated": (None, "DDP830", [0], 1, {}, []),
     "smdistributed_missing": (None, "DDP831", [0], 1, {}, []),
-    "empty_batch": (None, "DDP832", [0], 1, {}, []),
+    "empty_batch": (None, "DDP860", [0], 1, {}, []),  # the probe saw the cause; DDP832 is its symptom
     "no_default_group": (None, "DDP833", [0], 1, {}, []),
     "rank_env_missing": (None, "DDP834", [0], 1, {}, []),
     "store_timeout": (None, "DDP835", [0], 1, {}, []),
@@ -211,6 +211,7 @@ CASES = {
     "cuda_unavailable": (None, "DDP839", [0], 1, {}, []),
     "nccl_unavailable": (None, "DDP840", [0], 1, {}, []),
 }
+SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832"}  # still listed, after the probe's root cause
 OWN_FRAME = re.compile(r'File "[^"]*[/\\]ddp_doctor[/\\]')
 
 
@@ -291,6 +292,8 @@ def test_failure_script_is_diagnosed_end_to_end(name, e2e):
     else:
         assert cause["ranks"] == want_ranks, cause
     assert res.rc == want_rc, res.stderr[-3000:]
+    if name in SYMPTOMS:
+        assert SYMPTOMS[name] in {f["id"] for f in rep["findings"]}, rep["findings"]
     assert not OWN_FRAME.search(res.output), res.output[-3000:]
     assert f"Root cause: {want_id}" in res.stderr
     assert latency < 30, latency

@@ -100,10 +100,12 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
             findings.append(raise_event(
                 failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
                 f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
-        elif o is not None and code == -signal.SIGKILL:
+        elif o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
+            # SIGKILL: ddp-doctor ended it past the teardown bound; SIGTERM: the launcher did, once
+            # a peer stuck the same way was ended first
             findings.append(raise_event(
                 failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
-                f"but the process did not exit and was ended (SIGKILL)", rank=r, phase="teardown",
+                f"but the process did not exit and was ended ({_signal_name(code)})", rank=r, phase="teardown",
                 evidence={"exit_status": code}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so

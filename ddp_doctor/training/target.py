@@ -40,6 +40,24 @@ def _user_traceback(exc: BaseException) -> Any:
     return tb
 
 
+def user_traceback_text(exc: BaseException) -> str:
+    """The traceback Python would print for `python SCRIPT`: without runpy's and ddp-doctor's own
+    frames, also those of the probes' thin wrappers in the middle of the user's call chain (and in
+    chained exceptions)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    te = traceback.TracebackException(type(exc), exc, _user_traceback(exc))
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list([f for f in t.stack if not f.filename.startswith(here)])
+        todo += [c for c in (t.__cause__, t.__context__) if c is not None]
+    return "".join(te.format())
+
+
 def exit_code_of(exc: SystemExit) -> int:
     code = exc.code
     if code is None:
@@ -64,8 +82,7 @@ def run_target(target: Target) -> Outcome:
         return Outcome(exit_code_of(e))
     except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, as Python reports it
         when = time.time()
-        tb = _user_traceback(e)
-        text = "".join(traceback.format_exception(type(e), e, tb))
+        text = user_traceback_text(e)
         sys.stderr.write(text)
         sys.stderr.flush()
         return Outcome(130 if isinstance(e, KeyboardInterrupt) else 1, {
