@@ -3,7 +3,10 @@ through a DistributedSampler DataLoader, SGD, several epochs with set_epoch) tha
 steady-state steps. After --warmup steps the ranks meet at a barrier and the clock starts; it
 stops after the last step. Rank 0 prints one line (elapsed is the slowest rank's):
 
-    steps_per_second=212.31 median_step_ms=4.61 steps=450 step_ms_range=4.02-31.5
+    steps_per_second=212.31 median_step_ms=4.61 cpu_ms_per_step=4.52 steps=450 step_ms_range=4.02-31.5
+
+cpu_ms_per_step is rank 0's CPU time (all its threads: the probes' watchdog included) per timed
+step: less sensitive than wall time to other processes on the machine.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 bench/_train_loop.py
     python -m ddp_doctor run --nproc-per-node 2 bench/_train_loop.py
@@ -60,7 +63,7 @@ model = DDP(nn.Sequential(nn.Linear(args.features, args.hidden), nn.ReLU(),
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loss_fn = nn.CrossEntropyLoss()
 
-step, epoch, start = 0, 0, 0.0
+step, epoch, start, cpu = 0, 0, 0.0, 0.0
 stamps: list[float] = []
 while step < args.steps:
     sampler.set_epoch(epoch)
@@ -71,7 +74,7 @@ while step < args.steps:
         step += 1
         if step == args.warmup:
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             stamps.append(start)
         elif step > args.warmup:
             stamps.append(time.perf_counter())
@@ -79,12 +82,14 @@ while step < args.steps:
             break
     epoch += 1
 
+cpu = time.process_time() - cpu
 elapsed = torch.tensor([stamps[-1] - start], dtype=torch.float64)
 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
 if rank == 0:
     gaps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
     print(f"steps_per_second={(args.steps - args.warmup) / elapsed.item():.3f} "
-          f"median_step_ms={statistics.median(gaps):.4f} steps={args.steps - args.warmup} "
+          f"median_step_ms={statistics.median(gaps):.4f} cpu_ms_per_step={cpu * 1e3 / len(gaps):.4f} "
+          f"steps={len(gaps)} "
           f"step_ms_range={min(gaps):.2f}-{max(gaps):.1f}", flush=True)
 dist.destroy_process_group()
 if "ddp_doctor.training.rank_run" not in sys.modules:

