@@ -39,6 +39,15 @@ def test_nccl_device_ids_must_follow_local_rank():
     assert pr.init_order(1, record(1, events=[dict(bad, backend="gloo")])) == []
 
 
+def test_nccl_without_set_device_is_a_warning_even_with_the_right_device_ids():
+    ddp = event("ddp", pg_initialized=True, backend="nccl", device_ids=["1"], module_device="cuda:1",
+                device_count=4, set_device_called=False, current_device=0)
+    [f] = pr.init_order(1, record(1, events=[ddp]))
+    assert f.id == "DDP866" and f.severity == "warning" and "LOCAL_RANK=1" in f.message
+    assert pr.init_order(1, record(1, events=[dict(ddp, set_device_called=True, current_device=1)])) == []
+    assert pr.init_order(0, record(0, local_rank=0, events=[dict(ddp, device_ids=["0"], module_device="cuda:0")])) == []
+
+
 def test_every_rank_on_cuda0_is_named_once_for_the_host():
     ddp = event("ddp", pg_initialized=True, backend="nccl", device_ids=None, module_device="cuda:0",
                 device_count=2)

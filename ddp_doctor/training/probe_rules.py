@@ -71,6 +71,17 @@ SHARED_GPU = declare(
     torch.device("cuda", local_rank) for the model and data.
     """)
 
+NO_SET_DEVICE = declare(
+    "DDP866", category="init_order", severity="warning", title="NCCL without torch.cuda.set_device",
+    doc="""
+    What: With the NCCL backend and several GPUs, a rank with LOCAL_RANK > 0 built DDP while its
+    current CUDA device was still cuda:0 (torch.cuda.set_device was never called).
+    Why: DDP itself uses device_ids, but everything else that uses "the current device" (barrier,
+    all_reduce on new tensors, NCCL's communicator setup, torch.cuda.* calls) lands on cuda:0 on every
+    rank: a hang, "Duplicate GPU detected" or memory used on GPU 0 by all ranks.
+    Fix: torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) first thing, before init_process_group.
+    """)
+
 INIT_TWICE = declare(
     "DDP864", category="init_order", severity="error", title="Default process group initialised twice",
     doc="""
@@ -221,6 +232,12 @@ def init_order(rank: int, rec: dict[str, Any]) -> list[Finding]:
             ids = e.get("device_ids") or []
             got = _device_index(ids[0]) if ids else (
                 _device_index(e.get("module_device")) if str(e.get("module_device", "")).startswith("cuda") else None)
+            if (count > 1 and local and not e.get("set_device_called") and e.get("current_device") in (0, None)
+                    and got == want):
+                out.append(_finding(NO_SET_DEVICE, (
+                    f"LOCAL_RANK={local}: DDP built{_where(e)} with the current CUDA device cuda:0 "
+                    f"(torch.cuda.set_device never called)"), rank=rank,
+                    evidence={"local_rank": local, "device_ids": ids}, at=e["t"]))
             if got is not None and count > 1 and got != want:
                 what = f"device_ids={ids}" if ids else f"a model on {e.get('module_device')}"
                 out.append(_finding(WRONG_DEVICE, (

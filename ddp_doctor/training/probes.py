@@ -55,9 +55,15 @@ def user_site() -> str | None:
     the script (or the library it called) did what is recorded."""
     from ddp_doctor.training.watchdog import _skip_dirs
     skip = _skip_dirs()
-    for frame, line in traceback.walk_stack(sys._getframe(1)):
-        name = frame.f_code.co_filename
+    frames = [(f.f_code.co_filename, line) for f, line in traceback.walk_stack(sys._getframe(1))]
+    for name, line in frames:
         if not name.startswith(skip) and not name.startswith("<"):
+            return f"{name}:{line}"
+    # a training package installed in site-packages: its innermost frame outside torch and us
+    torch_mod = sys.modules.get("torch")
+    ours = (_here(), *([os.path.dirname(os.path.abspath(torch_mod.__file__))] if torch_mod else []))
+    for name, line in frames:
+        if not name.startswith(ours) and not name.startswith("<") and "site-packages" in name:
             return f"{name}:{line}"
     return None
 
