@@ -86,28 +86,56 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-def run(cmd: list[str], cwd: str, timeout: float) -> str:
-    """stdout of `cmd` (exits on failure or overrun, leaving nothing behind)."""
+EXIT_GRACE = 30.0  # seconds a launch may take to exit once its figure is out
+
+
+def run(cmd: list[str], cwd: str, timeout: float, done: str | None = None) -> str:
+    """stdout of `cmd` (exits on failure or overrun, leaving nothing behind). Once `done` has been
+    printed the figure is in: a launch still alive EXIT_GRACE s later is stuck at exit (torch 2.13's
+    gloo sometimes hangs in teardown, with or without the probes); it is killed and its figure kept."""
+    import threading
     proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    chunks: dict[str, list[str]] = {"out": [], "err": []}
+    seen = threading.Event()
+
+    def pump(stream, key: str) -> None:
+        for line in stream:
+            chunks[key].append(line)
+            if done and done in line:
+                seen.set()
+    readers = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True)]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout
+    stuck = False
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            out, err = "", "(output lost: a process outside the launch kept the pipes open)"
-        sys.exit(f"{' '.join(cmd)} ran past {timeout:g} s: killed\n{out[-2000:]}\n{err[-3000:]}")
+        while proc.poll() is None:
+            if seen.is_set() and deadline - time.monotonic() > EXIT_GRACE:
+                deadline = time.monotonic() + EXIT_GRACE
+            if time.monotonic() > deadline:
+                stuck = seen.is_set()
+                kill_tree(proc)
+                break
+            time.sleep(0.1)
     finally:
         if proc.poll() is None:  # interrupted: the launch must not outlive the bench
             kill_tree(proc)
+    for t in readers:
+        t.join(timeout=10)
+    out, err = "".join(chunks["out"]), "".join(chunks["err"])
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # anything of the launch's group that outlived it
     except (ProcessLookupError, PermissionError):
         pass
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-2000:]}")
+    if stuck:
+        print(f"note: a launch printed its figure, then did not exit within {EXIT_GRACE:g} s: killed, "
+              f"figure kept", file=sys.stderr)
+        return out
+    if proc.returncode != 0 and not (done and done in out):
+        reason = f"ran past {timeout:g} s: killed" if proc.returncode < 0 else f"failed ({proc.returncode})"
+        sys.exit(f"{' '.join(cmd)} {reason}\n{out[-2000:]}\n{err[-3000:]}")
     return out
 
 
@@ -126,10 +154,11 @@ def measure(case: str, probes: bool, args: argparse.Namespace, cwd: str) -> Figu
     """The figures of one run of `case`, with or without the probes (None: not measured)."""
     loop_args = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     if case == "plain":
-        return loop_figures(run([*(DOCTOR_RUN if probes else TORCHRUN), LOOP, *loop_args], cwd, args.timeout))
+        return loop_figures(run([*(DOCTOR_RUN if probes else TORCHRUN), LOOP, *loop_args], cwd, args.timeout,
+                                "steps_per_second="))
     if case == "single":
         extra = ["--probe-dir", os.path.join(cwd, "probes")] if probes else []
-        return loop_figures(run([sys.executable, LOOP, *loop_args, *extra], cwd, args.timeout))
+        return loop_figures(run([sys.executable, LOOP, *loop_args, *extra], cwd, args.timeout, "steps_per_second="))
     metrics_dir = os.path.join(cwd, "output")
     metrics = os.path.join(metrics_dir, "metrics.json")
     if os.path.exists(metrics):
@@ -137,7 +166,7 @@ def measure(case: str, probes: bool, args: argparse.Namespace, cwd: str) -> Figu
     run([*TORCHRUN, "-m", "ddp_doctor.training.hf_trainer", "--max-steps", str(args.trainer_steps),
          "--num-samples", str(args.trainer_samples), "--logging-steps", str(args.trainer_steps),
          "--model-dir", os.path.join(cwd, "model"), "--output-data-dir", metrics_dir,
-         *([] if probes else ["--no-doctor-callback"])], cwd, args.timeout)
+         *([] if probes else ["--no-doctor-callback"])], cwd, args.timeout, "hf_trainer: done")
     with open(metrics, encoding="utf-8") as f:
         return float(json.load(f)["train_steps_per_second"]), None, None
 

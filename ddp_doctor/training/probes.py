@@ -5,8 +5,8 @@ fingerprints of what each rank trains on, recorded while the real job runs.
 cuda.set_device, DistributedDataParallel, DataLoader and its iterator, DistributedSampler.set_epoch,
 Trainer.__init__ once transformers is imported) and registers an optimizer step hook. The wrappers only record and then
 call the original: no collective is added, nothing the script sees changes. Per batch the cost is a
-few attribute reads and two clock reads; the first K batches of every epoch also keep their indices
-and a per-sample content fingerprint, and parameters are check-summed after the first optimizer
+few attribute reads and two clock reads; the first K batches of a loader's first 4 epochs also keep
+their indices (the first 4 a per-sample content fingerprint), and parameters are check-summed after the first optimizer
 step and at the end.
 
 The record of a process is written as a file in the run directory (probe-PID.json), at a few
@@ -32,7 +32,8 @@ from typing import Any, Callable
 
 PROBE_DIR_ENV = "DDP_DOCTOR_PROBE_DIR"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_site")
-K_BATCHES = 8            # batches per epoch whose indices and contents are fingerprinted
+K_BATCHES = 8            # batches per epoch whose indices are kept
+HASH_BATCHES = 4         # of those, batches whose samples' contents are fingerprinted (the costly part)
 MAX_ITERATIONS = 4       # epochs per loader kept in full
 MAX_EVENTS = 400
 MAX_DATA_TIMES = 512
@@ -632,15 +633,15 @@ def _make_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         times = rec.data_times.setdefault(state.loader.get("id", -1), [])
         if len(times) < MAX_DATA_TIMES:
             times.append(dt)
-        if len(state.hashes) < K_BATCHES:
-            i = len(state.hashes)
+        if state.batches <= HASH_BATCHES:
+            i = state.batches - 1
             idx = state.indices[i] if i < len(state.indices) else None
             try:
                 state.hashes.append(sample_hashes(data, len(idx) if idx else None))
             except Exception:  # noqa: BLE001
                 state.hashes.append(None)
-            if len(state.hashes) == K_BATCHES and state.number == 0:
-                rec.flush()  # the first epoch's fingerprints survive a crash; later ones go at the end
+        if state.batches == K_BATCHES and state.number == 0:
+            rec.flush()  # the first epoch's fingerprints survive a crash; later ones go at the end
         return data
     return __next__
 
