@@ -64,3 +64,22 @@ def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomiz
     assert rec["events"][0]["backend"] == "gloo" and rec["events"][1]["epoch"] == 3
     assert rec["pg"]["world_size"] == 1
     assert rec["ended"]["how"] == "exit" and rec["ended"]["pg_initialized"] is False
+
+
+def test_fork_after_cuda_is_recorded_but_not_for_dataloader_workers(tmp_path):
+    # No GPU here: torch.cuda.is_initialized is replaced by a fake that says CUDA is up; the forks
+    # are real (a multiprocessing fork Process, then DataLoader workers, which fork by design).
+    code = ("import json, multiprocessing as mp, os, sys, torch\n"
+            "from ddp_doctor.training import probes\n"
+            "rec = probes.install(sys.argv[1])\n"
+            "torch.cuda.is_initialized = lambda: True  # FAKE: CUDA 'initialised' in this parent\n"
+            "ds = torch.utils.data.TensorDataset(torch.zeros(4, 1))\n"
+            "list(torch.utils.data.DataLoader(ds, num_workers=1))\n"
+            "assert not [e for e in rec.events if e['kind'] == 'fork_after_cuda'], rec.events\n"
+            "p = mp.get_context('fork').Process(target=os._exit, args=(0,))\n"
+            "p.start(); p.join()\n"
+            "print(json.dumps([e['kind'] for e in rec.events]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]).count("fork_after_cuda") == 1
