@@ -61,10 +61,20 @@ def test_no_distributed_sampler_and_no_destroy(tmp_path):
     assert not ids(rep) & (PROBE_IDS - {"DDP850", "DDP880"}), rep["findings"]
 
 
-def test_missing_set_epoch_data_straggler_and_forward_through_module(tmp_path):
+def test_unsharded_loader_without_early_overlap_is_a_warning(tmp_path):
+    # Each rank shuffles 20000 samples with its own seed: the first batches happen not to overlap,
+    # but no rank is given a shard of its own.
+    rep = run_loop(tmp_path, "--no-sampler", "--rank-seed", "--samples", "20000", "--max-batches", "10")
+    [f] = find(rep, "DDP853")
+    assert f["severity"] == "warning" and f["ranks"] == [0, 1] and "RandomSampler" in f["message"]
+    assert not ids(rep) & (PROBE_IDS - {"DDP853"}), rep["findings"]
+
+
+def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(tmp_path):
     # Ranks draw disjoint shards, so a forward pass that skips DDP (model.module(x): gradients never
-    # all-reduced) lets the replicas drift; one rank is slow to load; set_epoch is never called.
-    rep = run_loop(tmp_path, "--no-set-epoch", "--slow-rank", "1", "--bypass-ddp")
+    # all-reduced) lets the replicas drift, and a buffer fed from each rank's own batches with
+    # broadcast_buffers=False drifts too; one rank is slow to load; set_epoch is never called.
+    rep = run_loop(tmp_path, "--no-set-epoch", "--slow-rank", "1", "--bypass-ddp", "--local-buffer")
     [same] = find(rep, "DDP852")
     assert same["ranks"] == [0, 1] and "sampler.epoch stayed 0" in same["message"]
     [slow] = find(rep, "DDP872")
@@ -72,7 +82,9 @@ def test_missing_set_epoch_data_straggler_and_forward_through_module(tmp_path):
     [div] = find(rep, "DDP870")
     assert div["ranks"] == [0, 1] and "after the first optimizer step" in div["message"]
     assert "0.weight" in div["message"] or "0.weight" in str(div["evidence"])
-    assert not ids(rep) & (PROBE_IDS - {"DDP852", "DDP872", "DDP870"}), rep["findings"]
+    [buf] = find(rep, "DDP871")
+    assert buf["ranks"] == [0, 1] and "input_sum" in buf["message"]
+    assert not ids(rep) & (PROBE_IDS - {"DDP852", "DDP872", "DDP870", "DDP871"}), rep["findings"]
 
 
 @pytest.mark.parametrize("flag,check_id,signature", [("--ddp-first", "DDP861", "DDP833"),

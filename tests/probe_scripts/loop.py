@@ -9,6 +9,9 @@ in-training probes look for; without switches it is the correct recipe.
     --ddp-first      wrap in DDP before init_process_group
     --init-twice     call init_process_group a second time
     --own-shard      each rank reads its own data set (rank-dependent contents), plain sampler
+    --rank-seed      with --no-sampler: each rank shuffles with its own seed (no overlap seen early)
+    --local-buffer   a buffer updated from each rank's own batches, DDP(broadcast_buffers=False)
+    --max-batches N  batches per epoch at most
 """
 import argparse
 import os
@@ -23,11 +26,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 p = argparse.ArgumentParser()
 for flag in ("--no-sampler", "--no-set-epoch", "--bypass-ddp", "--no-destroy", "--ddp-first", "--init-twice",
-             "--own-shard"):
+             "--own-shard", "--rank-seed", "--local-buffer"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--samples", type=int, default=128)
+p.add_argument("--max-batches", type=int, default=0)
 args = p.parse_args()
 rank = int(os.environ["RANK"])
 
@@ -47,18 +51,31 @@ class Data(Dataset):
         return self.x[i], self.y[i]
 
 
+class Net(nn.Sequential):
+    def __init__(self):
+        super().__init__(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.register_buffer("input_sum", torch.zeros(()))
+
+    def forward(self, x):
+        if args.local_buffer:
+            with torch.no_grad():
+                self.input_sum += x.sum()  # rank-local statistics, never synchronised
+        return super().forward(x)
+
+
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+model = Net()
 if args.ddp_first:
     model = DDP(model)
 dist.init_process_group("gloo")
 if args.init_twice:
     dist.init_process_group("gloo")
-ddp = DDP(model)
+ddp = DDP(model, broadcast_buffers=not args.local_buffer)
 data = Data(args.samples, offset=rank if args.own_shard else 0)
 if args.no_sampler or args.own_shard:
     sampler = None
-    loader = DataLoader(data, batch_size=8, shuffle=True)
+    gen = torch.Generator().manual_seed(100 + rank) if args.rank_seed else None
+    loader = DataLoader(data, batch_size=8, shuffle=True, generator=gen)
 else:
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=8, sampler=sampler)
@@ -66,7 +83,9 @@ opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 for epoch in range(args.epochs):
     if sampler is not None and not args.no_set_epoch:
         sampler.set_epoch(epoch)
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
+        if args.max_batches and i >= args.max_batches:
+            break
         out = ddp.module(x) if args.bypass_ddp else ddp(x)
         loss = nn.functional.mse_loss(out, y)
         opt.zero_grad()
