@@ -9,25 +9,25 @@ import sys
 
 import torch
 
-from ddp_doctor.training import probes
+from ddp_doctor.training import fingerprints, probes
 from tests.procs import clean_env
 
 
 def test_sample_fingerprints_follow_contents_not_batch_position():
     x = torch.arange(12.0).reshape(4, 3)
-    a = probes.sample_hashes({"x": x, "y": torch.tensor([0, 1, 0, 1])}, 4)
-    b = probes.sample_hashes({"y": torch.tensor([1, 0, 1, 0]), "x": x.flip(0)}, 4)
+    a = fingerprints.sample_hashes({"x": x, "y": torch.tensor([0, 1, 0, 1])}, 4)
+    b = fingerprints.sample_hashes({"y": torch.tensor([1, 0, 1, 0]), "x": x.flip(0)}, 4)
     assert a is not None and len(set(a)) == 4 and a == b[::-1]  # same samples, reversed order
-    c = probes.sample_hashes({"x": x + 1, "y": torch.tensor([0, 1, 0, 1])}, 4)
+    c = fingerprints.sample_hashes({"x": x + 1, "y": torch.tensor([0, 1, 0, 1])}, 4)
     assert not set(a) & set(c)
-    assert probes.sample_hashes(["text", 3], None) is None  # nothing to fingerprint
-    assert probes.sample_hashes((x, torch.tensor(2.0)), None) == probes.sample_hashes((x,), None)
+    assert fingerprints.sample_hashes(["text", 3], None) is None  # nothing to fingerprint
+    assert fingerprints.sample_hashes((x, torch.tensor(2.0)), None) == fingerprints.sample_hashes((x,), None)
 
 
 def test_tensor_sums_one_value_pair_per_tensor():
     entries = [("w", torch.tensor([1.0, -2.0]), "param"), ("n", torch.tensor(3), "buffer"),
                ("flag", torch.tensor([True, False, True]), "buffer"), ("empty", torch.zeros(0), "param")]
-    s = probes.tensor_sums(entries)
+    s = fingerprints.tensor_sums(entries)
     assert s["names"] == ["w", "n", "flag"] and s["kinds"] == ["param", "buffer", "buffer"]
     assert s["sum"] == [-1.0, 3.0, 2.0] and s["abs"] == [3.0, 3.0, 2.0]
 

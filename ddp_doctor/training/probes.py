@@ -11,7 +11,8 @@ step and at the end.
 
 The record of a process is written as a file in the run directory (probe-PID.json), at a few
 moments (first step, fingerprints complete, destroy_process_group, end of the script, exit), never
-per batch. `probe_rules.py` turns the records of all ranks into findings.
+per batch. `probe_rules.py` turns the records of all ranks into findings; the fingerprints
+themselves are in `fingerprints.py`.
 
 Child interpreters the script starts (torch.multiprocessing.spawn, subprocess) get the probes
 through `probe_site/sitecustomize.py` on PYTHONPATH, the way coverage.py measures subprocesses.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -30,6 +30,9 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from ddp_doctor.training.fingerprints import as_indices, sample_hashes, tensor_sums
+from ddp_doctor.training.import_hooks import when_imported
+
 PROBE_DIR_ENV = "DDP_DOCTOR_PROBE_DIR"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_site")
 K_BATCHES = 8            # batches per epoch whose indices are kept
@@ -37,7 +40,6 @@ HASH_BATCHES = 4         # of those, batches whose samples' contents are fingerp
 MAX_ITERATIONS = 4       # epochs per loader kept in full
 MAX_EVENTS = 400
 MAX_DATA_TIMES = 512
-ROW_ELEMENTS = 1024      # elements of a sample that its fingerprint reads, at most
 SHUFFLING = ("RandomSampler", "SeedableRandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 SHARDING = ("BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "DataLoaderDispatcher",
             "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler")
@@ -89,54 +91,6 @@ def _pg_up() -> bool:
         return False
 
 
-# ------------------------------------------------------------------ fingerprints of batches
-
-def _leaves(batch: Any, out: list[Any], depth: int = 0) -> None:
-    import torch
-    if depth > 4:
-        return
-    if isinstance(batch, torch.Tensor):
-        out.append(batch)
-    elif isinstance(batch, dict) or hasattr(batch, "items") and callable(batch.items):
-        for k in sorted(batch.keys(), key=str):
-            _leaves(batch[k], out, depth + 1)
-    elif isinstance(batch, (list, tuple)):
-        for b in batch:
-            _leaves(b, out, depth + 1)
-
-
-def sample_hashes(batch: Any, n: int | None) -> list[str] | None:
-    """One short fingerprint per sample of a collated batch (rows of every CPU tensor whose first
-    dimension is the batch size), or None when the batch does not split that way."""
-    import torch
-    leaves: list[Any] = []
-    _leaves(batch, leaves)
-    rows = []
-    for t in leaves:
-        if t.device.type != "cpu" or t.dim() == 0 or t.is_complex() or (n is not None and t.shape[0] != n):
-            continue
-        n = t.shape[0]
-        x = t.detach().reshape(n, -1)
-        if x.shape[1] > ROW_ELEMENTS:  # an image batch: a strided sample of each row is enough
-            x = x[:, :: -(-x.shape[1] // ROW_ELEMENTS)]
-        x = x.to(torch.float64)
-        w = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)
-        rows.append(torch.stack([x.sum(1), (x * w).sum(1)], 1))
-    if not rows or not n:
-        return None
-    sig = torch.cat(rows, 1).tolist()
-    return [hashlib.blake2b(repr(r).encode(), digest_size=6).hexdigest() for r in sig]
-
-
-def _as_indices(idx: Any) -> list[int] | None:
-    try:
-        if isinstance(idx, (list, tuple)):
-            return [int(i) for i in idx]
-        return [int(idx)]
-    except (TypeError, ValueError):
-        return None  # an IterableDataset's placeholder, or keys that are not integers
-
-
 class Iteration:
     """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of."""
 
@@ -177,7 +131,6 @@ class Recorder:
         self.extra: dict[str, Any] = {}    # what callbacks add (Trainer arguments, ...)
         self.ended: dict[str, Any] | None = None
         self.set_device_called = False
-        self._listeners: list[Callable[["Recorder"], None]] = []
 
     # -- identity
     @property
@@ -264,29 +217,6 @@ def _median_interval(times: list[float]) -> float | None:
         return None
     gaps = sorted(b - a for a, b in zip(times, times[1:]))
     return gaps[len(gaps) // 2]
-
-
-def tensor_sums(entries: list[tuple[str, Any, str]]) -> dict[str, Any]:
-    """Per tensor: float64 sum and sum of absolute values, computed on the tensor's device and
-    copied back once per device (one synchronisation, not one per tensor)."""
-    import torch
-    names, kinds, by_device = [], [], {}
-    for i, (name, t, kind) in enumerate(entries):
-        if t.is_complex() or t.numel() == 0:
-            continue
-        names.append(name)
-        kinds.append(kind)
-        d = t.detach()
-        by_device.setdefault(d.device, []).append((len(names) - 1, d.sum(dtype=torch.float64),
-                                                  d.abs().sum(dtype=torch.float64)
-                                                  if d.dtype != torch.bool else d.sum(dtype=torch.float64)))
-    sums = [0.0] * len(names)
-    abss = [0.0] * len(names)
-    for _, items in by_device.items():
-        vals = torch.stack([torch.stack([s, a]) for _, s, a in items]).cpu().tolist()
-        for (j, _, _), (s, a) in zip(items, vals):
-            sums[j], abss[j] = s, a
-    return {"names": names, "kinds": kinds, "sum": sums, "abs": abss}
 
 
 # ------------------------------------------------------------------ install
@@ -614,7 +544,7 @@ def _make_next_index(orig: Callable[..., Any]) -> Callable[..., Any]:
         idx = orig(self)
         state = getattr(self, "_ddp_doctor_state", None)
         if state is not None and len(state.indices) < K_BATCHES:
-            state.indices.append(_as_indices(idx))
+            state.indices.append(as_indices(idx))
         return idx
     return _next_index
 
@@ -671,46 +601,6 @@ def note_trainer(model: Any) -> None:
     rec.event("trainer", model_class=type(inner).__name__ if inner is not None else None, ddp_wrapped=wrapped)
 
 
-# ------------------------------------------------------------------ post-import hooks
-
-class _AfterImport:
-    """A meta path finder that runs `callback(module)` right after `name` is imported."""
-
-    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        import importlib.machinery
-        try:
-            sys.meta_path.remove(self)  # once is enough
-        except ValueError:
-            pass
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, callback = spec.loader, self.callback
-        orig = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            orig(module)
-            try:
-                callback(module)
-            except Exception:  # noqa: BLE001 - a probe never breaks an import
-                pass
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    """Call `callback(module)` now if `name` is imported, else right after it is."""
-    if name in sys.modules:
-        callback(sys.modules[name])
-        return
-    sys.meta_path.insert(0, _AfterImport(name, callback))  # type: ignore[arg-type]
-
-
 def install_in_child() -> None:
     """From sitecustomize: record this interpreter once it imports torch (not before: importing
     torch at start-up would slow down every Python the script starts)."""
@@ -725,7 +615,3 @@ def child_env(env: dict[str, str], out_dir: str) -> None:
     env[PROBE_DIR_ENV] = out_dir
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *parts])
-
-
-def dumps(rec: Recorder) -> str:
-    return json.dumps(rec.to_dict())
