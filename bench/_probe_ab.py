@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_doctor.training import probes
+from ddp_doctor.training import fingerprints, probes
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--pairs", type=int, default=20)
@@ -95,8 +95,22 @@ t = time.perf_counter()
 for _ in range(20000):
     probes._on_step(opt)
 hook = (time.perf_counter() - t) / 20000
+
+
+def best(f, n: int) -> float:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        f()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+batch = next(iter(loader))
+hash_s = best(lambda: fingerprints.sample_hashes(batch, args.batch_size), 50)  # one batch's contents
+flush_s = best(rec.flush, 20)  # the record written once, at the first epoch's 8th batch
 dist.destroy_process_group()
 print(f"epoch_s_off={min(times['off']):.6f} epoch_s_first={min(times['first']):.6f} "
       f"epoch_s_steady={min(times['steady']):.6f} steps={args.epoch_steps} "
       f"batch_us_off={min(per_batch['off']) * 1e6:.3f} batch_us_on={min(per_batch['steady']) * 1e6:.3f} "
-      f"hook_us={hook * 1e6:.3f}", flush=True)
+      f"hook_us={hook * 1e6:.3f} hash_ms={hash_s * 1e3:.4f} flush_ms={flush_s * 1e3:.4f}", flush=True)

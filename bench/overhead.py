@@ -57,7 +57,8 @@ DOCTOR_RUN = [sys.executable, "-m", "ddp_doctor", "run", "--nproc-per-node", "2"
 LOOP = os.path.join(HERE, "_train_loop.py")
 AB = os.path.join(HERE, "_probe_ab.py")
 AB_LINE = re.compile(r"epoch_s_off=([\d.]+) epoch_s_first=([\d.]+) epoch_s_steady=([\d.]+) steps=(\d+) "
-                     r"batch_us_off=([\d.]+) batch_us_on=([\d.]+) hook_us=([\d.]+)")
+                     r"batch_us_off=([\d.]+) batch_us_on=([\d.]+) hook_us=([\d.]+) hash_ms=([\d.]+) "
+                     r"flush_ms=([\d.]+)")
 LOOP_LINE = re.compile(r"steps_per_second=([\d.]+) median_step_ms=([\d.]+) cpu_ms_per_step=([\d.]+)")
 CASES = {  # case: (title, label without, label with)
     "plain": ("plain loop, 2 ranks", "torchrun", "ddp-doctor run"),
@@ -202,7 +203,7 @@ def main() -> int:
                 sys.exit("bench/_probe_ab.py printed no epoch_s_on line")
             ab = tuple(float(v) for v in found[-1])
     if ab is not None:
-        off, first, steady, steps, b_off, b_on, hook = ab
+        off, first, steady, steps, b_off, b_on, hook, hash_ms, flush_ms = ab
         print(f"in-process A/B: {int(steps)} steps an epoch, minimum over {args.pairs} rounds")
         print(f"{'probes':<38} {'epoch ms':>9} {'with/without steps/s':>21} {'slowdown':>9}")
         print(f"{'off':<38} {off * 1e3:>9.1f}")
@@ -214,6 +215,14 @@ def main() -> int:
               f"({b_off:.1f} -> {b_on:.1f} us for an empty batch), step hook {hook:.2f} us: {added:.2f} us of a "
               f"{step_us:.0f} us step = {added / step_us * 100:.3f}% (the epoch figures above carry "
               f"about +-1.5% noise on this machine)")
+        from ddp_doctor.training.probes import HASH_BATCHES, MAX_ITERATIONS
+        later_ms = HASH_BATCHES * hash_ms
+        first_ms = later_ms + flush_ms  # one record write, in the first epoch only
+        print(f"a loader's first epochs, measured alone: contents of one batch fingerprinted {hash_ms:.3f} ms "
+              f"({HASH_BATCHES} batches an epoch, first {MAX_ITERATIONS} epochs), record written "
+              f"{flush_ms:.3f} ms (once): {first_ms:.2f} ms = {first_ms / (off * 1e3) * 100:.2f}% of the first "
+              f"{off * 1e3:.0f} ms epoch, {later_ms / (off * 1e3) * 100:.2f}% of the next "
+              f"{MAX_ITERATIONS - 1}, nothing after")
         print()
     args.cases = launched
     if not launched:
