@@ -319,16 +319,9 @@ def check_broadcast(comm: Comm, nbytes: int, root: int, iters: int = 3) -> dict[
     src = base + float(root + 1)
     t = src.clone() if comm.rank == root else torch.full_like(src, -1.0)
     root_global = comm.ranks[root] if comm.ranks else root
-    comm.wait(dist.broadcast(t, root_global, group=comm.pg, async_op=True))
-    comm.sync()
-    wrong = count_wrong(t, src)
-    agreed = comm.gather_floats([0.0, wrong])
-    start = time.perf_counter()
-    for _ in range(iters):
-        comm.wait(dist.broadcast(t, root_global, group=comm.pg, async_op=True))
-    comm.sync()
-    elapsed = time.perf_counter() - start
-    agreed2 = comm.gather_floats([elapsed, 0.0])
+    agreed, agreed2 = _checked_then_timed(
+        comm, lambda: dist.broadcast(t, root_global, group=comm.pg, async_op=True),
+        lambda: count_wrong(t, src), iters)
     return _entry("broadcast", nbytes, count, comm, agreed, agreed2, iters, root=root_global)
 
 
@@ -342,17 +335,24 @@ def check_all_gather(comm: Comm, nbytes: int, iters: int = 3) -> dict[str, Any]:
     base = pattern(count, comm.device)
     mine = base + float(comm.rank + 1)
     out = [torch.full_like(mine, -1.0) for _ in range(n)]
-    comm.wait(dist.all_gather(out, mine, group=comm.pg, async_op=True))
+    agreed, agreed2 = _checked_then_timed(
+        comm, lambda: dist.all_gather(out, mine, group=comm.pg, async_op=True),
+        lambda: sum(count_wrong(out[r], base + float(r + 1)) for r in range(n)), iters)
+    return _entry("all_gather", count * 4 * n, count * n, comm, agreed, agreed2, iters)
+
+
+def _checked_then_timed(comm: Comm, launch: Any, wrong: Any, iters: int
+                        ) -> tuple[list[list[float]], list[list[float]]]:
+    """Run the collective once and count its wrong elements, then time `iters` more; every rank's
+    [0, wrong] and [elapsed, 0], gathered (each gather is also the barrier around the timed loop)."""
+    comm.wait(launch())
     comm.sync()
-    wrong = sum(count_wrong(out[r], base + float(r + 1)) for r in range(n))
-    agreed = comm.gather_floats([0.0, wrong])
+    agreed = comm.gather_floats([0.0, wrong()])
     start = time.perf_counter()
     for _ in range(iters):
-        comm.wait(dist.all_gather(out, mine, group=comm.pg, async_op=True))
+        comm.wait(launch())
     comm.sync()
-    elapsed = time.perf_counter() - start
-    agreed2 = comm.gather_floats([elapsed, 0.0])
-    return _entry("all_gather", count * 4 * n, count * n, comm, agreed, agreed2, iters)
+    return agreed, comm.gather_floats([time.perf_counter() - start, 0.0])
 
 
 def _entry(op: str, nbytes: int, count: int, comm: Comm, agreed: list[list[float]],
