@@ -83,3 +83,38 @@ def test_fork_after_cuda_is_recorded_but_not_for_dataloader_workers(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]).count("fork_after_cuda") == 1
+
+
+def test_a_probe_that_fails_never_changes_the_users_call(tmp_path):
+    # DDP(None) must fail with torch's own error, set_epoch must take what torch takes, and the
+    # post-import hook must find modules through every finder (here: one only a custom finder knows).
+    code = ("import sys, importlib.abc, importlib.util, torch, torch.distributed as dist\n"
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "from ddp_doctor.training import probes, import_hooks\n"
+            "rec = probes.install(sys.argv[1])\n"
+            "try:\n"
+            "    DDP(None)\n"
+            "except Exception as e:\n"
+            "    print('ddp-error', type(e).__name__, str(e).split(',')[0])\n"
+            "s = torch.utils.data.DistributedSampler(range(4), num_replicas=1, rank=0)\n"
+            "s.set_epoch(2.5)\n"
+            "print('epoch', s.epoch)\n"
+            "class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        return importlib.util.spec_from_loader(name, self) if name == 'only_here' else None\n"
+            "    def create_module(self, spec):\n"
+            "        return None\n"
+            "    def exec_module(self, module):\n"
+            "        module.value = 7\n"
+            "sys.meta_path.append(Finder())\n"
+            "seen = []\n"
+            "import_hooks.when_imported('only_here', lambda m: seen.append(m.value))\n"
+            "import only_here\n"
+            "print('hook', seen, only_here.value)\n"
+            "print('errors', len(rec.extra.get('probe_errors', [])))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "ddp-error ValueError Default process group has not been initialized", lines  # torch's own
+    assert lines[1:3] == ["epoch 2.5", "hook [7] 7"], lines

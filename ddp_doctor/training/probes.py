@@ -339,25 +339,43 @@ def _called_from_library() -> bool:
     return False
 
 
+def _quietly(rec: Recorder, what: str, record: Callable[[], Any]) -> Any:
+    """Run a wrapper's recording; whatever goes wrong in it is noted in the record, never raised
+    into the user's call (which then runs, and fails or not, exactly as without the probes)."""
+    try:
+        return record()
+    except Exception as e:  # noqa: BLE001 - a probe never breaks the job
+        rec.extra.setdefault("probe_errors", []).append(f"{what}: {e!r}")
+        return None
+
+
 def _make_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         rec = recorder()
         if rec is None:
             return orig(*args, **kwargs)
-        backend = kwargs.get("backend", args[0] if args else None)
-        timeout = kwargs.get("timeout")
-        already = _pg_up()
-        e = rec.event("init_process_group", backend=str(backend) if backend is not None else None,
-                      timeout_s=timeout.total_seconds() if hasattr(timeout, "total_seconds") else None,
-                      already_initialized=already, by_library=_called_from_library(),
-                      previous_site=rec.pg.get("site") if already else None)
-        if already:
-            rec.flush()
+        def before() -> dict[str, Any]:
+            backend = kwargs.get("backend", args[0] if args else None)
+            timeout = kwargs.get("timeout")
+            already = _pg_up()
+            e = rec.event("init_process_group", backend=str(backend) if backend is not None else None,
+                          timeout_s=timeout.total_seconds() if hasattr(timeout, "total_seconds") else None,
+                          already_initialized=already, by_library=_called_from_library(),
+                          previous_site=rec.pg.get("site") if already else None)
+            if already:
+                rec.flush()  # torch is about to refuse: keep the record
+            return e
+
+        def after(e: dict[str, Any] | None) -> None:
+            dist = _dist()
+            rec.pg = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                      "backend": str(dist.get_backend()), "site": (e or {}).get("site")}
+            if e is not None:
+                e["ok"] = True
+
+        e = _quietly(rec, "init_process_group", before)
         result = orig(*args, **kwargs)
-        dist = _dist()
-        rec.pg = {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                  "backend": str(dist.get_backend()), "site": e["site"]}
-        e["ok"] = True
+        _quietly(rec, "init_process_group", lambda: after(e))
         return result
     return init_process_group
 
@@ -366,11 +384,13 @@ def _make_destroy(orig: Callable[..., Any]) -> Callable[..., Any]:
     def destroy_process_group(group: Any = None) -> Any:
         rec = recorder()
         if rec is not None and group is None and _pg_up():
-            rec.event("destroy_process_group")
-            if rec.steps:
-                rec.checksum("end")
-            rec.flush()
-            share_across_nodes(rec)
+            def before() -> None:
+                rec.event("destroy_process_group")
+                if rec.steps:
+                    rec.checksum("end")
+                rec.flush()
+                share_across_nodes(rec)
+            _quietly(rec, "destroy_process_group", before)
         return orig(group) if group is not None else orig()
     return destroy_process_group
 
@@ -392,7 +412,7 @@ def share_across_nodes(rec: Recorder) -> None:
         from ddp_doctor.training.session import gather
         store = dist.distributed_c10d._get_default_store()
         rank = dist.get_rank()
-        store.set(f"ddp_doctor/node-records/{rank}", json.dumps(rec.to_dict()))
+        store.set(f"ddp_doctor/node-records/{rank}", json.dumps(rec.to_dict(), default=str))
         if rank != 0:
             return
         got, _ = gather(store, "ddp_doctor/node-records", world, STORE_WAIT)
@@ -408,7 +428,7 @@ def _make_set_device(orig: Callable[..., Any]) -> Callable[..., Any]:
         rec = recorder()
         if rec is not None:
             rec.set_device_called = True
-            rec.event("set_device", device=str(device))
+            _quietly(rec, "set_device", lambda: rec.event("set_device", device=str(device)))
         return orig(device)
     return set_device
 
@@ -417,13 +437,14 @@ def _make_set_epoch(orig: Callable[..., Any]) -> Callable[..., Any]:
     def set_epoch(self: Any, epoch: int) -> Any:
         rec = recorder()
         if rec is not None:
-            rec.event("set_epoch", epoch=int(epoch), shuffle=bool(getattr(self, "shuffle", False)))
+            _quietly(rec, "set_epoch", lambda: rec.event("set_epoch", epoch=epoch if isinstance(epoch, int) else
+                                                         str(epoch), shuffle=bool(getattr(self, "shuffle", False))))
         return orig(self, epoch)
     return set_epoch
 
 
 def _module_device(module: Any) -> str | None:
-    for p in module.parameters():
+    for p in getattr(module, "parameters", lambda: [])():
         return str(p.device)
     return None
 
@@ -433,32 +454,24 @@ def _make_ddp_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         rec = recorder()
         if rec is None:
             return orig(self, module, *args, **kwargs)
-        pg_up = _pg_up()
-        device_ids = kwargs.get("device_ids", args[0] if args else None)
-        current = None
-        try:
-            import torch
-            if torch.cuda.is_initialized():
-                current = torch.cuda.current_device()
-        except Exception:  # noqa: BLE001
-            pass
-        backend = str(_dist().get_backend()) if pg_up else None
-        count = 0
-        if backend == "nccl":
-            try:
-                import torch
-                count = torch.cuda.device_count()
-            except Exception:  # noqa: BLE001
-                pass
-        rec.event("ddp", pg_initialized=pg_up, device_ids=[str(d) for d in device_ids] if device_ids else None,
-                  module_device=_module_device(module), current_device=current, device_count=count,
-                  set_device_called=rec.set_device_called, backend=backend,
-                  module_class=type(module).__name__)
-        if not pg_up:
-            rec.flush()  # the constructor is about to fail: keep the record
+        _quietly(rec, "DistributedDataParallel", lambda: _record_ddp(rec, module, args, kwargs))
         orig(self, module, *args, **kwargs)
         rec.ddp_modules.append(weakref.ref(self))
     return __init__
+
+
+def _record_ddp(rec: Recorder, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    import torch
+    pg_up = _pg_up()
+    device_ids = kwargs.get("device_ids", args[0] if args else None)
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    backend = str(_dist().get_backend()) if pg_up else None
+    count = torch.cuda.device_count() if backend == "nccl" else 0
+    rec.event("ddp", pg_initialized=pg_up, device_ids=[str(d) for d in device_ids] if device_ids else None,
+              module_device=_module_device(module), current_device=current, device_count=count,
+              set_device_called=rec.set_device_called, backend=backend, module_class=type(module).__name__)
+    if not pg_up:
+        rec.flush()  # the constructor is about to fail: keep the record
 
 
 def _sampler_info(loader: Any) -> dict[str, Any]:
@@ -583,8 +596,9 @@ def _patch_trainer(module: Any) -> None:
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            model = kwargs.get("model", args[0] if args else None)
-            note_trainer(model)
+            rec = recorder()
+            if rec is not None:
+                _quietly(rec, "Trainer", lambda: note_trainer(kwargs.get("model", args[0] if args else None)))
             return orig(self, *args, **kwargs)
         return __init__
     _wrap(trainer, "__init__", make)

@@ -90,18 +90,30 @@ def run_rank(opts: RunOptions) -> int:
         os._exit(code)
     watch.phase = "training"
     watch.last_progress = time.time()
-    from ddp_doctor.training import probes
-    probe = probes.install(run_dir)
-    probes.child_env(os.environ, run_dir)  # type: ignore[arg-type]
+    probe = _install_probes(run_dir)
     outcome = run_target(opts.target)
     watch.phase = "teardown"
-    probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
+    if probe is not None:
+        probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
     records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
                                           "host": os.uname().nodename, "phase": "training"})
     if not under_parent:
         _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None, opts)
     watch.stop()
     return outcome.exit_code
+
+
+def _install_probes(run_dir: str) -> Any:
+    """The in-training probes, here and in the Python processes the script starts; if they cannot
+    be installed (a torch whose internals moved), the script runs without them and says so."""
+    from ddp_doctor.training import probes
+    try:
+        probe = probes.install(run_dir)
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"ddp-doctor: in-training probes not installed ({e!r}); training runs unwatched by them\n")
+        return None
+    probes.child_env(os.environ, run_dir)  # type: ignore[arg-type]
+    return probe
 
 
 def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions) -> None:

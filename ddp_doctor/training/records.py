@@ -16,11 +16,11 @@ from typing import Any
 def write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        text = json.dumps(data)  # one write: json.dump streams many small ones
+        text = json.dumps(data, default=str)  # one write: json.dump streams many small ones
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, ValueError):
         pass  # a record that cannot be written must not break the user's job
 
 

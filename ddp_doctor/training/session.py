@@ -43,8 +43,11 @@ class ProbeSession:
         if self.rec is not None:
             return
         self.wrapped = _under_wrapper()
-        self.rec = probes.install(None)
-        self.rec.adopt_group()
+        try:
+            self.rec = probes.install(None)
+            self.rec.adopt_group()
+        except Exception as e:  # noqa: BLE001 - the job trains on without the checks
+            sys.stderr.write(f"ddp-doctor: in-training checks not started: {e!r}\n")
 
     def note(self, key: str, value: Any) -> None:
         if self.rec is not None:
@@ -78,7 +81,7 @@ class ProbeSession:
         store = dist.distributed_c10d._get_default_store()
         prefix = f"{KEY_PREFIX}/{self.finished}"
         try:
-            store.set(f"{prefix}/{rank}", json.dumps(rec.to_dict()))
+            store.set(f"{prefix}/{rank}", json.dumps(rec.to_dict(), default=str))
         except Exception as e:  # noqa: BLE001 - the store went away: nothing to share
             sys.stderr.write(f"ddp-doctor: could not share rank {rank}'s probe record: {e}\n")
             return None
