@@ -111,10 +111,13 @@ def test_under_torchrun_rank0_reports_what_the_probes_saw(tmp_path):
 
 def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(tmp_path):
     report = tmp_path / "r.json"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     res = run([*DDP, "run", "--report", str(report), str(SCRIPTS / "spawn_loop.py")],
-              clean_env(PORT=str(free_port())), str(tmp_path), timeout=180)
+              clean_env(PORT=str(free_port()), TMPDIR=str(tmp)), str(tmp_path), timeout=180)
     assert res.rc == 0, res.output
     assert res.stdout.count("done") == 2
+    assert not list(tmp.glob("ddp-doctor-run-*"))  # the one-process run's directory is removed
     rep = load_json(str(report))
     [f] = find(rep, "DDP850")
     assert f["ranks"] == [0, 1] and "spawn_loop.py" in f["message"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -73,7 +74,8 @@ def run_rank(opts: RunOptions) -> int:
     info = detect(os.environ)
     rank = info.rank if info.rank is not None else 0
     started = time.time()
-    run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-") if info.name == "none" else run_dir_for(os.environ)
+    own_dir = info.name == "none"  # one process, no launcher: this run's directory is ours to remove
+    run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-") if own_dir else run_dir_for(os.environ)
     os.makedirs(run_dir, exist_ok=True)
     under_parent = bool(os.environ.get(PARENT_ENV))
 
@@ -85,6 +87,8 @@ def run_rank(opts: RunOptions) -> int:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
         # there after a correct teardown, DOMAIN.md section 2), keeping exit status 3 exact.
         watch.stop()
+        if own_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -100,6 +104,8 @@ def run_rank(opts: RunOptions) -> int:
     if not under_parent:
         _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None, opts)
     watch.stop()
+    if own_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
     return outcome.exit_code
 
 
