@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_doctor.training import fingerprints, probes
+from ddp_doctor.training.probes import fingerprints
+from ddp_doctor.training.probes import recorder as probes
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--pairs", type=int, default=20)

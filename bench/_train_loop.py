@@ -35,7 +35,7 @@ if not 1 <= args.warmup < args.steps:
     sys.exit("need 1 <= --warmup < --steps")
 
 if args.probe_dir:
-    from ddp_doctor.training import probes
+    from ddp_doctor.training.probes import recorder as probes
     os.makedirs(args.probe_dir, exist_ok=True)
     probes.install(args.probe_dir)
 
@@ -92,7 +92,7 @@ if rank == 0:
           f"steps={len(gaps)} "
           f"step_ms_range={min(gaps):.2f}-{max(gaps):.1f}", flush=True)
 dist.destroy_process_group()
-if "ddp_doctor.training.rank_run" not in sys.modules:
+if "ddp_doctor.training.run.rank" not in sys.modules:
     # No ddp-doctor wrapper that ends this process after its own records: end without interpreter
     # teardown, where torch 2.13's gloo may abort in static destructors.
     sys.stdout.flush()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from ddp_doctor.version import __version__
 
 __all__ = ["__version__", "check_sampler", "preflight"]
 

@@ -22,9 +22,9 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
     others the verdict). Prints nothing when all is well; the report text goes to stderr otherwise."""
     from ddp_doctor import registry
     from ddp_doctor.context import current_context
-    from ddp_doctor.output import Output
-    from ddp_doctor.preflight import Options, RankPreflight
-    from ddp_doctor.report import EXIT_FAILED, exit_code
+    from ddp_doctor.report.publish import Output
+    from ddp_doctor.preflight_run.rank import Options, RankPreflight
+    from ddp_doctor.report.build import EXIT_FAILED, exit_code
 
     sel, skp = registry.parse_selectors(select), registry.parse_selectors(skip)
     bad = registry.unknown_selectors(sel + skp)

@@ -10,10 +10,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ddp_doctor import launchers, sagemaker
-from ddp_doctor.launchers import LauncherInfo
-from ddp_doctor.probes import HostFacts
-from ddp_doctor.sagemaker import SageMakerView
+from ddp_doctor.facts import launchers
+from ddp_doctor.facts import sagemaker_env as sagemaker
+from ddp_doctor.facts.launchers import LauncherInfo
+from ddp_doctor.facts.host import HostFacts
+from ddp_doctor.facts.sagemaker_env import SageMakerView
 
 BACKENDS = ("gloo", "nccl", "smddp", "mpi")
 
@@ -102,5 +103,5 @@ def build_context(env: Mapping[str, str], facts: HostFacts, *, backend: str | No
 
 def current_context(**kwargs: object) -> RankContext:
     """The context of this process, reading the real environment and host."""
-    from ddp_doctor.probes import read_host_facts
+    from ddp_doctor.facts.host import read_host_facts
     return build_context(os.environ, read_host_facts(), **kwargs)  # type: ignore[arg-type]

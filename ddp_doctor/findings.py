@@ -65,3 +65,18 @@ class Finding:
 def severity_rank(severity: str) -> int:
     """0 for error, 1 for warning, 2 for info: sort key, most severe first."""
     return SEVERITIES.index(severity) if severity in SEVERITIES else 0
+
+from typing import Iterable
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(parts)

@@ -114,8 +114,8 @@ def declare(id: str, *, category: str, severity: str, title: str, doc: str) -> C
 
 
 CHECK_MODULES = (
-    "ddp_doctor.events",
-    "ddp_doctor.rendezvous_events",
+    "ddp_doctor.checks.internal",
+    "ddp_doctor.checks.rendezvous",
     "ddp_doctor.checks.launcher_env",
     "ddp_doctor.checks.sagemaker_env",
     "ddp_doctor.checks.network",
@@ -124,11 +124,11 @@ CHECK_MODULES = (
     "ddp_doctor.checks.gpu",
     "ddp_doctor.checks.host",
     "ddp_doctor.checks.sagemaker_job",
-    "ddp_doctor.checks.runner_expectations",
-    "ddp_doctor.training.failures",
-    "ddp_doctor.training.signatures",
+    "ddp_doctor.checks.ci_runner",
+    "ddp_doctor.checks.training_failures",
+    "ddp_doctor.checks.signatures",
     "ddp_doctor.training.sampler_check",
-    "ddp_doctor.training.probe_rules",
+    "ddp_doctor.checks.training_probes",
 )
 
 

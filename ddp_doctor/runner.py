@@ -9,7 +9,8 @@ import threading
 import traceback
 from typing import Any
 
-from ddp_doctor import events, registry
+from ddp_doctor import registry
+from ddp_doctor.checks import internal as events
 from ddp_doctor.findings import Finding, Problem
 from ddp_doctor.registry import Check
 

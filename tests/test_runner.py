@@ -10,7 +10,7 @@ import pytest
 from ddp_doctor import registry, runner
 from ddp_doctor.context import RankContext, build_context
 from ddp_doctor.findings import Problem
-from ddp_doctor.probes import HostFacts
+from ddp_doctor.facts.host import HostFacts
 
 DOC = """
     What: a temporary test check.

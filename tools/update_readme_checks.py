@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ddp_doctor.cli import catalogue_markdown
+from ddp_doctor.cli.app import catalogue_markdown
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

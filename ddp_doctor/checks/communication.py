@@ -1,9 +1,9 @@
 """Communication checks (category `communication`): the all_reduce sweep with its correctness
 check, broadcast and all_gather, the bandwidth an instance type should reach, stragglers, the
-send/recv ring and clock skew. The measuring lives in ddp_doctor.comm; these functions decide.
+send/recv ring and clock skew. The measuring lives in ddp_doctor.comm.sweep; these functions decide.
 
 Settings read from ctx.options (set by the preflight options of the same names; defaults in
-ddp_doctor.comm): comm_min_bytes, comm_max_bytes, comm_iters, comm_warmup, comm_budget_s,
+ddp_doctor.comm.sweep): comm_min_bytes, comm_max_bytes, comm_iters, comm_warmup, comm_budget_s,
 comm_mode, comm_progress (a callable bench-comm passes to print each size), comm_min_fraction,
 instance_type, straggler_factor, straggler_min_s, max_clock_skew_s.
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ddp_doctor import comm
+from ddp_doctor.comm import sweep as comm
 from ddp_doctor.findings import Problem
-from ddp_doctor.group import Group
-from ddp_doctor.ranges import format_ranks
+from ddp_doctor.preflight_run.group import Group
+from ddp_doctor.findings import format_ranks
 from ddp_doctor.registry import check
 
 # Kept for callers of the first version of DDP401.

@@ -1,4 +1,4 @@
-"""Cross-rank consistency: every rank's view (ddp_doctor.views.collect_view) compared on the
+"""Cross-rank consistency: every rank's view (ddp_doctor.preflight_run.rank_view.collect_view) compared on the
 reporting rank. Versions, GPUs, rank layout, code and communication settings must agree.
 
 IDs DDP700-DDP799, stage "cross_rank": each check takes (ctx, views), views mapping rank -> view
@@ -10,7 +10,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.findings import Problem
-from ddp_doctor.ranges import format_ranks  # "0-7, 9"
+from ddp_doctor.findings import format_ranks  # "0-7, 9"
 from ddp_doctor.registry import check
 
 Views = Mapping[int, Mapping[str, Any]]

@@ -1,4 +1,4 @@
-"""GPU checks through NVML (ddp_doctor.nvml), torch.cuda where NVML has no answer (DDP500-DDP599).
+"""GPU checks through NVML (ddp_doctor.facts.nvml), torch.cuda where NVML has no answer (DDP500-DDP599).
 
 Each rank checks its own GPU (cuda:LOCAL_RANK, or cuda:0 when the launcher gave every rank one GPU
 through CUDA_VISIBLE_DEVICES; every visible GPU when there is no local rank), so the merged report
@@ -20,10 +20,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ddp_doctor import nvml
+from ddp_doctor.facts import nvml
 from ddp_doctor.context import RankContext
 from ddp_doctor.findings import Problem
-from ddp_doctor.nvml import Unknown, is_unknown
+from ddp_doctor.facts.nvml import Unknown, is_unknown
 from ddp_doctor.registry import check
 
 GPU_BACKENDS = ("nccl", "smddp")

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from ddp_doctor.context import RankContext
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.sagemaker import SMDDP_PORT, TORCHRUN_PORT, SageMakerView
+from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerView
 
 # SMDDP's supported instance types (DG); the older ones only with older library versions.
 SMDDP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge")

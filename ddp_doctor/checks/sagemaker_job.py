@@ -1,6 +1,6 @@
 """Client-side checks of a planned SageMaker training job (DDP900-DDP999, stage "job").
 
-Each check takes a :class:`ddp_doctor.sagemaker_job.JobContext` (the spec plus lazily created
+Each check takes a :class:`ddp_doctor.sagemaker.job.JobContext` (the spec plus lazily created
 boto3 clients) and yields problems, like every other check. AWS calls go through
 ``ctx.call``, which caches answers and records calls that were denied or could not be made:
 those become DDP900 / DDP901 (declared here), so a check that could not ask AWS says nothing.
@@ -19,8 +19,7 @@ from typing import Any, Iterator, Mapping
 from ddp_doctor.checks.sagemaker_env import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check, declare
-from ddp_doctor.sagemaker_job import (KNOWN_DISTRIBUTIONS, DISTRIBUTION_EXTRAS, JobContext, Reply,
-                                      is_gpu_type, is_trn_type, processes_per_instance)
+from ddp_doctor.sagemaker.job import KNOWN_DISTRIBUTIONS, DISTRIBUTION_EXTRAS, JobContext, Reply, is_gpu_type, is_trn_type, processes_per_instance
 
 STAGE = "job"
 TIMEOUT = 60.0  # boto3 calls are bounded by connect/read timeouts and two attempts each

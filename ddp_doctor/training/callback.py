@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.training import probes
-from ddp_doctor.training.session import ProbeSession
+from ddp_doctor.training.probes import recorder as probes
+from ddp_doctor.training.probes.session import ProbeSession
 
 try:
     from transformers import TrainerCallback
@@ -32,7 +32,7 @@ class DoctorCallback(TrainerCallback):
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.session.start()
         probes.note_trainer(model)
-        from ddp_doctor.training.probe_rules import init_order
+        from ddp_doctor.checks.training_probes import init_order
         rec = self.session.rec
         if rec is not None:
             self.session.alert(init_order(rec.rank or 0, rec.to_dict()))

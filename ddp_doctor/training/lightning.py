@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.training.session import ProbeSession
+from ddp_doctor.training.probes.session import ProbeSession
 
 try:
     from lightning.pytorch import Callback

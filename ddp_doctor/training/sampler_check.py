@@ -13,9 +13,9 @@ import os
 from collections import Counter
 from typing import Any
 
-from ddp_doctor.events import raise_event
+from ddp_doctor.checks.internal import raise_event
 from ddp_doctor.findings import Finding
-from ddp_doctor.ranges import format_ranks
+from ddp_doctor.findings import format_ranks
 from ddp_doctor.registry import declare
 
 OVERLAP = declare(

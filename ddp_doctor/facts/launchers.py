@@ -1,0 +1,146 @@
+"""Which launcher started this process, and the rank layout it says we have.
+
+Pure functions over an environment mapping. Recognised, in this order:
+- `spawn`: rank and world size passed explicitly to the Python API (torch.multiprocessing.spawn)
+- `torchrun`: torch elastic (TORCHELASTIC_RUN_ID, GROUP_RANK, LOCAL_WORLD_SIZE, ROLE_*)
+- `mpirun`: Open MPI (OMPI_COMM_WORLD_*), as SageMaker's MPI and smdistributed runners use
+- `mpich`: MPICH / Intel MPI hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS)
+- `slurm`: srun tasks (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NNODES, SLURM_STEP_ID)
+- `env`: any launcher that sets RANK and WORLD_SIZE
+- `none`: a plain process
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ddp_doctor.facts.env_values import Invalid, as_int, env_bool, env_int
+
+LAUNCHERS = ("spawn", "torchrun", "mpirun", "mpich", "slurm", "env", "none")
+
+
+@dataclass(frozen=True)
+class LauncherInfo:
+    name: str
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    nnodes: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    agent_store: bool = False  # torchrun's agent hosts the store; ranks are clients
+    # variable name -> what was read, for every variable this launcher defines
+    variables: dict[str, str | None] = field(default_factory=dict)
+    # variable name -> Invalid, for those present but unparseable
+    invalid: dict[str, Invalid] = field(default_factory=dict)
+
+
+# For each launcher: the variables that carry rank, local rank, world size, local world size.
+RANK_VARIABLES: dict[str, tuple[str, str, str, str]] = {
+    "torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+               "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "mpich": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),
+    "slurm": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+    "env": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+}
+
+
+def launcher_name(env: Mapping[str, str]) -> str:
+    """The launcher that started this process (see the module docstring for the order)."""
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun"
+    if "OMPI_COMM_WORLD_RANK" in env or "OMPI_COMM_WORLD_SIZE" in env:
+        return "mpirun"
+    if "PMI_RANK" in env and "PMI_SIZE" in env:
+        return "mpich"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        return "slurm"
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return "env"
+    return "none"
+
+
+def _slurm_tasks_per_node(raw: str | None, node_id: int | None = None) -> str | None:
+    # SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE look like "8" or "8(x2)" or "8(x2),4":
+    # per-node counts in node order; this node's count is the entry at SLURM_NODEID.
+    if not raw:
+        return raw
+    counts: list[str] = []
+    for part in raw.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if not m:  # not the compressed form: hand the first entry on, env_int reports it
+            return raw.split(",")[0].split("(")[0]
+        counts += [m.group(1)] * int(m.group(2) or 1)
+    if node_id is not None and 0 <= node_id < len(counts):
+        return counts[node_id]
+    return counts[0]
+
+
+def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int | None = None,
+           local_rank: int | None = None) -> LauncherInfo:
+    """Read the launcher's view of the world. Never raises: bad values land in `invalid`."""
+    name = "spawn" if rank is not None or world_size is not None else launcher_name(env)
+    if name == "none":
+        return LauncherInfo(name="none", master_addr=env.get("MASTER_ADDR") or None,
+                            master_port=as_int(env_int(env, "MASTER_PORT")),
+                            invalid=_invalid(env, ("MASTER_PORT",)))
+    if name == "spawn":
+        names = RANK_VARIABLES["env"]
+        values: dict[str, int | None | Invalid] = {
+            names[0]: rank, names[1]: local_rank if local_rank is not None else rank,
+            names[2]: world_size, names[3]: env_int(env, "LOCAL_WORLD_SIZE") or world_size,
+        }
+        variables = {n: None if v is None else str(v) for n, v in values.items()}
+    else:
+        names = RANK_VARIABLES[name]
+        view = dict(env)
+        if name == "slurm":
+            view["SLURM_NTASKS_PER_NODE"] = _slurm_tasks_per_node(
+                env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE"),
+                as_int(env_int(env, "SLURM_NODEID"))) or ""
+        values = {n: env_int(view, n) for n in names}
+        variables = {n: env.get(n) for n in names}
+    r, lr, ws, lws = (as_int(values[n]) for n in names)
+    invalid = {n: v for n, v in values.items() if isinstance(v, Invalid)}
+
+    node_rank = nnodes = None
+    extra: tuple[str, ...] = ()
+    if name == "torchrun":
+        extra = ("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+    elif name == "slurm":
+        extra = ("SLURM_NODEID", "SLURM_NNODES")
+    for n in extra:
+        variables[n] = env.get(n)
+        v = env_int(env, n)
+        if isinstance(v, Invalid):
+            invalid[n] = v
+    if name == "torchrun":
+        node_rank, nnodes = as_int(env_int(env, "GROUP_RANK")), as_int(env_int(env, "GROUP_WORLD_SIZE"))
+    elif name == "slurm":
+        node_rank, nnodes = as_int(env_int(env, "SLURM_NODEID")), as_int(env_int(env, "SLURM_NNODES"))
+    elif lws and ws is not None and r is not None and ws % lws == 0:
+        # mpirun / mpich / generic env: homogeneous layout assumed (ranks packed by node)
+        node_rank, nnodes = r // lws, ws // lws
+
+    port = env_int(env, "MASTER_PORT")
+    if isinstance(port, Invalid):
+        invalid["MASTER_PORT"] = port
+    return LauncherInfo(
+        name=name, rank=r, local_rank=lr, world_size=ws, local_world_size=lws,
+        node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR") or None,
+        master_port=as_int(port), agent_store=env_bool(env, "TORCHELASTIC_USE_AGENT_STORE"),
+        variables=variables, invalid=invalid,
+    )
+
+
+def _invalid(env: Mapping[str, str], names: tuple[str, ...]) -> dict[str, Invalid]:
+    out = {}
+    for n in names:
+        v = env_int(env, n)
+        if isinstance(v, Invalid):
+            out[n] = v
+    return out

@@ -1,0 +1,204 @@
+"""SageMaker's view of the job, read from SM_* variables and /opt/ml/input/config.
+
+Pure functions over an environment mapping and a config root (default /opt/ml, overridable with
+DDP_DOCTOR_SM_ROOT for tests). Nothing here raises: problems are recorded in `errors` for the
+checks to report. Facts follow sagemaker-training-toolkit (environment.py, torch_distributed.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ddp_doctor.facts.env_values import Invalid, as_int, env_int, env_json
+
+DEFAULT_ROOT = "/opt/ml"
+TORCHRUN_PORT = 7777
+SMDDP_PORT = 7592
+# SM_FRAMEWORK_PARAMS flag -> distribution name, in the order the PyTorch toolkit picks a launcher.
+DISTRIBUTION_FLAGS = (
+    ("sagemaker_mpi_enabled", "mpi"),
+    ("sagemaker_pytorch_ddp_enabled", "pytorchddp"),
+    ("sagemaker_distributed_dataparallel_enabled", "smdistributed"),
+    ("sagemaker_torch_distributed_enabled", "torch_distributed"),
+)
+# distribution -> the launcher the toolkit uses for it
+EXPECTED_LAUNCHER = {"mpi": "mpirun", "pytorchddp": "mpirun", "smdistributed": "mpirun",
+                     "torch_distributed": "torchrun"}
+
+
+@dataclass(frozen=True)
+class SageMakerView:
+    root: str
+    hosts: list[str] | None                 # SM_HOSTS (a JSON list)
+    current_host: str | None                # SM_CURRENT_HOST
+    num_gpus: int | None                    # SM_NUM_GPUS
+    instance_type: str | None
+    network_interface: str | None           # SM_NETWORK_INTERFACE_NAME
+    framework_params: dict[str, Any]
+    training_env: dict[str, Any]
+    resource_config: dict[str, Any] | None  # input/config/resourceconfig.json
+    hyperparameters: dict[str, Any] | None  # input/config/hyperparameters.json, values decoded
+    distribution: str                       # mpi | pytorchddp | smdistributed | torch_distributed | none
+    distribution_hosts: list[str]           # instance_groups[].hosts in file order: decides master
+    master_hostname: str | None
+    processes_per_host: int
+    is_hetero: bool
+    distribution_groups: list[str] | None
+    # source ("SM_HOSTS", "resourceconfig.json", ...) -> what is wrong with it
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def expected_launcher(self) -> str | None:
+        return EXPECTED_LAUNCHER.get(self.distribution)
+
+    @property
+    def rc_hosts(self) -> list[str] | None:
+        h = (self.resource_config or {}).get("hosts")
+        return [str(x) for x in h] if isinstance(h, list) else None
+
+    @property
+    def rc_current_host(self) -> str | None:
+        h = (self.resource_config or {}).get("current_host")
+        return str(h) if h is not None else None
+
+    @property
+    def this_host(self) -> str | None:
+        """The file's current_host wins: under the MPI runner SM_CURRENT_HOST may be the master's."""
+        return self.rc_current_host or self.current_host
+
+
+def config_root(env: Mapping[str, str]) -> str:
+    return env.get("DDP_DOCTOR_SM_ROOT") or DEFAULT_ROOT
+
+
+def present(env: Mapping[str, str], root: str | None = None) -> bool:
+    """Is this a SageMaker training container?"""
+    if any(k in env for k in ("SM_HOSTS", "SM_CURRENT_HOST", "SM_TRAINING_ENV")):
+        return True
+    root = root or config_root(env)
+    return os.path.isfile(os.path.join(root, "input", "config", "resourceconfig.json"))
+
+
+def _read_json_file(path: str) -> tuple[Any, str | None]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f), None
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable: {e}"
+
+
+def _decode_hyperparameters(raw: Any) -> dict[str, Any]:
+    # Every value in hyperparameters.json is a JSON-encoded string ("3", "\"train.py\"").
+    out: dict[str, Any] = {}
+    for k, v in (raw or {}).items():
+        if isinstance(v, str):
+            try:
+                out[k] = json.loads(v)
+                continue
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
+def _str_list(value: Any) -> list[str] | None:
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return list(value)
+    return None
+
+
+def read(env: Mapping[str, str], root: str | None = None) -> SageMakerView | None:
+    """The SageMaker view, or None when this is not a SageMaker container."""
+    root = root or config_root(env)
+    if not present(env, root):
+        return None
+    errors: dict[str, str] = {}
+
+    hosts_raw = env_json(env, "SM_HOSTS")
+    hosts = _str_list(hosts_raw)
+    if isinstance(hosts_raw, Invalid):
+        errors["SM_HOSTS"] = f"SM_HOSTS={hosts_raw.raw!r} is {hosts_raw.why}; it must be a JSON list of host names"
+    elif hosts_raw is not None and hosts is None:
+        errors["SM_HOSTS"] = f"SM_HOSTS={env.get('SM_HOSTS')!r} is a JSON {type(hosts_raw).__name__}, not a list of host names"
+
+    num_gpus = env_int(env, "SM_NUM_GPUS")
+    if isinstance(num_gpus, Invalid):
+        errors["SM_NUM_GPUS"] = f"SM_NUM_GPUS={num_gpus.raw!r} is {num_gpus.why}"
+
+    def dict_var(name: str) -> dict[str, Any]:
+        v = env_json(env, name)
+        if isinstance(v, Invalid):
+            errors[name] = f"{name} is {v.why}"
+            return {}
+        if v is not None and not isinstance(v, dict):
+            errors[name] = f"{name} is a JSON {type(v).__name__}, not an object"
+            return {}
+        return v or {}
+
+    framework_params = dict_var("SM_FRAMEWORK_PARAMS")
+    training_env = dict_var("SM_TRAINING_ENV")
+
+    cfg = os.path.join(root, "input", "config")
+    rc, rc_err = _read_json_file(os.path.join(cfg, "resourceconfig.json"))
+    if rc_err:
+        errors["resourceconfig.json"] = f"{os.path.join(cfg, 'resourceconfig.json')} is {rc_err}"
+        rc = None
+    elif not isinstance(rc, dict):
+        errors["resourceconfig.json"] = "resourceconfig.json is not a JSON object"
+        rc = None
+    hp_raw, hp_err = _read_json_file(os.path.join(cfg, "hyperparameters.json"))
+    hyperparameters = None
+    if hp_err and hp_err != "missing":
+        errors["hyperparameters.json"] = f"{os.path.join(cfg, 'hyperparameters.json')} is {hp_err}"
+    elif isinstance(hp_raw, dict):
+        hyperparameters = _decode_hyperparameters(hp_raw)
+        for k, v in hyperparameters.items():  # toolkit: sagemaker_* hyperparameters are framework params
+            if k.startswith("sagemaker_"):
+                framework_params.setdefault(k, v)
+
+    distribution = "none"
+    for flag, dist_name in DISTRIBUTION_FLAGS:
+        if framework_params.get(flag) in (True, "true", "True", 1):
+            distribution = dist_name
+            break
+
+    is_hetero = str(env.get("SM_IS_HETERO", "false")).lower() == "true"
+    dgroups_raw = env_json(env, "SM_DISTRIBUTION_INSTANCE_GROUPS")
+    dgroups = _str_list(dgroups_raw)
+
+    # distribution_hosts: hosts of the (distribution) instance groups in file order (TK).
+    distribution_hosts: list[str] = []
+    groups = (rc or {}).get("instance_groups")
+    if isinstance(groups, list) and groups:
+        for g in groups:
+            if not isinstance(g, dict):
+                continue
+            if is_hetero and dgroups is not None and g.get("instance_group_name") not in dgroups:
+                continue
+            group_hosts = g.get("hosts")
+            if isinstance(group_hosts, list):  # a string or number here is a broken file (DDP201)
+                distribution_hosts.extend(str(h) for h in group_hosts)
+    if not distribution_hosts:
+        distribution_hosts = (_str_list(training_env.get("distribution_hosts"))
+                              or _str_list((rc or {}).get("hosts")) or hosts or [])
+    master = distribution_hosts[0] if distribution_hosts else None
+
+    ppn = as_int(framework_params.get("sagemaker_mpi_num_of_processes_per_host"))
+    if ppn is None:
+        ppn = as_int(num_gpus) or as_int(env_int(env, "SM_NUM_NEURONS")) or 1
+
+    return SageMakerView(
+        root=root, hosts=hosts, current_host=env.get("SM_CURRENT_HOST") or None,
+        num_gpus=as_int(num_gpus),
+        instance_type=env.get("SM_CURRENT_INSTANCE_TYPE") or (rc or {}).get("current_instance_type")
+        or framework_params.get("sagemaker_instance_type"),
+        network_interface=env.get("SM_NETWORK_INTERFACE_NAME") or (rc or {}).get("network_interface_name"),
+        framework_params=framework_params, training_env=training_env, resource_config=rc,
+        hyperparameters=hyperparameters, distribution=distribution,
+        distribution_hosts=distribution_hosts, master_hostname=master, processes_per_host=ppn,
+        is_hetero=is_hetero, distribution_groups=dgroups, errors=errors,
+    )

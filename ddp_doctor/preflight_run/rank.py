@@ -1,0 +1,301 @@
+"""One rank's preflight: local checks, bounded rendezvous, group checks, merged report.
+
+    context -> local checks -> probe master -> meet at the store -> process group -> group checks
+            -> (reporting rank) cross-rank checks over every view -> report -> sinks
+
+Every step has a deadline. Whatever happens, the rank ends with a report: the merged one from the
+reporting rank, or its own when it could not reach the others.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ddp_doctor import runner
+from ddp_doctor.checks import internal as events
+from ddp_doctor.preflight_run import rendezvous
+from ddp_doctor.report import build as reportlib
+from ddp_doctor.preflight_run import rank_view as views
+from ddp_doctor.checks import rendezvous as ev
+from ddp_doctor.context import RankContext, current_context
+from ddp_doctor.findings import Finding
+from ddp_doctor.preflight_run.group import Group
+from ddp_doctor.report.publish import Output, deliver
+from ddp_doctor.report.redact import redact_text
+
+LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
+
+
+@dataclass
+class Options:
+    timeout: float = 60.0
+    select: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    backend: str | None = None
+    output: Output = field(default_factory=Output)
+    # Explicit rank layout (torch.multiprocessing.spawn users call the API with these).
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    entry_script: str | None = None
+    keep_group: bool = False  # leave the process group up (not used by the CLI)
+    check_options: dict[str, Any] = field(default_factory=dict)  # becomes RankContext.options
+    launch_dir: str | None = None  # where a ddp-doctor parent collects rank files (default: env)
+
+
+class RankPreflight:
+    def __init__(self, ctx: RankContext, opts: Options) -> None:
+        self.ctx, self.opts = ctx, opts
+        self.rank = ctx.rank if ctx.rank is not None else 0
+        self.findings: list[Finding] = []
+        self.measurements: dict[str, Any] = {}
+        self.view: dict[str, Any] = {}
+        self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
+        self.failed = False  # ddp-doctor itself failed (exit code 1)
+
+    # ------------------------------------------------------------------ steps
+    def run(self) -> dict[str, Any]:
+        """The preflight of this rank; an unexpected error of ddp-doctor's own still ends in a
+        report (with DDP005) rather than a traceback and no report."""
+        try:
+            return self._run()
+        except Exception as e:  # noqa: BLE001
+            self.failed = True
+            self.findings.append(events.raise_event(
+                events.TOOL_FAILED, f"ddp-doctor failed on rank {self.rank}: {type(e).__name__}: {e}",
+                rank=self.rank, evidence={"traceback": traceback.format_exc()}))
+            return self._alone()
+
+    def _run(self) -> dict[str, Any]:
+        ctx, opts = self.ctx, self.opts
+        self.findings += runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip)
+        self.view = views.collect_view(ctx)
+        self._write_partial()
+        ws = ctx.world_size
+        if ws is None or ctx.rank is None or not (0 <= ctx.rank < ws):
+            return self._alone()  # the launcher_env checks said why
+        if ws == 1:
+            import torch.distributed as dist
+            return self._with_store(dist.HashStore(), hosting=True)
+        addr, port = self._master()
+        if addr is None:
+            return self._alone()
+        hosting = self.rank == 0 and not ctx.launcher.agent_store
+        if hosting:
+            busy = rendezvous.port_in_use(port)
+            if busy:
+                self.findings.append(events.raise_event(
+                    ev.PORT_IN_USE, f"rank 0 cannot listen on MASTER_PORT={port} on host "
+                    f"{ctx.host.hostname}: {busy}", rank=self.rank,
+                    evidence={"master_port": port, "error": busy}))
+                return self._alone()
+            local = rendezvous.is_local_host(addr)
+            if local is None:
+                probe = rendezvous.Probe(False, "unresolvable", "the name does not resolve")
+                self.findings.append(rendezvous.probe_finding(probe, addr, port, self.rank, opts.timeout))
+                return self._alone()
+            if local is False:
+                self.findings.append(events.raise_event(
+                    ev.MASTER_NOT_LOCAL, f"MASTER_ADDR={addr} is not an address of rank 0's host "
+                    f"{ctx.host.hostname}", rank=self.rank, evidence={"master_addr": addr}))
+                return self._alone()
+        else:
+            probe = rendezvous.probe_master(addr, port, opts.timeout)
+            if not probe.ok:
+                self.findings.append(rendezvous.probe_finding(probe, addr, port, self.rank, opts.timeout))
+                return self._alone()
+        try:
+            store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
+        except Exception as e:  # noqa: BLE001 - turned into a finding
+            entry = ev.PORT_IN_USE if hosting and "in use" in str(e).lower() else ev.STORE_LOST
+            self.findings.append(events.raise_event(
+                entry, f"could not {'host' if hosting else 'connect to'} the store at {addr}:{port}: {e}",
+                rank=self.rank, evidence={"error": str(e)}))
+            return self._alone()
+        return self._with_store(store, hosting)
+
+    def _master(self) -> tuple[str | None, int]:
+        ctx = self.ctx
+        addr, port = ctx.master_addr, ctx.master_port or rendezvous.DEFAULT_PORT
+        if addr is None and ctx.local_world_size == ctx.world_size:
+            addr = "127.0.0.1"  # every rank is on this node (launcher_env says so, as info)
+        return addr, port
+
+    def _with_store(self, base_store: Any, hosting: bool) -> dict[str, Any]:
+        ctx, opts = self.ctx, self.opts
+        run_id = f"{ctx.env.get('TORCHELASTIC_RUN_ID', 'preflight')}/{ctx.env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        store = rendezvous.prefixed(base_store, f"ddp_doctor/{run_id}/")
+        ws = ctx.world_size or 1
+        try:
+            self.view["findings"] = [f.to_dict() for f in self.findings]
+            meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
+        except Exception as e:  # noqa: BLE001
+            self.findings.append(events.raise_event(
+                ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
+                evidence={"error": str(e)}))
+            return self._alone()
+        self.findings += meeting.findings
+        duplicate = any(f.id == ev.DUPLICATE_RANK.id for f in meeting.findings)
+        if meeting.complete and not duplicate:
+            self._group_stage(store, ws)
+        try:
+            store.set(f"final/{self.rank}", json.dumps({
+                "findings": [f.to_dict() for f in self.findings], "measurements": self.measurements}))
+            if self.rank == meeting.reporter:
+                return self._report(store, meeting, hosting)
+            return self._await_verdict(store)
+        except Exception as e:  # noqa: BLE001
+            self.findings.append(events.raise_event(
+                ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
+                evidence={"error": str(e)}))
+            return self._alone()
+
+    def _group_stage(self, store: Any, ws: int) -> None:
+        import torch.distributed as dist
+        ctx, opts = self.ctx, self.opts
+        backend = ctx.backend
+        device = ctx.device
+        try:
+            if device.startswith("cuda"):
+                import torch
+                torch.cuda.set_device(int(device.split(":")[1]))
+            if backend == "smddp":
+                import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (registers the backend)
+            dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
+                                    rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
+        except Exception as e:  # noqa: BLE001
+            self.findings.append(events.raise_event(
+                ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
+                f"rank {self.rank}: {type(e).__name__}: {e}", rank=self.rank,
+                evidence={"backend": backend, "error": str(e)}))
+            return
+        group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
+        try:
+            self.findings += runner.run_stage("group", (ctx, group), self.rank, select=opts.select, skip=opts.skip)
+            self.measurements = group.measurements
+        finally:
+            if not opts.keep_group:
+                bounded(dist.destroy_process_group, 10.0)
+
+    # ------------------------------------------------------------------ endings
+    def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:
+        ctx, opts = self.ctx, self.opts
+        deadline = time.monotonic() + opts.timeout
+        finals = rendezvous.read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
+        views_by_rank = {int(k.split("/")[1]): v for k, v in rendezvous.read_json_keys(
+            store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + 1.0).items()}
+        findings: list[Finding] = []
+        measurements: dict[str, Any] = {}
+        for r in meeting.arrived:
+            final = finals.get(f"final/{r}")
+            if final is None:
+                view = views_by_rank.get(r, {})
+                findings += [Finding.from_dict(d) for d in view.get("findings", [])]
+                findings.append(events.raise_event(
+                    events.RANK_LOST, f"rank {r} checked in but sent no final findings within "
+                    f"{opts.timeout:g} s", rank=r))
+                continue
+            findings += [Finding.from_dict(d) for d in final.get("findings", [])]
+            merge_measurements(measurements, final.get("measurements") or {})
+        findings += runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
+                                     select=opts.select, skip=opts.skip)
+        rep = reportlib.build_report(
+            world=reportlib.world_of(ctx), ranks=[reportlib.rank_entry(v) for v in views_by_rank.values()],
+            findings=findings, measurements=measurements)
+        code = reportlib.exit_code(rep)
+        store.set("verdict", json.dumps({"status": rep["status"], "exit_code": code,
+                                         "root_cause": rep["root_cause"]}))
+        deliver(rep, ctx, opts.output, reporter=True, launch_dir=self.launch_dir)
+        if hosting:  # the other ranks read the verdict from our store: stay until they have
+            deadline = time.monotonic() + 10.0
+            while int(store.add("done", 0)) < len(meeting.arrived) - 1 and time.monotonic() < deadline:
+                time.sleep(rendezvous.POLL_S)
+        return rep
+
+    def _await_verdict(self, store: Any) -> dict[str, Any]:
+        got = rendezvous.read_json_keys(store, ["verdict"], time.monotonic() + self.opts.timeout + 30.0)
+        verdict = got.get("verdict")
+        if verdict is None:
+            self.findings.append(events.raise_event(
+                ev.REPORTER_LOST, f"rank {self.rank} got no verdict from the reporting rank within "
+                f"{self.opts.timeout + 30:g} s", rank=self.rank))
+            return self._alone()
+        try:
+            store.add("done", 1)
+        except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
+            pass
+        rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}
+        deliver(rep, self.ctx, self.opts.output, reporter=False, launch_dir=self.launch_dir)
+        self._write_partial(final=True)
+        return rep
+
+    def _alone(self) -> dict[str, Any]:
+        """This rank could not join the others: it reports what it knows itself."""
+        rep = reportlib.build_report(world=reportlib.world_of(self.ctx),
+                                     ranks=[reportlib.rank_entry(self.view)] if self.view else [],
+                                     findings=self.findings, measurements=self.measurements)
+        self._write_partial(final=True)
+        deliver(rep, self.ctx, self.opts.output, reporter=False, alone=True, launch_dir=self.launch_dir)
+        return rep
+
+    def _write_partial(self, final: bool = False) -> None:
+        """In a self-launched preflight, each rank leaves its findings for the parent."""
+        if not self.launch_dir:
+            return
+        path = os.path.join(self.launch_dir, f"rank-{self.rank}.json")
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"rank": self.rank, "final": final, "view": self.view,
+                           "findings": [x.to_dict() for x in self.findings]}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+def merge_measurements(into: dict[str, Any], more: dict[str, Any]) -> None:
+    """Per size, a collective is as slow as its slowest rank and correct only if all ranks agree."""
+    for name, entries in more.items():
+        by_size = {e["bytes"]: e for e in into.setdefault(name, [])}
+        for e in entries:
+            cur = by_size.get(e["bytes"])
+            if cur is None:
+                by_size[e["bytes"]] = dict(e)
+            elif e["time_us"] > cur["time_us"]:
+                by_size[e["bytes"]] = {**e, "correct": cur["correct"] and e["correct"]}
+            else:
+                cur["correct"] = cur["correct"] and e["correct"]
+        into[name] = sorted(by_size.values(), key=lambda e: e["bytes"])
+
+
+def bounded(fn: Any, seconds: float) -> bool:
+    """Call fn in a daemon thread; False when it did not return within `seconds`."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
+
+
+def run_rank(opts: Options) -> int:
+    """Run this process's preflight as the rank its launcher says it is; returns the exit code."""
+    try:
+        ctx = current_context(backend=opts.backend, rank=opts.rank, world_size=opts.world_size,
+                              local_rank=opts.local_rank, entry_script=opts.entry_script,
+                              options=opts.check_options)
+        pf = RankPreflight(ctx, opts)
+        rep = pf.run()
+    except Exception as e:  # noqa: BLE001 - ddp-doctor itself failed: say so, exit 1
+        detail = traceback.format_exc() if os.environ.get("DDP_DOCTOR_DEBUG") else ""
+        sys.stderr.write(redact_text(f"ddp-doctor: internal error: {type(e).__name__}: {e}\n"
+                                     "(set DDP_DOCTOR_DEBUG=1 for the traceback)\n" + detail))
+        return reportlib.EXIT_INTERNAL
+    if os.environ.get(LAUNCH_DIR_ENV):
+        return reportlib.EXIT_OK  # the parent that launched us decides the exit code
+    return reportlib.EXIT_INTERNAL if pf.failed else reportlib.exit_code(rep)

@@ -1,0 +1,115 @@
+"""Where a finished report goes, by role: the reporting rank prints and writes the report; a rank
+that could not join the others reports what it knows itself; failing ranks leave torchelastic's
+error file and SageMaker's failure file so the platforms show the diagnosis.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_doctor.report import sinks
+from ddp_doctor.report.redact import redact_obj, redact_text
+from ddp_doctor.report.render import render_text
+
+DEFAULT_REPORT = "ddp-doctor-report.json"
+REPORT_ENV = "DDP_DOCTOR_REPORT"
+
+
+@dataclass
+class Output:
+    report_path: str | None = None   # --report; falls back to DDP_DOCTOR_REPORT, then DEFAULT_REPORT
+    json: bool = False               # --json: the report as JSON on stdout instead of text
+    verbose: bool = False
+    quiet: bool = False              # no text at all
+    # `ddp-doctor run` keeps the script's stdout its own: text only when there is something to
+    # say (status not pass), on stderr.
+    only_if_not_pass: bool = False
+    stderr: bool = False
+    report_s3_uri: str | None = None  # --report-s3-uri; falls back to DDP_DOCTOR_REPORT_S3_URI
+
+    def path(self, env: Any = None) -> str:
+        env = os.environ if env is None else env
+        return self.report_path or env.get(REPORT_ENV) or DEFAULT_REPORT
+
+
+def warn(message: str) -> None:
+    sys.stderr.write(f"ddp-doctor: warning: {redact_text(message)}\n")
+
+
+def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str = "") -> None:
+    """Upload the report to S3 when asked (--report-s3-uri or DDP_DOCTOR_REPORT_S3_URI); a failure
+    is a warning on stderr and never changes the exit code."""
+    env = os.environ if env is None else env
+    uri = out.report_s3_uri or env.get("DDP_DOCTOR_REPORT_S3_URI")
+    if not uri:
+        return
+    try:
+        from ddp_doctor.report.s3 import upload_report as s3_upload
+        err = s3_upload(rep, uri, env=env, suffix=suffix)
+    except Exception as e:  # noqa: BLE001 - a sink never takes the run down
+        err = f"could not upload the report to {uri}: {type(e).__name__}: {e}"
+    if err:
+        warn(err)
+
+
+def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None, prefix: str = "") -> None:
+    if out.quiet or (out.only_if_not_pass and rep.get("status") == "pass"):
+        return
+    stream = stream or (sys.stderr if out.stderr else sys.stdout)
+    if out.json:
+        text = json.dumps(redact_obj(rep), indent=2)
+    else:
+        text = redact_text(render_text(rep, report_path=path, verbose=out.verbose))
+    if prefix:
+        text = "\n".join(prefix + line for line in text.splitlines())
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:
+    """On failure: torchelastic's error file (torchrun's summary names it) and, on SageMaker,
+    the failure file (first writer wins) and a stderr line naming an exception."""
+    if rep.get("status") != "fail":
+        return
+    err = sinks.write_torchelastic_error_file(rep, ctx.env.get("TORCHELASTIC_ERROR_FILE"))
+    if err:
+        warn(err)
+    if ctx.sagemaker is not None:
+        err = sinks.write_sagemaker_failure(rep, ctx.sagemaker.root)
+        if err and "already" not in err:
+            warn(err)
+        sys.stderr.write(sinks.sm_failure_line(rep) + "\n")
+        sys.stderr.flush()
+
+
+def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone: bool = False,
+            launch_dir: str | None = None) -> None:
+    if launch_dir:
+        # Self-launched: the parent merges and prints; ranks only leave files.
+        if reporter:
+            err = sinks.write_report_file(rep, os.path.join(launch_dir, "report.json"))
+            if err:
+                warn(err)
+        return
+    rank = ctx.rank if ctx.rank is not None else 0
+    path = out.path(ctx.env)
+    if reporter:
+        err = sinks.write_report_file(rep, path)
+        if err:
+            warn(err)
+        show(rep, out, None if err else path)
+        upload_report(rep, out, ctx.env)
+    elif alone:
+        own = path if rank == 0 else f"{path}.rank{rank}.json"
+        err = sinks.write_report_file(rep, own)
+        if rank != 0 and not os.path.exists(path):
+            sinks.write_report_file(rep, path)  # so PATH exists in every outcome; rank 0 overwrites
+        if err:
+            warn(err)
+        show(rep, out, own, stream=sys.stdout if rank == 0 else sys.stderr,
+             prefix="" if rank == 0 else f"[rank {rank}] ")
+        upload_report(rep, out, ctx.env, suffix="" if rank == 0 else f".rank{rank}")
+    platform_sinks(rep, ctx)

@@ -1,0 +1,214 @@
+"""Sinks: where a finished report goes (JSON file, SageMaker failure file, torchelastic error file,
+a stderr line for the SageMaker toolkit).
+
+Every sink redacts secrets before writing and never raises: a problem comes back as a short error
+string (None on success), which the caller turns into a warning. A sink that cannot write must not
+hide the diagnosis the job is about to fail with.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from ddp_doctor.findings import format_ranks
+from ddp_doctor.report.redact import redact_obj, redact_text
+
+EXCEPTION_NAME = "DDPDoctorPreflightError"
+EXCEPTION_NAMES = {"preflight": EXCEPTION_NAME, "training": "DDPDoctorTrainingError",
+                   "teardown": "DDPDoctorTeardownError"}
+
+
+def exception_name(report: dict[str, Any]) -> str:
+    """The exception class named in error files and on stderr, by the report's phase."""
+    return EXCEPTION_NAMES.get(str(report.get("phase")), EXCEPTION_NAME)
+# SageMaker keeps the first 1024 characters of output/failure as FailureReason and the toolkit may
+# prepend a header: keep the diagnosis within the first 900.
+FAILURE_LIMIT = 900
+SM_REPORT_NAME = "ddp-doctor-report.json"
+ALREADY_WRITTEN = "failure file already written by another process"
+ELLIPSIS = "…"
+
+
+def _one_line(value: Any) -> str:
+    return " ".join(str(value if value is not None else "").split())
+
+
+def _truncate(text: str, limit: int) -> str:
+    """Cut at a word boundary and mark the cut; only a very long word is cut inside."""
+    if len(text) <= limit:
+        return text
+    if limit <= len(ELLIPSIS):
+        return text[:limit]
+    cut = text[: limit - len(ELLIPSIS)]
+    space = cut.rfind(" ")
+    if space >= len(cut) * 0.6:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + ELLIPSIS
+
+
+def _ranks_text(ranks: Any) -> str:
+    try:
+        rs = [int(r) for r in ranks or ()]
+    except (TypeError, ValueError):
+        return ""
+    if not rs:
+        return ""
+    return f" on rank{'s' if len(set(rs)) > 1 else ''} {format_ranks(rs)}"
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("id", "message", "hint"))
+
+
+def _diagnosis(report: dict[str, Any], limit: int) -> str:
+    status = _one_line(report.get("status") or "fail")
+    findings = [f for f in report.get("findings") or [] if isinstance(f, dict)]
+    errors = [f for f in findings if f.get("severity") == "error"]
+    cause = report.get("root_cause") if isinstance(report.get("root_cause"), dict) else None
+    cause = cause or (errors[0] if errors else None)
+    if cause is None:
+        warnings = [f for f in findings if f.get("severity") == "warning"]
+        head = f"ddp-doctor: {status}: no errors, {len(warnings)} warning(s)."
+        others, label = warnings, "Warnings:"
+    else:
+        head = (f"ddp-doctor: {status}: [{_one_line(cause.get('id'))}] {_one_line(cause.get('title'))}"
+                f"{_ranks_text(cause.get('ranks'))}: {_one_line(cause.get('message'))}")
+        hint = _one_line(cause.get("hint"))
+        if hint:
+            head += f" Fix: {hint}"
+        others, label = [f for f in errors if not _same(f, cause)], "Other errors:"
+    if len(head) >= limit or not others:
+        return _truncate(head, limit)
+    # The root cause is whole; add the other findings (ID and title) while they fit.
+    text = head
+    for i, f in enumerate(others):
+        item = f"[{_one_line(f.get('id'))}] {_one_line(f.get('title'))}{_ranks_text(f.get('ranks'))}"
+        piece = (f" {label} " if i == 0 else "; ") + item
+        left = len(others) - i - 1
+        more = f" (+{left} more)" if left else ""
+        if len(text) + len(piece) + len(more) > limit:
+            more = f" (+{len(others) - i} more)"
+            return text + more if len(text) + len(more) <= limit else text
+        text += piece
+    return text
+
+
+def diagnosis_text(report: dict[str, Any], limit: int = FAILURE_LIMIT) -> str:
+    """One paragraph, root cause first: "ddp-doctor: fail: [ID] title on rank(s) R: message
+    Fix: hint", then the other errors' IDs and titles while they fit within `limit` characters."""
+    try:
+        return _diagnosis(redact_obj(report), limit)
+    except Exception as e:  # a malformed report must still give a failure message
+        return _truncate(f"ddp-doctor: {_one_line(report.get('status') if isinstance(report, dict) else '?')}: "
+                         f"report could not be summarised ({type(e).__name__})", limit)
+
+
+def _findings_text(report: dict[str, Any]) -> str:
+    try:
+        from ddp_doctor.report.render import render_text
+        return render_text(report, verbose=True)
+    except Exception:  # a half-built report: list the findings plainly
+        return "\n".join(f"{f.get('id')} {f.get('severity')}: {f.get('title')}: {f.get('message')}"
+                         for f in report.get("findings") or [] if isinstance(f, dict))
+
+
+def _atomic_write(path: str, text: str) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over `path`: a reader
+    (the launcher, S3 upload) sees the old file or the whole new one, never half of it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the report is meant to be read by others
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _error(what: str, path: str, e: BaseException) -> str:
+    return f"could not write {what} {path}: {type(e).__name__}: {e}"
+
+
+def write_report_file(report: dict[str, Any], path: str) -> str | None:
+    """Write the (redacted) JSON report atomically, creating parent directories.
+    Returns None on success, else the error text."""
+    try:
+        text = json.dumps(redact_obj(report), indent=2, sort_keys=False, default=str) + "\n"
+        _atomic_write(path, text)
+        return None
+    except Exception as e:
+        return _error("report", path, e)
+
+
+def write_sagemaker_failure(report: dict[str, Any], root: str = "/opt/ml") -> str | None:
+    """On a failed report: the diagnosis to <root>/output/failure (exclusively: the first writer
+    wins, as with the toolkit) and the full report to <root>/output/data/ddp-doctor-report.json.
+    Returns None, or the error text / a note that another process wrote the failure file first."""
+    if report.get("status") != "fail":
+        return None
+    problems: list[str] = []
+    failure = os.path.join(root, "output", "failure")
+    try:
+        os.makedirs(os.path.dirname(failure), exist_ok=True)
+        data = diagnosis_text(report, FAILURE_LIMIT).encode("utf-8")
+        fd = os.open(failure, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except FileExistsError:
+        problems.append(ALREADY_WRITTEN)
+    except Exception as e:
+        problems.append(_error("SageMaker failure file", failure, e))
+    err = write_report_file(report, os.path.join(root, "output", "data", SM_REPORT_NAME))
+    if err:
+        problems.append(err)
+    return "; ".join(problems) or None
+
+
+def torchelastic_error_data(report: dict[str, Any], timestamp: float | None = None) -> dict[str, Any]:
+    """The error file torch's ErrorHandler.record_exception writes. torchrun's failure summary
+    prints `py_callstack` (not `message`) as the root cause's "traceback", so it starts with the
+    diagnosis too."""
+    safe = redact_obj(report)
+    line = f"{exception_name(safe)}: {diagnosis_text(safe)}"
+    callstack = redact_text(f"{line}\n\n{_findings_text(safe)}\n")
+    return {"message": {"message": line, "extraInfo": {
+        "py_callstack": callstack,
+        "timestamp": str(int(time.time() if timestamp is None else timestamp)),
+    }}}
+
+
+def write_torchelastic_error_file(report: dict[str, Any], path: str | None = None) -> str | None:
+    """On a failed report, write torchelastic's error file (default: $TORCHELASTIC_ERROR_FILE;
+    nothing when unset) so torchrun names our diagnosis as the root cause. Like torch's own
+    handler it replaces an existing file. The caller still has to exit non-zero."""
+    path = path or os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or report.get("status") != "fail":
+        # A passing preflight must leave no error file: the agent would read it as the cause of a
+        # later training failure.
+        return None
+    try:
+        _atomic_write(path, json.dumps(torchelastic_error_data(report)))
+        return None
+    except Exception as e:
+        return _error("torchelastic error file", path, e)
+
+
+def sm_failure_line(report: dict[str, Any]) -> str:
+    """One stderr line for the SageMaker toolkit, which captures stderr into FailureReason from
+    the first line containing a known exception name (its list has RuntimeError but would not match
+    our own class name alone)."""
+    return f"{exception_name(report)} (RuntimeError): {diagnosis_text(report, 300)}"

@@ -1,0 +1,133 @@
+"""The in-training probes driven by a framework callback (Hugging Face Trainer, Lightning) instead
+of `ddp-doctor run`.
+
+`start()` installs the probes in this process. `finish()` hands this rank's record to rank 0
+through the process group's key-value store (a set and bounded waits: no collective, so a rank that
+never arrives cannot hang the others), and rank 0 applies the same rules as `ddp-doctor run`,
+writes the report (`report_path`, DDP_DOCTOR_REPORT or ./ddp-doctor-report.json) and prints it on
+stderr when it is not a pass.
+
+Under `ddp-doctor run` the probes are already installed and the wrapper reports: the session only
+adds what the callback knows (Trainer arguments) to the record.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from ddp_doctor.training.probes import recorder as probes
+
+GATHER_TIMEOUT = 30.0
+KEY_PREFIX = "ddp_doctor/probe"
+
+
+def _under_wrapper() -> bool:
+    """`ddp-doctor run` (or its sitecustomize in a child) installed the probes, with a run
+    directory their records go to."""
+    rec = probes.recorder()
+    return rec is not None and bool(rec.out_dir)
+
+
+class ProbeSession:
+    def __init__(self, report_path: str | None = None, gather_timeout: float = GATHER_TIMEOUT) -> None:
+        self.report_path = report_path
+        self.gather_timeout = gather_timeout
+        self.wrapped = False
+        self.rec: probes.Recorder | None = None
+        self.finished = 0
+
+    def start(self) -> None:
+        if self.rec is not None:
+            return
+        self.wrapped = _under_wrapper()
+        try:
+            self.rec = probes.install(None)
+            self.rec.adopt_group()
+        except Exception as e:  # noqa: BLE001 - the job trains on without the checks
+            sys.stderr.write(f"ddp-doctor: in-training checks not started: {e!r}\n")
+
+    def note(self, key: str, value: Any) -> None:
+        if self.rec is not None:
+            self.rec.extra[key] = value
+
+    def alert(self, findings: list[Any]) -> None:
+        """Errors known at once (a Trainer given a DDP model) are said now, on stderr: training
+        may fail before the end-of-training report."""
+        if self.wrapped or (self.rec is not None and self.rec.rank not in (None, 0)):
+            return  # the wrapper's report says it; without one, rank 0 speaks for all
+        for f in findings:
+            if f.severity == "error":
+                sys.stderr.write(f"ddp-doctor: {f.id} {f.title}: {f.message}\n")
+
+    def finish(self) -> dict[str, Any] | None:
+        """End of training: this rank's record to rank 0; rank 0 returns the report it wrote."""
+        rec = self.rec
+        if rec is None:
+            return None
+        if rec.steps:
+            rec.checksum("end")
+        if self.wrapped:
+            rec.flush()
+            return None
+        self.finished += 1
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return self._report([rec.to_dict()], missing=[])
+        rec.adopt_group()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        store = dist.distributed_c10d._get_default_store()
+        prefix = f"{KEY_PREFIX}/{self.finished}"
+        try:
+            store.set(f"{prefix}/{rank}", json.dumps(rec.to_dict(), default=str))
+        except Exception as e:  # noqa: BLE001 - the store went away: nothing to share
+            sys.stderr.write(f"ddp-doctor: could not share rank {rank}'s probe record: {e}\n")
+            return None
+        if rank != 0:
+            return None
+        got, missing = gather(store, prefix, world, self.gather_timeout)
+        return self._report(got, missing)
+
+    def _report(self, records: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
+        from ddp_doctor.report import build as reportlib
+        from ddp_doctor.report import sinks
+        from ddp_doctor.context import current_context
+        from ddp_doctor.report.publish import Output, show, warn
+        from ddp_doctor.checks.training_probes import probe_findings
+        findings = probe_findings(records)
+        if missing:
+            findings.append(_missing_finding(missing, self.gather_timeout))
+        rep = reportlib.build_report(world=reportlib.world_of(current_context()), ranks=[], findings=findings,
+                                     phase="training")
+        out = Output(report_path=self.report_path, only_if_not_pass=True, stderr=True)
+        path = out.path()
+        err = sinks.write_report_file(rep, path)
+        if err:
+            warn(err)
+        show(rep, out, None if err else path)
+        return rep
+
+
+def gather(store: Any, prefix: str, world: int, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every rank's record from the store, waiting at most `timeout` in all."""
+    deadline = time.monotonic() + timeout
+    got, missing = [], []
+    for r in range(world):
+        key = f"{prefix}/{r}"
+        left = max(0.05, deadline - time.monotonic())
+        try:
+            store.wait([key], timedelta(seconds=left))
+            got.append(json.loads(store.get(key)))
+        except Exception:  # noqa: BLE001 - timed out or the store failed: report the rank as missing
+            missing.append(r)
+    return got, missing
+
+
+def _missing_finding(missing: list[int], timeout: float) -> Any:
+    from ddp_doctor.checks.internal import RANK_LOST, raise_event
+    from ddp_doctor.findings import format_ranks
+    return raise_event(RANK_LOST, (
+        f"rank(s) {format_ranks(missing)} did not hand in their probe record within {timeout:g} s of rank 0 "
+        f"finishing training"), rank=None, ranks=missing, phase="training", severity="warning")

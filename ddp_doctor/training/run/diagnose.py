@@ -1,0 +1,170 @@
+"""From what the ranks left behind (outcome records, launcher exit statuses, a detected hang) to
+findings and the job's exit code. Pure functions: the run wrapper gathers, this decides.
+
+Root cause = the first rank that failed. Ranks that failed later with another error, or with an
+error that is a known symptom of a lost peer, are labelled as peers that failed after it (DDP802).
+"""
+from __future__ import annotations
+
+import re
+import signal
+from typing import Any
+
+from ddp_doctor.checks.internal import raise_event
+from ddp_doctor.findings import Finding
+from ddp_doctor.checks import training_failures as failures
+from ddp_doctor.checks.signatures import classify
+
+EXIT_HANG = 124
+MESSAGE_LIMIT = 600
+
+
+def _short(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failure_text(exc: dict[str, Any]) -> str:
+    return f"{exc.get('type')}: {exc.get('message')}\n{exc.get('traceback', '')}"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | None = None) -> Finding:
+    """One rank's exception as a finding: a known signature, a spawn child, or DDP800."""
+    text = failure_text(exc)
+    summary = _short(f"{exc.get('type')}: {exc.get('message')}")
+    evidence: dict[str, Any] = {"exception": exc.get("type"), "traceback": exc.get("traceback", "")}
+    child = re.search(r"process (\d+) terminated with", text, re.I)
+    if child:
+        # torch.multiprocessing.spawn re-raised a child's error: judge the child's own traceback
+        evidence["spawn_process"] = int(child.group(1))
+        text = str(exc.get("message", "")).split("following error:", 1)[-1]
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        summary = _short(lines[-1] if lines else summary)
+        rank = int(child.group(1))
+    sig = classify(text)
+    if consequence_of is not None or (sig is not None and sig.consequence):
+        evidence["consequence"] = True
+        evidence["signature"] = sig.entry.id if sig else None
+        first = f"after rank {consequence_of} failed" if consequence_of is not None else "after a peer failed"
+        return raise_event(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}", rank=rank,
+                           evidence=evidence, phase="training")
+    who = f"spawned process {rank}" if child else f"rank {rank}"
+    if sig is not None:
+        return raise_event(sig.entry, f"{who} raised {summary}", rank=rank, evidence=evidence,
+                           phase="training")
+    if child:
+        return raise_event(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
+                           f"{summary}", rank=rank, evidence=evidence, phase="training")
+    return raise_event(failures.RANK_RAISED, f"rank {rank} raised {summary}", rank=rank,
+                       evidence=evidence, phase="training")
+
+
+def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int]
+                      ) -> tuple[list[Finding], int]:
+    """Findings and the job's exit code (the root-cause rank's own code; 0 when all ended well).
+
+    `outcomes`: rank -> record written by the rank when the script ended; `exits`: rank -> exit
+    status the launcher saw (negative: killed by that signal), for ranks that did not end with 0."""
+    findings: list[Finding] = []
+    failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
+                     if o.get("exception")), key=lambda x: x[0])
+    sig_of = {r: classify(failure_text(outcomes[r]["exception"])) for _, r in failed}
+    # The root cause is the first rank whose error is not itself a symptom of a lost peer.
+    causes = [r for _, r in failed if not (sig_of[r] is not None and sig_of[r].consequence)]
+    first_rank = causes[0] if causes else (failed[0][1] if failed else None)
+    first_key = None
+    if first_rank is not None:
+        e = outcomes[first_rank]["exception"]
+        first_key = (e.get("type"), e.get("message"))
+    for _, r in failed:
+        e = outcomes[r]["exception"]
+        same = (e.get("type"), e.get("message")) == first_key or (
+            sig_of[r] is not None and sig_of[r] is sig_of.get(first_rank))  # raised on its own too
+        peer = first_rank if (r != first_rank and not same) else None
+        f = exception_finding(r, e, consequence_of=peer)
+        f.time = e.get("time", f.time)
+        findings.append(f)
+    for r in ranks:
+        code = exits.get(r)
+        o = outcomes.get(r)
+        if code is None or code == 0:
+            continue
+        if o is not None and o.get("exit_code") == 0 and code == -signal.SIGABRT:
+            findings.append(raise_event(
+                failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
+                f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
+        elif o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
+            # SIGKILL: ddp-doctor ended it past the teardown bound; SIGTERM: the launcher did, once
+            # a peer stuck the same way was ended first
+            findings.append(raise_event(
+                failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
+                f"but the process did not exit and was ended ({_signal_name(code)})", rank=r, phase="teardown",
+                evidence={"exit_status": code}))
+        elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
+            # the launcher stops the survivors once a rank has failed: a consequence, said so
+            findings.append(raise_event(
+                failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
+                f"rank failed", rank=r, evidence={"exit_status": code, "consequence": True},
+                phase="training"))
+        elif o is None and code < 0:
+            findings.append(raise_event(
+                failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
+                f"error", rank=r, evidence={"exit_status": code}, phase="training"))
+        elif o is None:
+            findings.append(raise_event(
+                failures.RANK_KILLED, f"rank {r} exited with status {code} before its script ended "
+                f"(no Python error was recorded: os._exit() or a crash in native code)", rank=r,
+                evidence={"exit_status": code}, phase="training"))
+    code = 0
+    killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
+    if first_rank is not None and not causes and killed:
+        code = 128 - killed[0]  # only lost-peer symptoms raised: the killed rank is the cause
+    elif first_rank is not None:
+        code = int(outcomes[first_rank].get("exit_code") or 1)
+    else:
+        for r in ranks:
+            o = outcomes.get(r)
+            if o is not None and o.get("exit_code"):
+                code = int(o["exit_code"])  # a script's own sys.exit(N)
+                break
+            c = exits.get(r)
+            if o is None and c:
+                code = 128 - c if c < 0 else c
+                break
+    return findings, code
+
+
+def _others_failed(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> bool:
+    if any(o.get("exception") for r, o in outcomes.items() if r != rank):
+        return True
+    return any(c not in (0, -signal.SIGTERM) for r, c in exits.items() if r != rank)
+
+
+def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:
+    """Name the ranks that are not where the others are: outside a collective while others wait in
+    one, or else the minority location."""
+    where = {r: hb.get("where") or hb.get("innermost") for r, hb in heartbeats.items()}
+    in_coll = {r for r, hb in heartbeats.items() if hb.get("in_collective")}
+    if in_coll and len(in_coll) < len(heartbeats):
+        odd = sorted(set(heartbeats) - in_coll)
+    else:
+        groups: dict[Any, list[int]] = {}
+        for r, w in where.items():
+            groups.setdefault(w, []).append(r)
+        smallest = min(groups.values(), key=len) if len(groups) > 1 else []
+        odd = sorted(smallest)
+    parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
+                      for r in sorted(where))
+    head = (f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
+            if odd else f"no progress on any rank for {timeout:g} s")
+    return raise_event(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
+                       evidence={"where": {str(r): w for r, w in where.items()},
+                                 "stacks": {str(r): s for r, s in stacks.items()}},
+                       phase="training")

@@ -1,0 +1,182 @@
+"""One rank of `ddp-doctor run`: preflight, clean teardown, then the user's script in this same
+process, watched; what happened is left in the run directory for the report.
+
+Under a ddp-doctor parent the parent merges the records and writes the report. Under an outside
+launcher (torchrun, mpirun, SageMaker) each failing rank writes torchelastic's error file and the
+SageMaker failure file itself, and rank 0 writes the report from the records it can see.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_doctor.report import build as reportlib
+from ddp_doctor.report.publish import Output
+from ddp_doctor.training import records
+from ddp_doctor.training.run.target import Target, run_target
+
+RUN_DIR_ENV = "DDP_DOCTOR_RUN_DIR"
+PARENT_ENV = "DDP_DOCTOR_RUN_PARENT"  # set by a ddp-doctor parent that watches and reports
+DEFAULT_HANG_TIMEOUT = 1800.0
+
+
+@dataclass
+class RunOptions:
+    target: Target
+    timeout: float = 60.0
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    select: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    backend: str | None = None
+    report_path: str | None = None
+    check_options: dict[str, Any] = field(default_factory=dict)
+
+
+def run_dir_for(env: Any) -> str:
+    """Where this rank's records go: the parent's directory, DDP_DOCTOR_RUN_DIR, or a directory
+    per job in the temp dir (shared by the ranks of one node)."""
+    if env.get(RUN_DIR_ENV):
+        return env[RUN_DIR_ENV]
+    job = (env.get("TORCHELASTIC_RUN_ID") or env.get("OMPI_MCA_ess_base_jobid") or env.get("SLURM_JOB_ID")
+           or f"{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}")
+    return os.path.join(tempfile.gettempdir(), f"ddp-doctor-run-{job}".replace("/", "_"))
+
+
+def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
+    from ddp_doctor.preflight_run.rank import Options, RankPreflight
+    from ddp_doctor.context import current_context
+    under_parent = bool(os.environ.get(PARENT_ENV))
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
+    pf_opts = Options(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
+                      output=out, check_options=opts.check_options,
+                      launch_dir=os.path.join(run_dir, "preflight") if under_parent else None,
+                      entry_script=opts.target.path)
+    if pf_opts.launch_dir:
+        os.makedirs(pf_opts.launch_dir, exist_ok=True)
+    pf = RankPreflight(current_context(backend=opts.backend, entry_script=opts.target.path,
+                                       options=opts.check_options), pf_opts)
+    rep = pf.run()
+    failed = pf.failed
+    del pf  # release the store and process group before the script creates its own
+    gc.collect()
+    return rep, reportlib.EXIT_INTERNAL if failed else reportlib.exit_code(rep)
+
+
+def run_rank(opts: RunOptions) -> int:
+    """The whole life of one rank; returns the exit status the process should end with."""
+    from ddp_doctor.facts.launchers import detect
+    info = detect(os.environ)
+    rank = info.rank if info.rank is not None else 0
+    started = time.time()
+    own_dir = info.name == "none"  # one process, no launcher: this run's directory is ours to remove
+    run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-") if own_dir else run_dir_for(os.environ)
+    os.makedirs(run_dir, exist_ok=True)
+    under_parent = bool(os.environ.get(PARENT_ENV))
+
+    from ddp_doctor.training.run.watchdog import ProgressWatch
+    watch = ProgressWatch(run_dir, rank, opts.hang_timeout,
+                         on_hang=None if under_parent else _end_hung_rank).start()
+    _, code = preflight(opts, run_dir)
+    if code != 0:
+        # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
+        # there after a correct teardown, DOMAIN.md section 2), keeping exit status 3 exact.
+        watch.stop()
+        if own_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    watch.phase = "training"
+    watch.last_progress = time.time()
+    probe = _install_probes(run_dir)
+    outcome = run_target(opts.target)
+    watch.phase = "teardown"
+    if probe is not None:
+        probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
+    records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
+                                          "host": os.uname().nodename, "phase": "training"})
+    if not under_parent:
+        _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None, opts)
+    watch.stop()
+    if own_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return outcome.exit_code
+
+
+def _install_probes(run_dir: str) -> Any:
+    """The in-training probes, here and in the Python processes the script starts; if they cannot
+    be installed (a torch whose internals moved), the script runs without them and says so."""
+    from ddp_doctor.training.probes import recorder as probes
+    try:
+        probe = probes.install(run_dir)
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"ddp-doctor: in-training probes not installed ({e!r}); training runs unwatched by them\n")
+        return None
+    probes.child_env(os.environ, run_dir)  # type: ignore[arg-type]
+    return probe
+
+
+def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions) -> None:
+    """No ddp-doctor parent: rank 0 writes the report from the records it can see (the ranks of
+    its node); a failing rank also leaves its diagnosis in torchelastic's error file and SageMaker's
+    failure file (first writer wins: the first rank to fail) and says it on stderr."""
+    if rank != 0 and not failed:
+        return
+    from ddp_doctor.report import sinks
+    from ddp_doctor.context import current_context
+    from ddp_doctor.report.publish import platform_sinks, show
+    from ddp_doctor.training.run.diagnose import training_findings
+    from ddp_doctor.checks.training_probes import probe_findings
+    if rank == 0 and not failed:
+        _wait_for_local_ranks(run_dir, started)
+    outcomes = {r: o for r, o in records.read_outcomes(run_dir).items() if o.get("time", 0) >= started - 5}
+    findings, _ = training_findings(outcomes, {}, sorted(outcomes))
+    failed_job = failed or any(o.get("exception") or o.get("exit_code") for o in outcomes.values())
+    findings += probe_findings(records.read_probes(run_dir, since=started - 5), failed=failed_job)
+    ctx = current_context()
+    rep = reportlib.build_report(world=reportlib.world_of(ctx), ranks=[], phase="training", findings=findings)
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
+    path = out.path()
+    own = path if rank == 0 else f"{path}.rank{rank}.json"
+    sinks.write_report_file(rep, own)
+    if failed:
+        platform_sinks(rep, ctx)
+        cause = rep.get("root_cause") or {}
+        if rank in cause.get("ranks", []) or (ctx.world_size or 1) == 1:
+            show(rep, out, own)
+    elif rep.get("status") != "pass":
+        show(rep, out, own)  # what the probes found in a run that ended well
+
+
+LOCAL_WAIT = 10.0  # seconds rank 0 waits for the other ranks of its node to finish their records
+
+
+def _wait_for_local_ranks(run_dir: str, started: float) -> None:
+    """Rank 0 finished: give the other ranks of this node a bounded moment to end their scripts,
+    so their probe records are complete when the report is made."""
+    want = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    deadline = time.time() + LOCAL_WAIT
+    while time.time() < deadline:
+        done = [p for p in records.read_probes(run_dir, since=started - 5) if p.get("ended")]
+        if len(done) >= want:
+            return
+        time.sleep(0.1)
+
+
+def _end_hung_rank(watch: Any) -> None:
+    """Outside launcher: a rank without progress dumps its stacks and ends itself (exit 124), so
+    the launcher ends the job instead of waiting for torch's 30-minute timeout."""
+    from ddp_doctor.training.run.diagnose import EXIT_HANG
+    sys.stderr.write(f"ddp-doctor: rank {watch.rank} made no progress for {watch.hang_timeout:g} s; "
+                     f"its stacks follow, then it exits {EXIT_HANG}\n")
+    watch.dump_stacks(sys.stderr)
+    records.write_outcome(watch.run_dir, watch.rank, {"exit_code": EXIT_HANG, "exception": None,
+                                                      "hung": True, "phase": "training"})
+    sys.stderr.flush()
+    os._exit(EXIT_HANG)

@@ -1,0 +1,90 @@
+"""Run the user's script or module in this process as `python SCRIPT` / `python -m MODULE` would:
+`__main__`, sys.argv and sys.path[0] as Python sets them, and the same traceback on stderr."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+from ddp_doctor.training import TOOL_DIR
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str | None          # a script path, or None with `module`
+    module: str | None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"-m {self.module}" if self.module else str(self.path)
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    exception: dict[str, Any] | None = None  # type, message, traceback, time
+
+
+def _user_traceback(exc: BaseException) -> Any:
+    """Drop the frames of runpy and of ddp-doctor itself, so the traceback starts where Python's
+    own would for `python SCRIPT`."""
+    tb = exc.__traceback__
+    here = TOOL_DIR
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(here)
+                              or tb.tb_frame.f_code.co_filename == runpy.__file__
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb
+
+
+def user_traceback_text(exc: BaseException) -> str:
+    """The traceback Python would print for `python SCRIPT`: without runpy's and ddp-doctor's own
+    frames, also those of the probes' thin wrappers in the middle of the user's call chain (and in
+    chained exceptions)."""
+    here = TOOL_DIR
+    te = traceback.TracebackException(type(exc), exc, _user_traceback(exc))
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list([f for f in t.stack if not f.filename.startswith(here)])
+        todo += [c for c in (t.__cause__, t.__context__) if c is not None]
+    return "".join(te.format())
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")  # what Python does with sys.exit("message")
+    return 1
+
+
+def run_target(target: Target) -> Outcome:
+    sys.argv = [target.path if target.path else target.module or "", *target.args]
+    try:
+        if target.module:
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        else:
+            path = os.path.abspath(str(target.path))
+            sys.path.insert(0, os.path.dirname(path))
+            runpy.run_path(path, run_name="__main__")
+        return Outcome(0)
+    except SystemExit as e:
+        return Outcome(exit_code_of(e))
+    except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, as Python reports it
+        when = time.time()
+        text = user_traceback_text(e)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return Outcome(130 if isinstance(e, KeyboardInterrupt) else 1, {
+            "type": type(e).__name__, "message": str(e), "traceback": text, "time": when})

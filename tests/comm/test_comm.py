@@ -1,0 +1,302 @@
+"""Unit tests of the communication suite: bandwidth arithmetic, the correctness counter, the sweep's
+bookkeeping (over a simulated group), and the decision functions of DDP403-DDP407."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+import torch
+
+from ddp_doctor.comm import sweep as comm
+from ddp_doctor.checks import communication as cc
+from ddp_doctor.cli.app import build_parser, check_options
+from ddp_doctor.preflight_run.group import Group
+from helpers.context import make_ctx, torchrun_env
+
+
+# ---------------------------------------------------------------- arithmetic
+def test_busbw_factors_follow_nccl_tests():
+    assert comm.busbw_factor(2) == 1.0
+    assert comm.busbw_factor(4) == 1.5
+    assert comm.busbw_factor(8) == 1.75
+    assert comm.busbw_factor(4, "all_gather") == 0.75
+    assert comm.busbw_factor(8, "broadcast") == 1.0
+    assert comm.busbw_factor(1) == 1.0
+
+
+def test_bandwidth_is_bytes_over_time_times_factor():
+    algbw, busbw = comm.bandwidth(2_000_000_000, 1.0, 4)
+    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(3.0)
+    assert comm.bandwidth(4096, 0.0, 2) == (0.0, 0.0)
+
+
+def test_sizes_double_and_include_the_maximum():
+    s = comm.sizes(4 * comm.KIB, 64 * comm.MIB)
+    assert s[0] == 4096 and s[-1] == 64 * comm.MIB and len(s) == 15
+    assert all(b == 2 * a for a, b in zip(s, s[1:]))
+    assert comm.sizes(4096, 10000) == [4096, 8192, 10000]
+    assert comm.sizes(8192, 4096) == [4096]
+
+
+@pytest.mark.parametrize("text,value", [("4096", 4096), ("4K", 4096), ("4KiB", 4096), ("64M", 64 << 20),
+                                        ("1g", 1 << 30), ("1.5M", 3 << 19)])
+def test_parse_bytes(text, value):
+    assert comm.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "lots", "2", "-4K"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        comm.parse_bytes(text)
+
+
+# ---------------------------------------------------------------- correctness counter
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
+def test_rank_values_sum_exactly_to_one_integer(n):
+    count = 1000  # not a multiple of the fill row: the tail is filled too
+    parts = [comm.fill_rank_values(torch.empty(count), r, n) for r in range(n)]
+    total = torch.zeros(count)
+    for p in parts:
+        total += p
+    assert comm.count_wrong(total, comm.exact_sum(n)) == 0
+    if n > 1:  # ranks hold different, element-varying values
+        assert not torch.equal(parts[0], parts[1]) and parts[0].unique().numel() == n
+
+
+def test_count_wrong_counts_a_deliberately_corrupted_result():
+    n = 4
+    t = torch.full((1 << 16,), comm.exact_sum(n))
+    assert comm.count_wrong(t, comm.exact_sum(n)) == 0
+    t[7] += 1.0
+    t[1000] = float("nan")
+    t[-1] = 0.0
+    assert comm.count_wrong(t, comm.exact_sum(n)) == 3
+    ref = torch.arange(10.0)
+    bad = ref.clone()
+    bad[3] = -1
+    assert comm.count_wrong(bad, ref) == 1
+
+
+def test_dropped_contribution_is_wrong_everywhere():
+    n = 3
+    total = comm.fill_rank_values(torch.empty(300), 0, n) + comm.fill_rank_values(torch.empty(300), 1, n)
+    assert comm.count_wrong(total, comm.exact_sum(n)) == 300
+
+
+def test_final_result_exactness():
+    assert comm.final_exact(2, 25) and comm.final_exact(8, 30)
+    assert comm.final_exact(3, 5)            # 6 * 3**5 = 1458
+    assert not comm.final_exact(3, 25)       # 6 * 3**25 needs more than 24 bits
+    assert not comm.final_exact(2, 200)      # overflow
+
+
+class SimulatedComm(comm.Comm):
+    """A test double: rank 0 of an n-rank group whose peers are simulated in-process. all_reduce
+    really sums every rank's values (the peers' are rebuilt from fill_rank_values, then scaled the
+    way repeated sums scale them); `corrupt` flips one element of rank 0's result at chosen calls."""
+
+    def __init__(self, n: int, corrupt_calls: set[int] | None = None) -> None:
+        super().__init__(rank=0, size=n, device="cpu", timeout=5.0, ranks=list(range(n)))
+        self.calls, self.corrupt_calls = 0, corrupt_calls or set()
+        self.first_of_size: dict[int, bool] = {}
+
+    def all_reduce(self, t: Any) -> None:
+        n = self.size
+        if t.numel() not in self.first_of_size:
+            self.first_of_size[t.numel()] = True
+            peers = [comm.fill_rank_values(torch.empty_like(t), r, n) for r in range(1, n)]
+            for p in peers:
+                t += p
+        else:
+            t *= n  # every rank already holds the same values
+        if self.calls in self.corrupt_calls:
+            t[0] += 1.0
+        self.calls += 1
+
+    def gather_floats(self, values):
+        # the simulated peers took as long and saw nothing wrong
+        return [list(values)] + [[values[0], 0.0] for _ in range(self.size - 1)]
+
+
+def test_sweep_entries_and_keys():
+    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=64 * 1024, iters=3, warmup=2)
+    seen: list[int] = []
+    entries = comm.sweep_all_reduce(SimulatedComm(4), cfg, progress=lambda e: seen.append(e["bytes"]))
+    assert [e["bytes"] for e in entries] == [4096, 8192, 16384, 32768, 65536] == seen
+    for e in entries:
+        assert {"bytes", "time_us", "algbw_gbps", "busbw_gbps", "correct", "wrong"} <= set(e)
+        assert e["correct"] and e["wrong"] == 0 and e["iters"] == 3 and e["count"] == e["bytes"] // 4
+        assert e["busbw_gbps"] == pytest.approx(e["algbw_gbps"] * 1.5)
+
+
+def test_sweep_counts_a_corrupted_result():
+    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=8192, iters=2, warmup=1)
+    # call 0: size 4096's checked result; call 5: the last timed result of size 8192
+    entries = comm.sweep_all_reduce(SimulatedComm(2, corrupt_calls={0, 5}), cfg)
+    assert [e["correct"] for e in entries] == [False, False]
+    assert entries[0]["wrong"] >= 1 and entries[0]["wrong_ranks"] == [0]
+    problems = cc.wrong_result_problems("all_reduce(sum)", entries, "gloo")
+    assert len(problems) == 1 and "2 of 2 sizes" in problems[0].message and problems[0].ranks == (0,)
+
+
+def test_sweep_budget_cuts_iterations_not_sizes():
+    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=16384, iters=50, warmup=1, budget_s=1e-9)
+    entries = comm.sweep_all_reduce(SimulatedComm(2), cfg)
+    assert len(entries) == 3 and all(e["iters"] == 1 and e["correct"] for e in entries)
+
+
+def test_sweep_config_modes():
+    pf = comm.sweep_config({}, "cpu")
+    assert pf.max_bytes == 64 * comm.MIB and pf.budget_s == comm.PREFLIGHT_BUDGET_S_CPU
+    assert pf.iters == comm.PREFLIGHT_ITERS
+    bench = comm.sweep_config({"comm_mode": "bench"}, "cuda:0")
+    assert bench.max_bytes == 256 * comm.MIB and bench.budget_s is None and bench.iters == comm.BENCH_ITERS
+    custom = comm.sweep_config({"comm_max_bytes": 1 << 20, "comm_iters": 7, "comm_budget_s": 0}, "cpu")
+    assert custom.max_bytes == 1 << 20 and custom.iters == 7 and custom.budget_s is None
+
+
+def test_cli_options_reach_ctx_options():
+    args = build_parser().parse_args(["preflight", "--comm-max-bytes", "1M", "--comm-min-bytes", "8K",
+                                      "--comm-iters", "4", "--instance-type", "ml.p4d.24xlarge",
+                                      "--comm-min-fraction", "0.7", "--straggler-factor", "2",
+                                      "--straggler-min-ms", "25", "--max-clock-skew", "0.5"])
+    opts = check_options(args)
+    assert opts["comm_max_bytes"] == 1 << 20 and opts["comm_min_bytes"] == 8192 and opts["comm_iters"] == 4
+    assert opts["instance_type"] == "ml.p4d.24xlarge" and opts["comm_min_fraction"] == 0.7
+    assert opts["straggler_factor"] == 2.0 and opts["straggler_min_s"] == 0.025
+    assert opts["max_clock_skew_s"] == 0.5
+    assert "comm_max_bytes" not in check_options(build_parser().parse_args(["preflight"]))
+
+
+# ---------------------------------------------------------------- node layout
+def test_node_groups_from_layout():
+    lay = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    intra, inter = comm.node_groups(lay)
+    assert intra == [[0, 1], [2, 3]] and inter == [[0, 2], [1, 3]]
+    assert comm.node_groups([(5, 0), (5, 1)]) == ([[0, 1]], [[0], [1]])
+
+
+# ---------------------------------------------------------------- expected bandwidth (DDP403)
+def _sweep(busbw: float, nbytes: int = 256 * comm.MIB) -> list[dict]:
+    return [{"bytes": 4096, "busbw_gbps": 0.1}, {"bytes": nbytes, "busbw_gbps": busbw}]
+
+
+def test_known_type_far_below_is_a_warning_with_causes():
+    p = cc.judge_bandwidth(_sweep(12.0), "inter-node", "ml.p4d.24xlarge", "nccl", "cuda:0",
+                           {"FI_PROVIDER": "sockets", "NCCL_SOCKET_IFNAME": "eth0"})
+    assert p is not None and p.severity is None  # the check's own severity: warning
+    assert "12.00 GB/s" in p.message and "ml.p4d.24xlarge" in p.message
+    assert "FI_PROVIDER=sockets" in p.message and "NCCL_SOCKET_IFNAME=eth0" in p.message
+    intra = cc.judge_bandwidth(_sweep(30.0), "intra-node", "p4d.24xlarge", "nccl", "cuda:0",
+                               {"NCCL_P2P_DISABLE": "1"})
+    assert intra is not None and "NCCL_P2P_DISABLE=1" in intra.message and "PCIe" in intra.message
+
+
+def test_known_type_healthy_passes():
+    assert cc.judge_bandwidth(_sweep(200.0), "intra-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {}) is None
+    assert cc.judge_bandwidth(_sweep(35.0), "inter-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {}) is None
+    # the threshold is configurable
+    assert cc.judge_bandwidth(_sweep(35.0), "inter-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {},
+                              min_fraction=0.9) is not None
+
+
+def test_unknown_type_and_cpu_are_not_judged():
+    p = cc.judge_bandwidth(_sweep(0.5), "intra-node", "ml.c5.xlarge", "nccl", "cuda:0", {})
+    assert p is not None and p.severity == "info" and "not judged" in p.message
+    assert cc.judge_bandwidth(_sweep(0.5), "intra-node", None, "nccl", "cuda:0", {}).severity == "info"
+    assert cc.judge_bandwidth(_sweep(0.5), "intra-node", "ml.p4d.24xlarge", "gloo", "cpu", {}) is None
+    small = cc.judge_bandwidth(_sweep(0.5, nbytes=1 << 20), "intra-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {})
+    assert small is not None and small.severity == "info"
+
+
+def test_bandwidth_check_reads_instance_type_option():
+    ctx = make_ctx(torchrun_env(world_size=2), options={"instance_type": "ml.p5.48xlarge"})
+    group = Group(rank=0, world_size=2, backend="nccl", device="cuda:0", timeout=5.0)
+    group.measurements["all_reduce"] = _sweep(50.0)
+    found = list(cc.bandwidth_expected(ctx, group))
+    assert len(found) == 1 and "ml.p5.48xlarge" in found[0].message and "intra-node" in found[0].message
+    group.measurements["all_reduce"] = _sweep(400.0)
+    assert list(cc.bandwidth_expected(ctx, group)) == []
+
+
+# ---------------------------------------------------------------- DDP404
+def test_split_unavailable_on_smddp_multi_node():
+    ctx = make_ctx(torchrun_env(rank=0, world_size=4, local_world_size=2), backend="smddp")
+    found = list(cc.split_unavailable(ctx))
+    assert len(found) == 1 and "new_group" in found[0].message
+
+
+def test_split_available_otherwise():
+    assert list(cc.split_unavailable(make_ctx(torchrun_env(world_size=4, local_world_size=2)))) == []
+    assert list(cc.split_unavailable(make_ctx(torchrun_env(world_size=2), backend="smddp"))) == []
+
+
+# ---------------------------------------------------------------- stragglers (DDP405, DDP406)
+def test_outliers_name_a_markedly_slow_rank():
+    times = {0: 0.020, 1: 0.021, 2: 0.060, 3: 0.019}
+    assert set(comm.outliers(times)) == {2}
+    problems = cc.straggler_problems(times, {0: 0, 1: 0, 2: 1, 3: 1}, "fixed compute", 1.5, 0.01)
+    assert problems and problems[0].ranks == (2,) and "rank 2 60.0 ms" in problems[0].message
+
+
+def test_outliers_ignore_noise_below_the_absolute_minimum():
+    assert comm.outliers({0: 0.001, 1: 0.004}) == {}             # 4x, but 3 ms
+    assert comm.outliers({0: 0.020, 1: 0.022, 2: 0.025}) == {}   # within 1.5x
+    assert comm.outliers({0: 0.02}) == {}
+
+
+def test_slow_node():
+    times = {0: 0.02, 1: 0.02, 2: 0.05, 3: 0.05, 4: 0.02, 5: 0.021}
+    node_of = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
+    assert set(comm.slow_nodes(times, node_of)) == {1}
+    problems = cc.straggler_problems(times, node_of, "fixed compute", 1.5, 0.01)
+    assert any("node(s) 1" in p.message and p.ranks == (2, 3) for p in problems)
+    assert comm.slow_nodes(times, {r: 0 for r in times}) == {}
+
+
+# ---------------------------------------------------------------- clock skew (DDP407)
+def test_clock_offsets_use_the_tightest_barrier():
+    samples = {0: [(100.0, 0.5), (101.0, 0.002)], 1: [(102.9, 0.4), (103.5, 0.003)]}
+    off = comm.clock_offsets(samples)
+    assert off[0] == (0.0, 0.002)
+    assert off[1][0] == pytest.approx(2.5) and off[1][1] == 0.003
+    assert set(comm.skewed(off, 1.0)) == {1}
+    assert comm.skewed(off, 3.0) == {}
+
+
+def test_clock_skew_within_uncertainty_is_not_reported():
+    samples = {0: [(100.0, 2.0)], 1: [(101.5, 2.0)]}  # 1.5 s apart, but either may be 2 s late
+    assert comm.skewed(comm.clock_offsets(samples), 1.0) == {}
+    assert comm.skewed(comm.clock_offsets({0: [(5.0, 0.01)], 1: [(5.3, 0.01)]}), 1.0) == {}
+
+
+# ---------------------------------------------------------------- table and plot
+def test_table_rows_like_nccl_tests():
+    entries = [{"bytes": 4096, "count": 1024, "type": "float", "redop": "sum", "time_us": 12.5,
+                "algbw_gbps": 0.33, "busbw_gbps": 0.33, "correct": True, "wrong": 0, "nranks": 2}]
+    text = comm.render_table({"all_reduce": entries})
+    assert "time(us)" in comm.TABLE_HEADER and "#wrong" in comm.TABLE_HEADER
+    assert "4096" in text and "1024" in text and "float" in text and "OK" in text
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    entries = [{"bytes": b, "time_us": 1.0, "algbw_gbps": b / 1e6, "busbw_gbps": b / 1e6, "correct": True}
+               for b in comm.sizes(4096, 1 << 20)]
+    path = tmp_path / "bw.png"
+    comm.plot({"all_reduce": entries}, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(RuntimeError):
+        comm.plot({}, str(tmp_path / "none.png"))
+
+
+def test_a_slow_moment_is_measured_again_and_forgiven():
+    rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.022}])
+    assert cc.confirmed_times(lambda: next(rounds), 1.5, 0.01) == {0: 0.020, 1: 0.022}
+    rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.070}])
+    times = cc.confirmed_times(lambda: next(rounds), 1.5, 0.01)
+    assert set(comm.outliers(times)) == {1}
+    calls = []
+    cc.confirmed_times(lambda: calls.append(1) or {0: 0.02, 1: 0.021}, 1.5, 0.01)
+    assert len(calls) == 1  # nothing suspicious: measured once

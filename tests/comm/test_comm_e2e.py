@@ -1,0 +1,151 @@
+"""The communication suite on real gloo ranks: the sweep inside a preflight, bench-comm's table and
+plot, a faulty transport, a real straggler, and two simulated nodes measured intra and inter."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.procs import DDP, assert_clean_output, clean_env, finish, free_port, ids, load_json, run, start
+
+pytestmark = pytest.mark.slow
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def test_preflight_sweep_all_sizes_correct(tmp_path):
+    report = tmp_path / "r.json"
+    # a generous noise margin for the straggler checks: other tests may share these 2 cores
+    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report), "--comm-max-bytes", "1M",
+               "--straggler-min-ms", "50", "--select", "communication"], clean_env(), str(tmp_path))
+    assert res.rc == 0, res.output
+    rep = load_json(str(report))
+    ar = rep["measurements"]["all_reduce"]
+    assert [m["bytes"] for m in ar] == [4096 << i for i in range(9)]
+    for m in ar:
+        assert m["correct"] and m["wrong"] == 0 and m["busbw_gbps"] > 0 and m["time_us"] > 0
+        assert m["busbw_gbps"] == pytest.approx(m["algbw_gbps"])  # 2 ranks: 2(n-1)/n = 1
+    assert all(m["correct"] for m in rep["measurements"]["broadcast"] + rep["measurements"]["all_gather"])
+    assert not ids(rep) & {"DDP401", "DDP402", "DDP403", "DDP404", "DDP405", "DDP406", "DDP407"}, rep["findings"]
+    assert "all_reduce: 1048576 bytes" in res.stdout
+    assert_clean_output(res)
+
+
+def test_faulty_transport_is_an_error_naming_the_rank(tmp_path):
+    report = tmp_path / "r.json"
+    env = clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.faulty_transport", PYTHONPATH=ROOT)
+    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report), "--comm-max-bytes", "64K",
+               "--select", "DDP401,DDP402"], env, str(tmp_path))
+    assert res.rc == 3, res.output
+    rep = load_json(str(report))
+    assert {"DDP401", "DDP402"} <= ids(rep, "error")
+    ar = [f for f in rep["findings"] if f["id"] == "DDP401"][0]
+    assert 1 in ar["ranks"] and "wrong" in ar["message"]
+    assert all(not m["correct"] and m["wrong"] >= 1 for m in rep["measurements"]["all_reduce"])
+    assert_clean_output(res)
+
+
+def test_bench_comm_prints_table_and_writes_plot(tmp_path):
+    report, png = tmp_path / "r.json", tmp_path / "bw.png"
+    have_mpl = True
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        have_mpl = False
+    args = [*DDP, "bench-comm", "--max-bytes", "256K", "--iters", "3", "--warmup", "2", "--timeout", "20",
+            "--report", str(report)] + (["--plot", str(png)] if have_mpl else [])
+    res = run(args, clean_env(), str(tmp_path))
+    assert res.rc == 0, res.output
+    lines = res.stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if "busbw(GB/s)" in line and "#wrong" in line]
+    assert len(header) == 1, res.stdout
+    rows = lines[header[0] + 1: header[0] + 8]
+    assert [int(r.split()[0]) for r in rows] == [4096 << i for i in range(7)]
+    assert all(r.split()[2:4] == ["float", "sum"] and r.split()[-1] == "0" for r in rows)
+    rep = load_json(str(report))
+    assert all(m["iters"] == 3 and m["correct"] for m in rep["measurements"]["all_reduce"])
+    assert "broadcast" not in rep["measurements"]  # only the sweep
+    if have_mpl:
+        assert png.read_bytes()[:4] == b"\x89PNG" and f"Plot: {png}" in res.stdout
+    assert_clean_output(res)
+
+
+def test_bench_comm_plot_without_matplotlib_is_a_usage_error(tmp_path):
+    # a sitecustomize-free way to hide matplotlib: a module of that name that fails to import
+    fake = tmp_path / "hide"
+    (fake / "matplotlib").mkdir(parents=True)
+    (fake / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden for a test')\n")
+    env = clean_env(PYTHONPATH=f"{fake}{os.pathsep}{ROOT}")
+    res = run([*DDP, "bench-comm", "--plot", str(tmp_path / "x.png")], env, str(tmp_path))
+    assert res.rc == 2 and "pip install 'ddp-doctor[plot]'" in res.stderr
+
+
+# Busy loops that start once their parent (the rank) has loaded torch, so the rank starts at full
+# speed, and end as soon as the rank does.
+HOG = """
+import os, time
+p = os.getppid()
+def loaded():
+    try:
+        with open(f"/proc/{p}/maps") as f:
+            return "libtorch_cpu" in f.read()
+    except OSError:
+        return True
+while os.getppid() == p and not loaded():
+    time.sleep(0.05)
+while os.getppid() == p:
+    pass
+"""
+# The rank and its three busy loops share one CPU and one session: sessions are scheduling
+# groups (autogroup), so the four split that group's share of the CPU and the rank gets a
+# quarter of it whatever else the machine runs.
+WITH_HOGS = 'cpu=$1; hog=$2; py=$3; shift 3; for i in 1 2 3; do taskset -c "$cpu" "$py" -c "$hog" & done; ' \
+            'exec taskset -c "$cpu" "$@"'
+
+
+def test_straggler_rank_is_named(tmp_path):
+    # A real slow rank: rank 1 runs on CPU 1 beside three busy loops of its own session and gets
+    # about a quarter of that CPU, while rank 0 has CPU 0 to itself. The fixed work then takes
+    # rank 1 about 4x as long (DDP405 needs 1.5x the others' median and 10 ms more).
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        pytest.skip("needs 2 CPUs and taskset to make one rank really slower")
+    report = tmp_path / "r.json"
+    port = free_port()
+    procs = []
+    for r, cpu in ((0, cpus[0]), (1, cpus[1])):
+        env = clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        args = ["preflight", "--timeout", "30", "--report", str(report), "--select", "DDP405"]
+        if r == 0:
+            cmd = ["taskset", "-c", str(cpu), *DDP, *args]
+        else:
+            cmd = ["sh", "-c", WITH_HOGS, "sh", str(cpu), HOG, sys.executable, *DDP, *args]
+        procs.append(start(cmd, env, str(tmp_path)))
+    results = [finish(p, 120) for p in procs]
+    assert results[0].rc == 0, results[0].output
+    rep = load_json(str(report))
+    slow = [f for f in rep["findings"] if f["id"] == "DDP405"]
+    assert slow and slow[0]["severity"] == "warning" and slow[0]["ranks"] == [1], rep["findings"]
+    assert "rank 1" in slow[0]["message"]
+
+
+def test_two_simulated_nodes_measure_intra_and_inter_apart(tmp_path):
+    from helpers.nodes import run_nodes
+    report = tmp_path / "r.json"
+    results = run_nodes(tmp_path, ["algo-1", "algo-2"], [
+        "preflight", "--timeout", "30", "--report", str(report), "--select", "DDP401,DDP403",
+        "--comm-max-bytes", "16K"], nproc=2, timeout=180)
+    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    rep = load_json(str(report))
+    m = rep["measurements"]
+    assert rep["world"]["nnodes"] == 2 and rep["world"]["world_size"] == 4
+    for name, label in (("all_reduce", "world"), ("all_reduce_intra", "intra-node"),
+                        ("all_reduce_inter", "inter-node")):
+        assert [e["bytes"] for e in m[name]] == [4096, 8192, 16384], name
+        assert all(e["group"] == label and e["correct"] for e in m[name]), m[name]
+    assert m["all_reduce"][0]["nranks"] == 4
+    assert m["all_reduce_intra"][0]["nranks"] == 2 and m["all_reduce_inter"][0]["nranks"] == 2

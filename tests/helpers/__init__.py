@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: contexts, fake NVML, simulated nodes, process handling."""

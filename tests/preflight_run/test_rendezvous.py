@@ -1,0 +1,335 @@
+"""Bounded rendezvous: master probes (ok / refused / unresolvable / timeout), ports, store meeting.
+
+Only loopback traffic is used. The dropped-SYN (timeout) case runs in a private network namespace
+(`unshare --net`, needs root) with a firewall rule dropping TCP to one loopback port; it needs the
+`iptables` (or `nftables`) package and is skipped when that or the namespace is not available.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Iterator
+
+import pytest
+
+from ddp_doctor.preflight_run import rendezvous
+from ddp_doctor.preflight_run.rendezvous import Meeting, Probe
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def listening() -> Iterator[tuple[socket.socket, int]]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    try:
+        yield s, s.getsockname()[1]
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------- probe_master
+
+def test_probe_listening_socket_is_ok(listening: tuple[socket.socket, int]) -> None:
+    _, port = listening
+    probe = rendezvous.probe_master("127.0.0.1", port, 2.0)
+    assert probe.ok and probe.kind == "" and probe.attempts == 1
+    assert probe.elapsed_s < 1.0
+
+
+def test_probe_localhost_name_is_ok(listening: tuple[socket.socket, int]) -> None:
+    # torchrun's own MASTER_ADDR for --standalone is "localhost"; ::1 may be tried first and refused
+    _, port = listening
+    assert rendezvous.probe_master("localhost", port, 2.0, attempt_timeout=0.5).ok
+
+
+def test_probe_nothing_listening_is_refused_within_bound() -> None:
+    port = free_port()
+    start = time.monotonic()
+    probe = rendezvous.probe_master("127.0.0.1", port, 0.6, attempt_timeout=0.3)
+    elapsed = time.monotonic() - start
+    assert not probe.ok
+    assert probe.kind == "refused"
+    assert f"127.0.0.1:{port}" in probe.detail
+    assert probe.attempts >= 2  # retried: the master may still be starting
+    assert 0.5 <= elapsed < 1.5
+
+
+def test_probe_refused_then_master_appears() -> None:
+    port = free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def start_late() -> None:
+        time.sleep(0.4)
+        srv.bind(("127.0.0.1", port))
+        srv.listen(1)
+
+    t = threading.Thread(target=start_late)
+    t.start()
+    try:
+        probe = rendezvous.probe_master("127.0.0.1", port, 3.0, attempt_timeout=0.3)
+    finally:
+        t.join()
+        srv.close()
+    assert probe.ok and probe.attempts >= 2
+
+
+def test_probe_unresolvable_name() -> None:
+    start = time.monotonic()
+    probe = rendezvous.probe_master("ddp-doctor-test-host.invalid", 29500, 2.0)
+    assert not probe.ok
+    assert probe.kind == "unresolvable"
+    assert probe.attempts == 0
+    assert time.monotonic() - start < 3.0
+
+
+# ---------------------------------------------------------------- dropped SYN (timeout) in a netns
+
+def _netns_available() -> str | None:
+    """Why the namespace tests cannot run here, or None when they can."""
+    if not sys.platform.startswith("linux"):
+        return "Linux only"
+    if os.geteuid() != 0:
+        return "needs root for unshare --net"
+    for tool in ("unshare", "ip"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    try:
+        p = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare --net failed: {e}"
+    if p.returncode != 0:
+        return f"unshare --net failed: {p.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def _drop_rule(port: int) -> str | None:
+    """A shell command that drops TCP to loopback `port` in the current namespace."""
+    if shutil.which("iptables"):
+        return f"iptables -A INPUT -p tcp --dport {port} -j DROP"
+    if shutil.which("nft"):
+        return ("nft add table inet ddpdoctor && "
+                "nft add chain inet ddpdoctor input '{ type filter hook input priority 0; }' && "
+                f"nft add rule inet ddpdoctor input tcp dport {port} drop")
+    return None
+
+
+PROBE_SCRIPT = """
+import json, sys, time
+from ddp_doctor.preflight_run import rendezvous
+host, port, bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+start = time.monotonic()
+p = rendezvous.probe_master(host, port, bound, attempt_timeout=0.4)
+wall = time.monotonic() - start
+f = rendezvous.probe_finding(p, host, port, 1, bound)
+print(json.dumps({"ok": p.ok, "kind": p.kind, "attempts": p.attempts, "wall": wall, "detail": p.detail,
+                  "id": f.id, "message": f.message, "ranks": f.ranks}))
+"""
+
+
+def _run_in_netns(setup: str, port: int, bound: float) -> dict[str, Any]:
+    cmd = f"{setup} && exec {sys.executable} -c \"$0\" 127.0.0.1 {port} {bound}" if setup else \
+        f"exec {sys.executable} -c \"$0\" 127.0.0.1 {port} {bound}"
+    p = subprocess.run(["unshare", "--net", "sh", "-c", cmd, PROBE_SCRIPT], capture_output=True, text=True,
+                       timeout=30)
+    if p.returncode != 0:
+        pytest.skip(f"could not run the probe in a network namespace: {p.stderr.strip()[-500:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_probe_dropped_syn_is_timeout_within_bound() -> None:
+    why = _netns_available()
+    if why:
+        pytest.skip(why)
+    port = 29555
+    rule = _drop_rule(port)
+    if rule is None:
+        pytest.skip("needs iptables or nft (apt-get install iptables)")
+    out = _run_in_netns(f"ip link set lo up && {rule}", port, 1.0)
+    assert out["ok"] is False
+    assert out["kind"] == "timeout", out
+    assert f"127.0.0.1:{port}" in out["detail"]
+    assert out["attempts"] >= 2  # 0.4 s attempts inside a 1 s bound
+    assert 0.9 <= out["wall"] < 2.5
+    assert out["id"] == "DDP312"
+    assert f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in out["message"]
+    assert out["ranks"] == [1]
+
+
+def test_probe_network_unreachable_in_netns() -> None:
+    # a fresh namespace with loopback down: even 127.0.0.1 has no route
+    why = _netns_available()
+    if why:
+        pytest.skip(why)
+    out = _run_in_netns("", 29556, 0.5)
+    assert out["ok"] is False
+    assert out["kind"] == "unreachable", out
+    assert out["wall"] < 1.5
+    assert out["id"] == "DDP312"  # no separate ID: reported like a timeout (packets go nowhere)
+
+
+# ---------------------------------------------------------------- probe_finding
+
+@pytest.mark.parametrize("kind,cid", [("unresolvable", "DDP310"), ("refused", "DDP311"), ("timeout", "DDP312"),
+                                      ("unreachable", "DDP312")])
+def test_probe_finding_maps_kinds(kind: str, cid: str) -> None:
+    probe = Probe(ok=False, kind=kind, detail="some detail", attempts=3, elapsed_s=1.23456)
+    f = rendezvous.probe_finding(probe, "algo-2", 7777, 3, 5.0)
+    assert f.id == cid and f.severity == "error" and f.category == "network"
+    assert "MASTER_ADDR=algo-2 MASTER_PORT=7777" in f.message
+    assert f.ranks == [3]
+    assert f.evidence["master_addr"] == "algo-2" and f.evidence["master_port"] == 7777
+    assert f.evidence["attempts"] == 3 and f.evidence["elapsed_s"] == 1.235 and f.evidence["bound_s"] == 5.0
+    assert f.hint  # the catalogue's Fix
+    if kind == "timeout":
+        assert "security group" in f.hint and "5 s" in f.message
+    if kind == "refused":
+        assert "3 attempts" in f.message
+
+
+def test_probe_finding_end_to_end_refused() -> None:
+    port = free_port()
+    probe = rendezvous.probe_master("127.0.0.1", port, 0.3, attempt_timeout=0.2)
+    f = rendezvous.probe_finding(probe, "127.0.0.1", port, 0, 0.3)
+    assert f.id == "DDP311" and f"MASTER_PORT={port}" in f.message
+
+
+# ---------------------------------------------------------------- ports and hosts
+
+def test_port_in_use(listening: tuple[socket.socket, int]) -> None:
+    _, port = listening
+    err = rendezvous.port_in_use(port)
+    assert err is not None and "in use" in err.lower()
+
+
+def test_port_free() -> None:
+    assert rendezvous.port_in_use(free_port()) is None
+
+
+def test_is_local_host() -> None:
+    assert rendezvous.is_local_host("127.0.0.1") is True
+    assert rendezvous.is_local_host("localhost") is True
+    assert rendezvous.is_local_host(socket.gethostname()) in (True, None)
+    assert rendezvous.is_local_host("ddp-doctor-test-host.invalid") is None
+
+
+def test_local_addresses_include_loopback() -> None:
+    assert {"127.0.0.1", "::1"} <= rendezvous.local_addresses()
+
+
+# ---------------------------------------------------------------- meeting at a real TCPStore
+
+@pytest.fixture
+def store() -> Iterator[Any]:
+    import torch.distributed as dist
+    s = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    try:
+        yield s
+    finally:
+        del s
+
+
+def client_of(master: Any) -> Any:
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", master.port, None, False, timedelta(seconds=5))
+
+
+def view(rank: int) -> dict[str, Any]:
+    return {"rank": rank, "hostname": "test-host", "pid": 1000 + rank}
+
+
+def test_meet_single_rank_is_complete(store: Any) -> None:
+    m = rendezvous.meet(rendezvous.prefixed(store, "t1/"), 0, 1, view(0), 2.0)
+    assert isinstance(m, Meeting)
+    assert m.complete and m.arrived == [0] and m.missing == [] and m.findings == []
+    assert m.reporter == 0
+    got = rendezvous.read_json_keys(rendezvous.prefixed(store, "t1/"), ["view/0", "view/9"],
+                                    time.monotonic() + 0.2)
+    assert got == {"view/0": view(0)}
+
+
+def test_meet_with_missing_rank_is_bounded(store: Any) -> None:
+    start = time.monotonic()
+    m = rendezvous.meet(rendezvous.prefixed(store, "t2/"), 0, 2, view(0), 0.5)
+    elapsed = time.monotonic() - start
+    assert 0.45 <= elapsed < 2.0
+    assert not m.complete and m.arrived == [0] and m.missing == [1]
+    [f] = m.findings
+    assert f.id == "DDP320"
+    assert f.ranks == [1]
+    assert f.evidence["arrived"] == [0] and f.evidence["missing"] == [1] and f.evidence["world_size"] == 2
+    assert "WORLD_SIZE=2" in f.message and "arrived 0" in f.message and "missing 1" in f.message
+
+
+def test_meet_two_ranks_through_the_store(store: Any) -> None:
+    client = client_of(store)
+    results: dict[int, Meeting] = {}
+
+    def go(s: Any, rank: int) -> None:
+        results[rank] = rendezvous.meet(rendezvous.prefixed(s, "t3/"), rank, 2, view(rank), 3.0)
+
+    threads = [threading.Thread(target=go, args=(store, 0)), threading.Thread(target=go, args=(client, 1))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - start < 3.0  # nobody waited for the bound
+    for r in (0, 1):
+        assert results[r].complete and results[r].arrived == [0, 1] and results[r].findings == []
+        assert results[r].reporter == 0
+
+
+def test_duplicate_rank_claim(store: Any) -> None:
+    client = client_of(store)
+    results: list[Meeting] = []
+    lock = threading.Lock()
+
+    def go(s: Any) -> None:
+        m = rendezvous.meet(rendezvous.prefixed(s, "t4/"), 0, 2, view(0), 1.0)
+        with lock:
+            results.append(m)
+
+    threads = [threading.Thread(target=go, args=(store,)), threading.Thread(target=go, args=(client,))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 2
+    dup = [f for m in results for f in m.findings if f.id == "DDP322"]
+    assert len(dup) == 1
+    assert dup[0].evidence == {"rank": 0, "claims": 2}
+    assert "RANK=0 was claimed by 2 processes" in dup[0].message
+    # the second claim means rank 1 never came: both see it missing
+    for m in results:
+        assert m.missing == [1]
+        assert any(f.id == "DDP320" for f in m.findings)
+
+
+def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
+    s = rendezvous.prefixed(store, "t5/")
+
+    def late() -> None:
+        time.sleep(0.2)
+        s.set("final/1", json.dumps({"x": 1}))
+
+    t = threading.Thread(target=late)
+    t.start()
+    got = rendezvous.read_json_keys(s, ["final/1"], time.monotonic() + 3.0)
+    t.join()
+    assert got == {"final/1": {"x": 1}}

@@ -1,0 +1,438 @@
+"""The pytest plugin, driven through pytester in a subprocess: N-rank tests (pass, fail on one rank,
+skip, hang, abort at exit, unpicklable fixture), xdist, the session preflight, settings."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import xml.etree.ElementTree as ET
+
+import psutil
+import pytest
+
+from ddp_doctor.pytest_plugin import rank_pool as _forkserver
+from ddp_doctor.pytest_plugin.rank_pool import RankEnd, RunResult, classify
+from ddp_doctor.facts.host import visible_gpu_count
+from ddp_doctor.testing import LocalChecks, simulated_sagemaker
+
+pytest_plugins = ["pytester"]
+TAG_ENV = "DDP_DOCTOR_TEST_TAG"
+CHEAP_PREFLIGHT = "--ddp-preflight-args=--select gpu,launcher_env"
+
+
+@pytest.fixture
+def tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A mark in the environment of every process the inner pytest starts, to find survivors."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("DDP_DOCTOR_REPORT", raising=False)
+    return value
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(TAG_ENV) == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def assert_no_survivors(tag: str, within: float = 5.0) -> None:
+    end = time.monotonic() + within
+    while tagged(tag) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = tagged(tag)
+    for p in left:
+        p.kill()
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+# ---------------------------------------------------------------- pure: how a rank ended
+def _end(rank: int, outcome: str | None, status: int, t: float = 1.0, **kw: object) -> RankEnd:
+    result = None if outcome is None else {"rank": rank, "outcome": outcome, "message": kw.pop("message", ""),
+                                           "traceback": kw.pop("tb", ""), "time": t}
+    return RankEnd(rank, status=status, exit_time=t + 0.01, result=result, **kw)  # type: ignore[arg-type]
+
+
+def test_abort_after_reported_success_is_not_a_failure():
+    res = RunResult(2, {0: _end(0, "passed", 0), 1: _end(1, "passed", int(signal.SIGABRT))})
+    v = classify(res)
+    assert v.outcome == "passed"
+    assert any("rank 1" in n and "SIGABRT" in n and "teardown" in n for n in v.notes)
+
+
+def test_abort_without_a_report_is_a_failure():
+    res = RunResult(2, {0: _end(0, "passed", 0), 1: _end(1, None, int(signal.SIGABRT), stderr="terminate called")})
+    v = classify(res)
+    assert v.outcome == "failed"
+    assert v.summary.startswith("rank 1 failed first: killed by SIGABRT without reporting")
+
+
+def test_root_cause_is_the_earliest_failure():
+    res = RunResult(3, {0: _end(0, "failed", 0, t=2.0, message="RuntimeError: peer gone"),
+                        1: _end(1, "failed", 0, t=1.0, message="AssertionError: x"),
+                        2: _end(2, "passed", 0)})
+    v = classify(res)
+    assert v.summary == "rank 1 failed first: AssertionError: x"
+    assert "rank 0: a peer that failed after rank 1" in v.text
+
+
+# ---------------------------------------------------------------- real ranks
+RANK_TESTS = r'''
+import os
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.fixture
+def config_value():
+    return {"lr": 0.1}
+
+
+@pytest.fixture
+def a_lock():
+    return threading.Lock()
+
+
+@pytest.mark.parametrize("scale", [1, 3])
+@pytest.mark.distributed(world_size=2)
+def test_all_reduce(rank, world_size, tmp_path, config_value, scale):
+    t = torch.ones(1) * (rank + 1) * scale
+    dist.all_reduce(t)
+    assert t.item() == 3 * scale and world_size == 2 and dist.get_rank() == rank
+    assert config_value == {"lr": 0.1}
+    (tmp_path / f"rank{rank}").write_text("seen")
+    print(f"hello from rank {rank}")
+
+
+@pytest.mark.distributed(world_size=2)
+def test_fails_on_rank1(rank):
+    print(f"rank {rank} before")
+    if rank == 1:
+        assert rank + 1 == 5, "rank one disagrees"
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_skips_everywhere(rank):
+    pytest.skip("not on this runner")
+
+
+@pytest.mark.distributed(world_size=2)
+def test_unpicklable(a_lock, rank):
+    pass
+
+
+@pytest.mark.distributed(world_size=2)
+def test_gloo_abort_after_report(rank):
+    dist.barrier()
+    if rank == 1:
+        # A real SIGABRT after the rank reported success, where the gloo abort strikes: at exit.
+        os._exit = lambda code: os.abort()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_abort_before_report(rank):
+    if rank == 1:
+        os.abort()
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2, backend="nccl")
+def test_needs_nccl(rank):
+    pass
+
+
+def test_plain():
+    assert sum([1, 2]) == 3
+'''
+
+
+@pytest.mark.slow
+def test_ranks_pass_fail_skip_abort_unpicklable(pytester: pytest.Pytester, tag: str):
+    pytester.makepyfile(test_ranks=RANK_TESTS)
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--no-ddp-doctor", "-rA",
+                                           "--junitxml=junit.xml", "-o", "junit_logging=all")
+    assert time.monotonic() - t0 < 90
+    result.assert_outcomes(passed=4, failed=3, skipped=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*PASSED test_ranks.py::test_all_reduce[[]1[]]*",
+        "*PASSED test_ranks.py::test_gloo_abort_after_report*",
+        "*FAILED test_ranks.py::test_fails_on_rank1 - Failed: rank 1 failed first*",
+        "*FAILED test_ranks.py::test_unpicklable - Failed: fixture 'a_lock' cannot*",
+        "*FAILED test_ranks.py::test_abort_before_report - Failed: rank 1 failed*",
+    ])
+    for line in ("rank 1 failed first: AssertionError: rank one disagrees",
+                 "fixture 'a_lock' cannot be sent to the ranks (_thread.lock",
+                 "rank 1 failed first: killed by SIGABRT without reporting a result",
+                 "not on this runner (skipped on all ranks)"):
+        assert line in out, line
+    if visible_gpu_count() < 2:
+        assert "backend nccl with world_size=2 needs 2 GPU(s)" in out
+    # the failing rank's traceback, then the peer labelled as failing after it
+    result.stdout.fnmatch_lines([
+        "*---- rank 1: root cause (failed first) ----*",
+        "*test_ranks.py*, line *, in test_fails_on_rank1*",
+        "*AssertionError: rank one disagrees*",
+        "*---- rank 0: a peer that failed after rank 1*",
+    ])
+    result.stdout.fnmatch_lines(["*Captured stdout (rank 1) call*", "rank 1 before"])
+    assert "rank 1 reported success, then aborted at exit (SIGABRT)" in out
+    # per-rank output reaches JUnit's system-out
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "test_fails_on_rank1")
+    assert "rank 0 before" in (case.findtext("system-out") or "")
+    assert_no_survivors(tag)
+
+
+HANG_TEST = r'''
+import time
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.distributed(world_size=2, timeout=3)
+def test_hangs(rank):
+    if rank == 0:
+        time.sleep(600)
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_after_the_hang(rank):
+    dist.barrier()
+'''
+
+
+@pytest.mark.slow
+def test_hang_is_bounded_shows_stacks_and_leaves_no_process(pytester: pytest.Pytester, tag: str):
+    pytester.makepyfile(test_hang=HANG_TEST)
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--no-ddp-doctor")
+    took = time.monotonic() - t0
+    result.assert_outcomes(passed=1, failed=1)  # the session went on after the hang
+    result.stdout.fnmatch_lines([
+        "*timed out after 3 s: rank(s) 0, 1 still running*",
+        "*---- rank 0: still running at the 3 s timeout; killed. Its Python stack: ----*",
+        "*test_hang.py*line 9 in test_hangs*",
+        "*---- rank 1: still running at the 3 s timeout; killed. Its Python stack: ----*",
+        "*in barrier*",
+    ])
+    assert took < 60, took
+    assert_no_survivors(tag)
+
+
+@pytest.mark.slow
+def test_killing_pytest_leaves_no_rank(pytester: pytest.Pytester, tag: str):
+    pytester.makepyfile(test_hang=HANG_TEST.replace("timeout=3", "timeout=300"))
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--no-ddp-doctor",
+                             "-k", "test_hangs"], cwd=pytester.path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # pytest, the forkserver and two ranks
+            ranks = [p for p in tagged(tag) if p.pid != proc.pid and p.ppid() != proc.pid]
+            if len(ranks) >= 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the ranks never started: {[p.cmdline() for p in tagged(tag)]}")
+        time.sleep(0.5)
+        proc.kill()  # SIGKILL: no cleanup code in pytest runs
+        proc.wait(10)
+        assert_no_survivors(tag, within=5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+XDIST_TESTS = r'''
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.parametrize("i", range(6))
+@pytest.mark.distributed(world_size=2)
+def test_sum(i, rank):
+    t = torch.tensor([float(i + rank)])
+    dist.all_reduce(t)
+    assert t.item() == 2 * i + 1
+
+
+def test_plain():
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_xdist_two_workers_one_preflight(pytester: pytest.Pytester, tag: str):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_x=XDIST_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", CHEAP_PREFLIGHT,
+                                           "--ddp-report", str(pytester.path / "pre.json"))
+    result.assert_outcomes(passed=8)  # 6 distributed, 1 plain, ddp_doctor::preflight
+    assert result.stdout.str().count("ddp-doctor runner preflight") == 1
+    result.stdout.fnmatch_lines(["*verdict: PASS*", "*gloo x 2 ranks: pass in *"])
+    assert (pytester.path / "pre.json").exists()
+    assert_no_survivors(tag)
+
+
+PREFLIGHT_TESTS = r'''
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.parametrize("i", range(3))
+@pytest.mark.distributed(world_size=2)
+def test_dist(i, rank):
+    dist.barrier()
+
+
+def test_plain():
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_preflight_failure_is_one_failure_plus_skips_and_junit(pytester: pytest.Pytester, tag: str):
+    if visible_gpu_count() >= 1:
+        pytest.skip("this runner has a GPU: --ddp-expect-gpus 1 would pass")
+    pytester.makepyfile(test_p=PREFLIGHT_TESTS)
+    report = pytester.path / "runner.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-expect-gpus", "1", CHEAP_PREFLIGHT,
+                                           "--ddp-report", str(report), "--junitxml=junit.xml", "-rs")
+    result.assert_outcomes(passed=1, failed=1, skipped=3)
+    result.stdout.fnmatch_lines([
+        "*ddp_doctor::preflight*",
+        "runner preflight failed: DDP590 Fewer GPUs than the runner should have: 0 GPU(s) usable*",
+        "*ddp-doctor runner preflight*",
+        "verdict: FAIL - DDP590*",
+        "GPUs: 0 visible, 1 expected",
+        "SKIPPED [[]3[]] *runner preflight failed: DDP590*",
+    ])
+    assert str(report) in result.stdout.str()
+    assert report.exists()
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("failures"), suite.get("skipped"), suite.get("errors")) == ("1", "3", "0")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["ddp_doctor_status"] == "fail"
+    assert props["ddp_doctor_expect_gpus"] == "1"
+    assert props["ddp_doctor_root_cause"].startswith("DDP590")
+    assert props["ddp_doctor_report"] == str(report)
+    failed = [c for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert [(c.get("classname"), c.get("name")) for c in failed] == [("ddp_doctor", "preflight")]
+
+
+@pytest.mark.slow
+def test_preflight_failure_deselect_option(pytester: pytest.Pytester, tag: str):
+    if visible_gpu_count() >= 1:
+        pytest.skip("this runner has a GPU: --ddp-expect-gpus 1 would pass")
+    pytester.makepyfile(test_p=PREFLIGHT_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", CHEAP_PREFLIGHT,
+                                           "--ddp-preflight-failure", "deselect", "--ddp-expect-gpus=1")
+    result.assert_outcomes(passed=1, failed=1, deselected=3)
+
+
+# ---------------------------------------------------------------- inert and settings
+def test_plugin_is_inert_without_the_marker(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "ddp-doctor runner preflight" not in result.stdout.str()
+    assert not (pytester.path / "ddp-doctor-report.json").exists()
+
+
+def test_bad_values_name_their_source(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    pytester.makepyfile("def test_a():\n    pass\n")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-expect-gpus", "many")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*ddp-doctor: command line --ddp-expect-gpus='many': is not a valid value*"])
+    monkeypatch.setenv("DDP_DOCTOR_TEST_TIMEOUT", "-3")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r.stderr.fnmatch_lines(["*ddp-doctor: environment DDP_DOCTOR_TEST_TIMEOUT='-3': must be more than 0 seconds*"])
+    # the command line wins over the environment
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-timeout", "5")
+    r.assert_outcomes(passed=1)
+    monkeypatch.delenv("DDP_DOCTOR_TEST_TIMEOUT")
+    pytester.makeini("[pytest]\nddp_doctor = maybe\n")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r.stderr.fnmatch_lines(["*ddp-doctor: ini ddp_doctor in *tox.ini='maybe': must be true, false or auto*"])
+
+
+def test_marker_arguments_are_checked(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        "import pytest\n\n@pytest.mark.distributed(world_size=0)\ndef test_a(rank):\n    pass\n")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--no-ddp-doctor")
+    r.assert_outcomes(errors=1)
+    r.stdout.fnmatch_lines(["*@pytest.mark.distributed(...) on test_marker_arguments_are_checked.py::test_a: "
+                            "world_size=0 must be a whole number of at least 1*"])
+
+
+# ---------------------------------------------------------------- GPU-only path
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_nccl_ranks_on_gpus(pytester: pytest.Pytester, tag: str):
+    if visible_gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs for a 2-rank NCCL test; {visible_gpu_count()} visible")
+    pytester.makepyfile(test_n=r'''
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.distributed(world_size=2, backend="auto")
+def test_nccl(rank):
+    assert dist.get_backend() == "nccl"
+    t = torch.ones(1, device=f"cuda:{rank}")
+    dist.all_reduce(t)
+    assert t.item() == 2
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", CHEAP_PREFLIGHT)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*nccl x * ranks: pass*"])
+    assert_no_survivors(tag)
+
+
+# ---------------------------------------------------------------- ddp_doctor.testing
+def test_simulated_sagemaker_sets_and_restores(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SM_NUM_GPUS", "99")
+    monkeypatch.delenv("SM_HOSTS", raising=False)
+    with simulated_sagemaker(hosts=["algo-1", "algo-2"], current_host="algo-2", num_gpus=4,
+                             distribution="torch_distributed", root=tmp_path) as sm:
+        assert os.environ["SM_HOSTS"] == '["algo-1", "algo-2"]'
+        assert os.environ["SM_CURRENT_HOST"] == "algo-2" and os.environ["SM_NUM_GPUS"] == "4"
+        assert os.environ["DDP_DOCTOR_SM_ROOT"] == str(tmp_path) == sm.root
+        from ddp_doctor.facts import sagemaker_env as sagemaker
+        view = sagemaker.read(os.environ)
+        assert view is not None and view.distribution == "torch_distributed"
+        assert view.rc_current_host == "algo-2" and view.master_hostname == "algo-1"
+    assert os.environ["SM_NUM_GPUS"] == "99" and "SM_HOSTS" not in os.environ
+    assert "DDP_DOCTOR_SM_ROOT" not in os.environ
+
+
+def test_ddp_doctor_fixture_runs_local_checks(ddp_doctor: LocalChecks, tmp_path):
+    with simulated_sagemaker(hosts=["algo-1", "algo-2"], num_gpus=8, root=tmp_path):
+        findings = ddp_doctor(select=["launcher_env", "sagemaker_env"])
+    # a single process in a two-host SageMaker job, started by no launcher
+    assert "DDP107" in findings.ids, [(f.id, f.message) for f in findings]
+    assert all(f.category in ("launcher_env", "sagemaker_env") for f in findings)
+
+
+def test_forkserver_module_imports_no_torch():
+    code = "import sys, ddp_doctor.pytest_plugin, ddp_doctor.pytest_plugin.rank_pool; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    assert _forkserver.PRELOAD[0] == "torch"

@@ -1,0 +1,43 @@
+"""DoctorCallback in a plain Hugging Face Trainer on 2 real gloo ranks: without ddp-doctor run
+(rank 0 gathers the records through the store and writes the report) and under it. The correct
+Trainer run with the callback is test_training_entrypoints.py's hf_trainer under torchrun (its
+report: nothing but DDP873) and test_run_e2e.py's under the wrapper."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.procs import DDP, clean_env, ids, load_json, run
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "probe_scripts" / "trainer_ddp_model.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--max-restarts", "0"]
+
+
+def env() -> dict[str, str]:
+    return clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def test_trainer_given_a_ddp_model_is_said_at_once_without_the_wrapper(tmp_path):
+    res = run([*TORCHRUN, SCRIPT, "--wrap"], env(), str(tmp_path), timeout=240)
+    assert res.rc != 0  # the Trainer then fails (empty batches)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ddp-doctor: DDP860")]
+    assert len(lines) == 1 and "DistributedDataParallel-wrapped TinyLM" in lines[0], res.stderr[-3000:]
+
+
+def test_trainer_given_a_ddp_model_is_the_root_cause_under_the_wrapper(tmp_path):
+    report = tmp_path / "r.json"
+    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), SCRIPT, "--wrap"], env(),
+              str(tmp_path), timeout=240)
+    assert res.rc == 1, res.output
+    rep = load_json(str(report))
+    assert rep["root_cause"]["id"] == "DDP860" and rep["root_cause"]["ranks"] == [0, 1]
+    assert "DDP832" in ids(rep)  # the Trainer's own failure, listed after its cause
+    assert not (tmp_path / "ddp-doctor-report.json").exists()  # the wrapper reports, not the callback
