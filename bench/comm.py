@@ -20,6 +20,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import clean_env  # noqa: E402
+
 SIZES = (16 << 20, 64 << 20)
 
 

@@ -22,15 +22,15 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
     others the verdict). Prints nothing when all is well; the report text goes to stderr otherwise."""
     from ddp_doctor import registry
     from ddp_doctor.context import current_context
-    from ddp_doctor.report.publish import Output
-    from ddp_doctor.preflight_run.rank import Options, RankPreflight
+    from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight
     from ddp_doctor.report.build import EXIT_FAILED, exit_code
+    from ddp_doctor.report.publish import Output
 
     sel, skp = registry.parse_selectors(select), registry.parse_selectors(skip)
     bad = registry.unknown_selectors(sel + skp)
     if bad:
         raise ValueError(f"select/skip: {', '.join(bad)} match no check ID, ID prefix or category")
-    opts = Options(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,
+    opts = PreflightOptions(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,
                    world_size=world_size, local_rank=local_rank,
                    output=Output(report_path=report, only_if_not_pass=True, stderr=True))
     pf = RankPreflight(current_context(backend=backend, rank=rank, world_size=world_size,

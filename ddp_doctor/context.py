@@ -12,9 +12,9 @@ from typing import Any, Mapping
 
 from ddp_doctor.facts import launchers
 from ddp_doctor.facts import sagemaker_env as sagemaker
-from ddp_doctor.facts.launchers import LauncherInfo
 from ddp_doctor.facts.host import HostFacts
-from ddp_doctor.facts.sagemaker_env import SageMakerView
+from ddp_doctor.facts.launchers import LauncherInfo
+from ddp_doctor.facts.sagemaker_env import SageMakerEnv
 
 BACKENDS = ("gloo", "nccl", "smddp", "mpi")
 
@@ -22,7 +22,7 @@ BACKENDS = ("gloo", "nccl", "smddp", "mpi")
 @dataclass(frozen=True)
 class RankContext:
     launcher: LauncherInfo
-    sagemaker: SageMakerView | None
+    sagemaker: SageMakerEnv | None
     host: HostFacts
     backend: str                      # the backend the preflight (and the job) will use
     backend_source: str               # where that choice came from, for messages
@@ -72,7 +72,7 @@ class RankContext:
         return "cpu"
 
 
-def choose_backend(env: Mapping[str, str], sm: SageMakerView | None, facts: HostFacts,
+def choose_backend(env: Mapping[str, str], sm: SageMakerEnv | None, facts: HostFacts,
                    explicit: str | None = None) -> tuple[str, str]:
     """(backend, where the choice came from): explicit option, DDP_DOCTOR_BACKEND, the SageMaker
     distribution (smdistributed -> smddp), else NCCL with GPUs and gloo without."""

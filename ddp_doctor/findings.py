@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 CATEGORIES = (
     "launcher_env", "topology", "network", "communication", "gpu", "host", "consistency",
@@ -66,10 +66,9 @@ def severity_rank(severity: str) -> int:
     """0 for error, 1 for warning, 2 for info: sort key, most severe first."""
     return SEVERITIES.index(severity) if severity in SEVERITIES else 0
 
-from typing import Iterable
-
 
 def format_ranks(ranks: Iterable[int]) -> str:
+    """Compact rank lists for messages: [0, 1, 2, 3, 7] -> "0-3, 7"."""
     rs = sorted(set(ranks))
     parts: list[str] = []
     i = 0

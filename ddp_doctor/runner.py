@@ -5,48 +5,39 @@ runs past its bound becomes DDP002 (its daemon thread is abandoned, the run goes
 """
 from __future__ import annotations
 
-import threading
-import traceback
 from typing import Any
 
 from ddp_doctor import registry
 from ddp_doctor.checks import internal as events
 from ddp_doctor.findings import Finding, Problem
 from ddp_doctor.registry import Check
+from ddp_doctor.time_limit import call_with_time_limit
 
 
 def _call(entry: Check, args: tuple[Any, ...]) -> tuple[list[Problem] | None, BaseException | None, str]:
-    result: dict[str, Any] = {}
+    def problems() -> list[Any]:
+        return [p for p in (entry.func(*args) or ()) if p is not None]  # type: ignore[misc]
 
-    def target() -> None:
-        try:
-            result["problems"] = [p for p in (entry.func(*args) or ()) if p is not None]  # type: ignore[misc]
-        except BaseException as e:  # noqa: BLE001 - a check must never take the run down
-            result["error"] = e
-            result["tb"] = traceback.format_exc()
-
-    t = threading.Thread(target=target, name=f"ddp-doctor-{entry.id}", daemon=True)
-    t.start()
-    t.join(entry.timeout)
-    if t.is_alive():
+    out = call_with_time_limit(problems, entry.timeout, name=f"ddp-doctor-{entry.id}")
+    if not out.finished:
         return None, None, "timeout"
-    return result.get("problems"), result.get("error"), result.get("tb", "")
+    return out.value, out.error, out.traceback
 
 
 def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str = "preflight") -> list[Finding]:
     problems, error, tb = _call(entry, args)
     if tb == "timeout":
-        return [events.raise_event(
+        return [events.event_finding(
             events.CHECK_TIMED_OUT, f"{entry.id} ({entry.title}) did not finish within {entry.timeout:g} s",
             rank=rank, evidence={"check": entry.id, "timeout_s": entry.timeout}, phase=phase)]
     if error is not None:
-        return [events.raise_event(
+        return [events.event_finding(
             events.CHECK_CRASHED, f"{entry.id} ({entry.title}) raised {type(error).__name__}: {error}",
             rank=rank, evidence={"check": entry.id, "traceback": tb}, phase=phase)]
     out = []
     for p in problems or ():
         if not isinstance(p, Problem):
-            out.append(events.raise_event(
+            out.append(events.event_finding(
                 events.CHECK_CRASHED, f"{entry.id} yielded {type(p).__name__}, not a Problem",
                 rank=rank, evidence={"check": entry.id}, phase=phase))
             continue
@@ -60,7 +51,7 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
     entries = registry.checks_for(stage, select, skip)
     if stage == "local":
         for module, why in sorted(registry.LOAD_ERRORS.items()):
-            findings.append(events.raise_event(
+            findings.append(events.event_finding(
                 events.CHECK_CRASHED, f"check module {module} (from {registry.EXTRA_MODULES_ENV}) "
                 f"could not be imported: {why}", rank=rank, evidence={"module": module}, phase=phase))
     for entry in entries:

@@ -11,8 +11,8 @@ import pytest
 
 from ddp_doctor import registry, runner
 from ddp_doctor.context import build_context
-from ddp_doctor.findings import CATEGORIES, SEVERITIES, Problem
 from ddp_doctor.facts.host import HostFacts
+from ddp_doctor.findings import CATEGORIES, SEVERITIES, Problem
 
 
 @pytest.fixture

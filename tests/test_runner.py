@@ -9,8 +9,8 @@ import pytest
 
 from ddp_doctor import registry, runner
 from ddp_doctor.context import RankContext, build_context
-from ddp_doctor.findings import Problem
 from ddp_doctor.facts.host import HostFacts
+from ddp_doctor.findings import Problem
 
 DOC = """
     What: a temporary test check.

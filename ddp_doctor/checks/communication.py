@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ddp_doctor.comm import sweep as comm
-from ddp_doctor.findings import Problem
+from ddp_doctor.findings import Problem, format_ranks
 from ddp_doctor.preflight_run.group import Group
-from ddp_doctor.findings import format_ranks
 from ddp_doctor.registry import check
 
 # Kept for callers of the first version of DDP401.

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from ddp_doctor.context import RankContext
-from ddp_doctor.findings import Problem
-from ddp_doctor.findings import format_ranks  # "0-7, 9"
+from ddp_doctor.findings import (
+    Problem,
+    format_ranks,  # "0-7, 9"
+)
 from ddp_doctor.registry import check
 
 Views = Mapping[int, Mapping[str, Any]]
@@ -234,7 +236,7 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     for hk, groups in per_host.items():
         if len(groups) > 1:
             yield Problem(
-                message=f"LOCAL_WORLD_SIZE differs between ranks on one host: "
+                message="LOCAL_WORLD_SIZE differs between ranks on one host: "
                         + describe_groups(views, groups, _value_label),
                 ranks=odd_ranks(groups), evidence={"field": "local_world_size", "groups": _evidence(groups)})
     if all(len(g) == 1 for g in per_host.values()) and len(per_host) > 1:

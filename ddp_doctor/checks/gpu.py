@@ -20,10 +20,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ddp_doctor.facts import nvml
 from ddp_doctor.context import RankContext
-from ddp_doctor.findings import Problem
+from ddp_doctor.facts import nvml
 from ddp_doctor.facts.nvml import Unknown, is_unknown
+from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
 GPU_BACKENDS = ("nccl", "smddp")

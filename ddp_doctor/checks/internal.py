@@ -1,7 +1,7 @@
 """Findings raised by the machinery itself (runner, rendezvous, report), documented like checks.
 
 These are catalogue entries with no check function: the runner and the rendezvous raise them
-through :func:`raise_event` when they observe the situation described.
+through :func:`event_finding` when they observe the situation described.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ TOOL_FAILED = declare(
     """)
 
 
-def raise_event(entry: Any, message: str, *, rank: int | None, hint: str | None = None,
+def event_finding(entry: Any, message: str, *, rank: int | None, hint: str | None = None,
                 evidence: dict[str, Any] | None = None, phase: str = "preflight",
                 ranks: list[int] | None = None, severity: str | None = None) -> Finding:
     problem = Problem(message=message, hint=hint, evidence=evidence or {}, severity=severity,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from ddp_doctor.context import BACKENDS, RankContext
-from ddp_doctor.findings import Problem
 from ddp_doctor.facts.launchers import RANK_VARIABLES
+from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
 # Which of (rank, local rank, world size, local world size) each launcher must set, and how bad a

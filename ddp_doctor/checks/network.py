@@ -6,13 +6,12 @@ IDs DDP300-DDP309. Reaching the master's port belongs to the rendezvous (DDP310-
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from typing import Any, Callable, Iterator
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
+from ddp_doctor.time_limit import call_all_with_time_limit
 
 # Overall bound on resolving every host name (resolutions run concurrently).
 RESOLVE_TIMEOUT_S = 5.0
@@ -45,29 +44,17 @@ def resolve_all(hosts: list[str], timeout: float | None = None) -> dict[str, str
     that never answers costs at most `timeout` (default RESOLVE_TIMEOUT_S) in all and never
     blocks interpreter exit."""
     timeout = RESOLVE_TIMEOUT_S if timeout is None else timeout
-    results: dict[str, str | None] = {}
-    lock = threading.Lock()
+    calls = {h: (lambda h=h: _getaddrinfo(h, None)) for h in hosts}
+    done = call_all_with_time_limit(calls, timeout, name="ddp-doctor-resolve")
 
-    def resolve(host: str) -> None:
-        try:
-            _getaddrinfo(host, None)
-            outcome: str | None = None
-        except OSError as e:
-            outcome = f"{type(e).__name__}: {e}"
-        except Exception as e:  # a resolver bug is still "did not resolve", with its reason
-            outcome = f"{type(e).__name__}: {e}"
-        with lock:
-            results[host] = outcome
+    def outcome(host: str) -> str | None:
+        out = done[host]
+        if not out.finished:
+            return f"did not resolve within {timeout:g} s"
+        # a resolver bug (not an OSError) is still "did not resolve", with its reason
+        return None if out.error is None else f"{type(out.error).__name__}: {out.error}"
 
-    threads = [threading.Thread(target=resolve, args=(h,), name=f"ddp-doctor-resolve-{h}", daemon=True)
-               for h in hosts]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    with lock:
-        return {h: results[h] if h in results else f"did not resolve within {timeout:g} s" for h in hosts}
+    return {h: outcome(h) for h in hosts}
 
 
 @check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0)

@@ -11,9 +11,9 @@ import ipaddress
 from typing import Any, Iterator
 
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerView
 
 # SMDDP's supported instance types (DG); the older ones only with older library versions.
 SMDDP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge")
@@ -30,27 +30,27 @@ def _clip(raw: str) -> str:
     return raw if len(raw) <= RAW_LIMIT else raw[:RAW_LIMIT] + "..."
 
 
-def _dist_hosts(sm: SageMakerView) -> list[str]:
+def _dist_hosts(sm: SageMakerEnv) -> list[str]:
     return list(sm.distribution_hosts)
 
 
-def _multi_host(sm: SageMakerView) -> bool:
+def _multi_host(sm: SageMakerEnv) -> bool:
     return len(sm.distribution_hosts) > 1
 
 
-def _takes_part(sm: SageMakerView) -> bool:
+def _takes_part(sm: SageMakerEnv) -> bool:
     """False for a host outside the distribution instance groups of a heterogeneous cluster."""
     return not (sm.is_hetero and sm.this_host is not None and sm.distribution_hosts
                 and sm.this_host not in sm.distribution_hosts)
 
 
-def _toolkit_torchrun(ctx: RankContext, sm: SageMakerView) -> bool:
+def _toolkit_torchrun(ctx: RankContext, sm: SageMakerEnv) -> bool:
     """torchrun as the toolkit starts it for distribution torch_distributed (master port 7777)."""
     return (ctx.launcher.name == "torchrun" and sm.distribution == "torch_distributed"
             and ctx.master_port == TORCHRUN_PORT)
 
 
-def _ppn_source(sm: SageMakerView) -> str:
+def _ppn_source(sm: SageMakerEnv) -> str:
     if "sagemaker_mpi_num_of_processes_per_host" in sm.framework_params:
         return "sagemaker_mpi_num_of_processes_per_host"
     return f"SM_NUM_GPUS={sm.num_gpus}" if sm.num_gpus else "SM_NUM_NEURONS, else 1"

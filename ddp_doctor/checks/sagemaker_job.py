@@ -19,7 +19,15 @@ from typing import Any, Iterator, Mapping
 from ddp_doctor.checks.sagemaker_env import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check, declare
-from ddp_doctor.sagemaker.job import KNOWN_DISTRIBUTIONS, DISTRIBUTION_EXTRAS, JobContext, Reply, is_gpu_type, is_trn_type, processes_per_instance
+from ddp_doctor.sagemaker.job import (
+    DISTRIBUTION_EXTRAS,
+    KNOWN_DISTRIBUTIONS,
+    JobContext,
+    Reply,
+    is_gpu_type,
+    is_trn_type,
+    processes_per_instance,
+)
 
 STAGE = "job"
 TIMEOUT = 60.0  # boto3 calls are bounded by connect/read timeouts and two attempts each

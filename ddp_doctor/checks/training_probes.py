@@ -10,9 +10,8 @@ import re
 from collections import Counter
 from typing import Any, Iterable
 
-from ddp_doctor.checks.internal import raise_event
-from ddp_doctor.findings import Finding
-from ddp_doctor.findings import format_ranks
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 from ddp_doctor.training.sampler_check import OVERLAP, SAME_ORDER
 
@@ -197,7 +196,7 @@ def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False) -
 def _finding(entry: Any, message: str, *, rank: int | None, ranks: list[int] | None = None,
              evidence: dict[str, Any] | None = None, phase: str = "training", at: float | None = None
              ) -> Finding:
-    f = raise_event(entry, message, rank=rank, ranks=ranks, evidence=evidence, phase=phase)
+    f = event_finding(entry, message, rank=rank, ranks=ranks, evidence=evidence, phase=phase)
     if at is not None:
         f.time = at
     return f

@@ -133,10 +133,11 @@ def check_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    import os
+
     from ddp_doctor import registry
     from ddp_doctor.facts.launchers import launcher_name
     from ddp_doctor.report.publish import Output
-    import os
 
     select, skip = registry.parse_selectors(args.select), registry.parse_selectors(args.skip)
     bad = registry.unknown_selectors(select + skip)
@@ -149,8 +150,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out)
-    from ddp_doctor.preflight_run.rank import Options, run_rank
-    code = run_rank(Options(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
+    from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
+    code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
                             output=out, check_options=check_options(args)))
     _exit_now(code)
     return code
@@ -245,7 +246,8 @@ def add_run(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ddp_doctor.training.run.command import RunUsageError, main as run_main
+    from ddp_doctor.training.run.command import RunUsageError
+    from ddp_doctor.training.run.command import main as run_main
     try:
         return run_main(args.argv)
     except RunUsageError as e:

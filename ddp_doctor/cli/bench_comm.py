@@ -100,11 +100,11 @@ def cmd_bench_comm(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"Plot: {args.plot}")
         return code
-    from ddp_doctor.preflight_run.rank import LAUNCH_DIR_ENV, Options, run_rank
+    from ddp_doctor.preflight_run.rank import LAUNCH_DIR_ENV, PreflightOptions, run_preflight_rank
     options: dict[str, Any] = {**comm.options_from_args(args), "comm_mode": "bench"}
     if not args.json:
         options["comm_progress"] = progress_printer()
-    code = run_rank(Options(timeout=args.timeout, select=list(SELECT), backend=args.backend,
+    code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=list(SELECT), backend=args.backend,
                             output=out, check_options=options))
     self_launched = bool(os.environ.get(LAUNCH_DIR_ENV))
     from ddp_doctor.facts.launchers import detect

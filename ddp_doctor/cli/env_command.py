@@ -12,11 +12,11 @@ import socket
 from importlib import metadata
 from typing import Any, Callable, Mapping
 
-from ddp_doctor.version import __version__
-from ddp_doctor.facts import launchers
 from ddp_doctor.facts import host as probes
+from ddp_doctor.facts import launchers
 from ddp_doctor.facts import sagemaker_env as sagemaker
 from ddp_doctor.report.redact import redact_env, redact_obj
+from ddp_doctor.version import __version__
 
 PACKAGES = ("torch", "transformers", "accelerate", "numpy", "psutil", "nvidia-ml-py")
 # Variables that decide how a distributed job is laid out and talks; secrets among them (AWS_*,

@@ -29,7 +29,7 @@ EXPECTED_LAUNCHER = {"mpi": "mpirun", "pytorchddp": "mpirun", "smdistributed": "
 
 
 @dataclass(frozen=True)
-class SageMakerView:
+class SageMakerEnv:
     root: str
     hosts: list[str] | None                 # SM_HOSTS (a JSON list)
     current_host: str | None                # SM_CURRENT_HOST
@@ -111,7 +111,7 @@ def _str_list(value: Any) -> list[str] | None:
     return None
 
 
-def read(env: Mapping[str, str], root: str | None = None) -> SageMakerView | None:
+def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None:
     """The SageMaker view, or None when this is not a SageMaker container."""
     root = root or config_root(env)
     if not present(env, root):
@@ -191,7 +191,7 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerView | Non
     if ppn is None:
         ppn = as_int(num_gpus) or as_int(env_int(env, "SM_NUM_NEURONS")) or 1
 
-    return SageMakerView(
+    return SageMakerEnv(
         root=root, hosts=hosts, current_host=env.get("SM_CURRENT_HOST") or None,
         num_gpus=as_int(num_gpus),
         instance_type=env.get("SM_CURRENT_INSTANCE_TYPE") or (rc or {}).get("current_instance_type")

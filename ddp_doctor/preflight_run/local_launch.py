@@ -18,10 +18,10 @@ import tempfile
 from typing import Any
 
 from ddp_doctor.checks import internal as events
-from ddp_doctor.report import build as reportlib
 from ddp_doctor.findings import Finding
-from ddp_doctor.report.publish import Output, show, upload_report, warn
+from ddp_doctor.report import build as reportlib
 from ddp_doctor.report import sinks
+from ddp_doctor.report.publish import Output, show, upload_report, warn
 
 CPU_DEFAULT_RANKS = 2
 
@@ -147,7 +147,7 @@ def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, boun
         if r not in reported:
             how = (f"the launch was stopped after {bound:g} s" if timed_out
                    else f"the launcher exited with status {rc}")
-            findings.append(events.raise_event(
+            findings.append(events.event_finding(
                 events.RANK_LOST, f"local rank {r} ended without a report ({how})", rank=r,
                 evidence={"launcher_exit": rc, "timed_out": timed_out}))
     world = dict(merged["world"]) if merged else {

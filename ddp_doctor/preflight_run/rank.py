@@ -1,6 +1,6 @@
 """One rank's preflight: local checks, bounded rendezvous, group checks, merged report.
 
-    context -> local checks -> probe master -> meet at the store -> process group -> group checks
+    context -> local checks -> reach the master -> meet at the store -> process group -> group checks
             -> (reporting rank) cross-rank checks over every view -> report -> sinks
 
 Every step has a deadline. Whatever happens, the rank ends with a report: the merged one from the
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -20,21 +19,22 @@ from typing import Any
 
 from ddp_doctor import runner
 from ddp_doctor.checks import internal as events
-from ddp_doctor.preflight_run import rendezvous
-from ddp_doctor.report import build as reportlib
-from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.context import RankContext, current_context
 from ddp_doctor.findings import Finding
+from ddp_doctor.preflight_run import rank_view as views
+from ddp_doctor.preflight_run import rendezvous
 from ddp_doctor.preflight_run.group import Group
+from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output, deliver
 from ddp_doctor.report.redact import redact_text
+from ddp_doctor.time_limit import call_with_time_limit
 
 LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
 
 
 @dataclass
-class Options:
+class PreflightOptions:
     timeout: float = 60.0
     select: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
@@ -51,7 +51,7 @@ class Options:
 
 
 class RankPreflight:
-    def __init__(self, ctx: RankContext, opts: Options) -> None:
+    def __init__(self, ctx: RankContext, opts: PreflightOptions) -> None:
         self.ctx, self.opts = ctx, opts
         self.rank = ctx.rank if ctx.rank is not None else 0
         self.findings: list[Finding] = []
@@ -68,7 +68,7 @@ class RankPreflight:
             return self._run()
         except Exception as e:  # noqa: BLE001
             self.failed = True
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 events.TOOL_FAILED, f"ddp-doctor failed on rank {self.rank}: {type(e).__name__}: {e}",
                 rank=self.rank, evidence={"traceback": traceback.format_exc()}))
             return self._alone()
@@ -91,31 +91,31 @@ class RankPreflight:
         if hosting:
             busy = rendezvous.port_in_use(port)
             if busy:
-                self.findings.append(events.raise_event(
+                self.findings.append(events.event_finding(
                     ev.PORT_IN_USE, f"rank 0 cannot listen on MASTER_PORT={port} on host "
                     f"{ctx.host.hostname}: {busy}", rank=self.rank,
                     evidence={"master_port": port, "error": busy}))
                 return self._alone()
             local = rendezvous.is_local_host(addr)
             if local is None:
-                probe = rendezvous.Probe(False, "unresolvable", "the name does not resolve")
-                self.findings.append(rendezvous.probe_finding(probe, addr, port, self.rank, opts.timeout))
+                reach = rendezvous.Reach(False, "unresolvable", "the name does not resolve")
+                self.findings.append(rendezvous.reach_finding(reach, addr, port, self.rank, opts.timeout))
                 return self._alone()
             if local is False:
-                self.findings.append(events.raise_event(
+                self.findings.append(events.event_finding(
                     ev.MASTER_NOT_LOCAL, f"MASTER_ADDR={addr} is not an address of rank 0's host "
                     f"{ctx.host.hostname}", rank=self.rank, evidence={"master_addr": addr}))
                 return self._alone()
         else:
-            probe = rendezvous.probe_master(addr, port, opts.timeout)
-            if not probe.ok:
-                self.findings.append(rendezvous.probe_finding(probe, addr, port, self.rank, opts.timeout))
+            reach = rendezvous.reach_master(addr, port, opts.timeout)
+            if not reach.ok:
+                self.findings.append(rendezvous.reach_finding(reach, addr, port, self.rank, opts.timeout))
                 return self._alone()
         try:
             store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
         except Exception as e:  # noqa: BLE001 - turned into a finding
             entry = ev.PORT_IN_USE if hosting and "in use" in str(e).lower() else ev.STORE_LOST
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 entry, f"could not {'host' if hosting else 'connect to'} the store at {addr}:{port}: {e}",
                 rank=self.rank, evidence={"error": str(e)}))
             return self._alone()
@@ -137,7 +137,7 @@ class RankPreflight:
             self.view["findings"] = [f.to_dict() for f in self.findings]
             meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
         except Exception as e:  # noqa: BLE001
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
                 evidence={"error": str(e)}))
             return self._alone()
@@ -152,7 +152,7 @@ class RankPreflight:
                 return self._report(store, meeting, hosting)
             return self._await_verdict(store)
         except Exception as e:  # noqa: BLE001
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
                 evidence={"error": str(e)}))
             return self._alone()
@@ -171,7 +171,7 @@ class RankPreflight:
             dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
                                     rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
         except Exception as e:  # noqa: BLE001
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
                 f"rank {self.rank}: {type(e).__name__}: {e}", rank=self.rank,
                 evidence={"backend": backend, "error": str(e)}))
@@ -182,7 +182,7 @@ class RankPreflight:
             self.measurements = group.measurements
         finally:
             if not opts.keep_group:
-                bounded(dist.destroy_process_group, 10.0)
+                call_with_time_limit(dist.destroy_process_group, 10.0)
 
     # ------------------------------------------------------------------ endings
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:
@@ -198,7 +198,7 @@ class RankPreflight:
             if final is None:
                 view = views_by_rank.get(r, {})
                 findings += [Finding.from_dict(d) for d in view.get("findings", [])]
-                findings.append(events.raise_event(
+                findings.append(events.event_finding(
                     events.RANK_LOST, f"rank {r} checked in but sent no final findings within "
                     f"{opts.timeout:g} s", rank=r))
                 continue
@@ -223,7 +223,7 @@ class RankPreflight:
         got = rendezvous.read_json_keys(store, ["verdict"], time.monotonic() + self.opts.timeout + 30.0)
         verdict = got.get("verdict")
         if verdict is None:
-            self.findings.append(events.raise_event(
+            self.findings.append(events.event_finding(
                 ev.REPORTER_LOST, f"rank {self.rank} got no verdict from the reporting rank within "
                 f"{self.opts.timeout + 30:g} s", rank=self.rank))
             return self._alone()
@@ -275,15 +275,7 @@ def merge_measurements(into: dict[str, Any], more: dict[str, Any]) -> None:
         into[name] = sorted(by_size.values(), key=lambda e: e["bytes"])
 
 
-def bounded(fn: Any, seconds: float) -> bool:
-    """Call fn in a daemon thread; False when it did not return within `seconds`."""
-    t = threading.Thread(target=fn, daemon=True)
-    t.start()
-    t.join(seconds)
-    return not t.is_alive()
-
-
-def run_rank(opts: Options) -> int:
+def run_preflight_rank(opts: PreflightOptions) -> int:
     """Run this process's preflight as the rank its launcher says it is; returns the exit code."""
     try:
         ctx = current_context(backend=opts.backend, rank=opts.rank, world_size=opts.world_size,

@@ -1,6 +1,6 @@
 """Bounded rendezvous: reach the master, meet the other ranks in the store, say who is missing.
 
-Before any collective, a rank probes MASTER_ADDR:MASTER_PORT with short connection attempts and
+Before any collective, a rank tries MASTER_ADDR:MASTER_PORT with short connection attempts and
 classifies a failure (does not resolve / refused / timed out). Ranks then check in at the store
 under a prefix of ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
 Every wait here ends at a deadline.
@@ -10,23 +10,22 @@ from __future__ import annotations
 import errno
 import json
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from ddp_doctor.checks import rendezvous as ev
-from ddp_doctor.checks.internal import raise_event
-from ddp_doctor.findings import Finding
-from ddp_doctor.findings import format_ranks
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.time_limit import call_with_time_limit
 
 POLL_S = 0.05
 DEFAULT_PORT = 29500
 
 
 @dataclass
-class Probe:
+class Reach:
     ok: bool
     kind: str = ""        # "" | unresolvable | refused | timeout | unreachable
     detail: str = ""
@@ -36,23 +35,16 @@ class Probe:
 
 def _resolve(host: str, port: int, bound: float) -> tuple[list[Any] | None, str]:
     """getaddrinfo has no timeout of its own: run it in a thread and give up at the bound."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as e:
-            box["error"] = str(e)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(bound)
-    if t.is_alive():
+    out = call_with_time_limit(lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), bound,
+                               name="ddp-doctor-resolve")
+    if not out.finished:
         return None, f"no answer from the resolver within {bound:g} s"
-    return box.get("infos"), box.get("error", "")
+    if out.error is not None:
+        return None, str(out.error)
+    return out.value, ""
 
 
-def probe_master(host: str, port: int, bound: float, attempt_timeout: float = 2.0) -> Probe:
+def reach_master(host: str, port: int, bound: float, attempt_timeout: float = 2.0) -> Reach:
     """Try to open a TCP connection to host:port until it works or `bound` seconds pass.
 
     Refused and timed-out attempts are retried (the master may still be starting); the last
@@ -61,7 +53,7 @@ def probe_master(host: str, port: int, bound: float, attempt_timeout: float = 2.
     deadline = start + bound
     infos, err = _resolve(host, port, min(bound, 10.0))
     if not infos:
-        return Probe(False, "unresolvable", err or "no address", 0, time.monotonic() - start)
+        return Reach(False, "unresolvable", err or "no address", 0, time.monotonic() - start)
     attempts, kind, detail = 0, "timeout", ""
     while True:
         remaining = deadline - time.monotonic()
@@ -73,7 +65,7 @@ def probe_master(host: str, port: int, bound: float, attempt_timeout: float = 2.
         s.settimeout(max(0.05, min(attempt_timeout, remaining)))
         try:
             s.connect(addr)
-            return Probe(True, "", "", attempts, time.monotonic() - start)
+            return Reach(True, "", "", attempts, time.monotonic() - start)
         except socket.timeout:
             kind, detail = "timeout", f"no answer from {addr[0]}:{addr[1]}"
         except OSError as e:
@@ -86,22 +78,22 @@ def probe_master(host: str, port: int, bound: float, attempt_timeout: float = 2.
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         finally:
             s.close()
-    return Probe(False, kind, detail, attempts, time.monotonic() - start)
+    return Reach(False, kind, detail, attempts, time.monotonic() - start)
 
 
-def probe_finding(probe: Probe, host: str, port: int, rank: int | None, bound: float) -> Finding:
+def reach_finding(reach: Reach, host: str, port: int, rank: int | None, bound: float) -> Finding:
     where = f"MASTER_ADDR={host} MASTER_PORT={port}"
-    evidence = {"master_addr": host, "master_port": port, "attempts": probe.attempts,
-                "elapsed_s": round(probe.elapsed_s, 3), "bound_s": bound, "detail": probe.detail}
-    if probe.kind == "unresolvable":
-        return raise_event(ev.MASTER_UNRESOLVABLE, f"{where}: the name does not resolve on this rank "
-                           f"({probe.detail})", rank=rank, evidence=evidence)
-    if probe.kind == "refused":
-        return raise_event(ev.MASTER_REFUSED, f"{where}: connection refused for {bound:g} s "
-                           f"({probe.attempts} attempts): nothing listens there", rank=rank,
+    evidence = {"master_addr": host, "master_port": port, "attempts": reach.attempts,
+                "elapsed_s": round(reach.elapsed_s, 3), "bound_s": bound, "detail": reach.detail}
+    if reach.kind == "unresolvable":
+        return event_finding(ev.MASTER_UNRESOLVABLE, f"{where}: the name does not resolve on this rank "
+                           f"({reach.detail})", rank=rank, evidence=evidence)
+    if reach.kind == "refused":
+        return event_finding(ev.MASTER_REFUSED, f"{where}: connection refused for {bound:g} s "
+                           f"({reach.attempts} attempts): nothing listens there", rank=rank,
                            evidence=evidence)
-    return raise_event(ev.MASTER_TIMEOUT, f"{where}: no connection within {bound:g} s "
-                       f"({probe.attempts} attempts; {probe.detail})", rank=rank, evidence=evidence)
+    return event_finding(ev.MASTER_TIMEOUT, f"{where}: no connection within {bound:g} s "
+                       f"({reach.attempts} attempts; {reach.detail})", rank=rank, evidence=evidence)
 
 
 def port_in_use(port: int) -> str | None:
@@ -183,7 +175,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     findings: list[Finding] = []
     claims = int(store.add(f"claim/{rank}", 1))
     if claims > 1:
-        findings.append(raise_event(
+        findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
             f"{view.get('hostname')}, pid {view.get('pid')})", rank=rank,
             evidence={"rank": rank, "claims": claims}))
@@ -193,7 +185,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     arrived = [r for r in range(world_size) if store.check([f"view/{r}"])]
     missing = [r for r in range(world_size) if r not in arrived]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
-        findings.append(raise_event(
+        findings.append(event_finding(
             ev.RANKS_MISSING,
             f"WORLD_SIZE={world_size} but only {len(arrived)} rank(s) checked in within {timeout:g} s: "
             f"arrived {format_ranks(arrived) or 'none'}; missing {format_ranks(missing) or 'none'}",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ddp_doctor.version import __version__
 from ddp_doctor.findings import Finding, severity_rank
+from ddp_doctor.version import __version__
 
 SCHEMA = "ddp-doctor.report"
 SCHEMA_VERSION = 1

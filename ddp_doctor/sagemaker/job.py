@@ -470,15 +470,15 @@ def failure_findings(ctx: JobContext) -> list[Any]:
             hint = (f"Grant {f.permission} to {who or 'the identity you run ddp-doctor as'} (an IAM policy "
                     f'statement {{"Effect": "Allow", "Action": "{f.permission}", "Resource": "*"}}), or '
                     f"verify what {', '.join(sorted(f.checks)) or 'the check'} covers by hand.")
-            out.append(events.raise_event(jc.PERMISSION_MISSING, msg, rank=None, hint=hint, evidence=evidence))
+            out.append(events.event_finding(jc.PERMISSION_MISSING, msg, rank=None, hint=hint, evidence=evidence))
         elif f.kind == "unreachable":
             msg = (f"{f.operation} ({f.permission}) could not be called: {f.code}: {f.message}{for_checks}; "
                    f"those checks were not done")
-            out.append(events.raise_event(jc.AWS_UNREACHABLE, msg, rank=None, evidence=evidence))
+            out.append(events.event_finding(jc.AWS_UNREACHABLE, msg, rank=None, evidence=evidence))
         else:
             msg = (f"{f.operation} ({f.permission}) could not be called: {f.code}: {f.message}{for_checks}; "
                    f"those checks were not done")
-            out.append(events.raise_event(jc.AWS_UNREACHABLE, msg, rank=None, evidence=evidence))
+            out.append(events.event_finding(jc.AWS_UNREACHABLE, msg, rank=None, evidence=evidence))
     return out
 
 
@@ -568,10 +568,11 @@ def spec_from_args(args: Any) -> JobSpec:
 def command(args: Any) -> int:
     """`ddp-doctor sagemaker-check`: 0 no errors, 3 errors found, 2 usage error, 1 failed."""
     import sys
+
     from ddp_doctor import registry
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report import sinks
-    from ddp_doctor.report.publish import Output, show, warn, upload_report
+    from ddp_doctor.report.publish import Output, show, upload_report, warn
     try:
         require_boto3()
     except ImportError as e:

@@ -13,9 +13,8 @@ import os
 from collections import Counter
 from typing import Any
 
-from ddp_doctor.checks.internal import raise_event
-from ddp_doctor.findings import Finding
-from ddp_doctor.findings import format_ranks
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
 OVERLAP = declare(
@@ -89,7 +88,7 @@ def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
     allowed = world - 1 if distributed and not getattr(sampler, "drop_last", False) else 0
     if world > 1 and repeats > allowed:
         shared = sorted(i for i, c in counts.items() if c > 1)
-        findings.append(raise_event(OVERLAP, (
+        findings.append(event_finding(OVERLAP, (
             f"{type(sampler).__name__} over {n} samples and {world} ranks: {repeats} index draws repeat "
             f"across ranks in one epoch (padding allows {allowed}); e.g. indices {shared[:5]} are drawn by "
             f"ranks {format_ranks(r for r, shard in enumerate(first) if shared and shared[0] in shard)}"),
@@ -97,12 +96,12 @@ def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
             evidence={"sampler": type(sampler).__name__, "repeats": repeats, "allowed": allowed}))
     missing = n - len(counts)
     if missing > (world - 1 if getattr(sampler, "drop_last", False) else 0):
-        findings.append(raise_event(NOT_COVERED, (
+        findings.append(event_finding(NOT_COVERED, (
             f"one epoch over {world} rank(s) draws {len(counts)} of {n} distinct samples: {missing} never "
             f"drawn"), rank=None, evidence={"missing": missing, "dataset_size": n}))
     shuffled = any(shard != sorted(shard) for shard in first)
     if epochs > 1 and shuffled and draws[0] == draws[1]:
-        findings.append(raise_event(SAME_ORDER, (
+        findings.append(event_finding(SAME_ORDER, (
             f"{type(sampler).__name__} shuffles, but gave the same order in epochs 0 and 1 on every rank"),
             rank=None, evidence={"epochs": epochs}))
     return findings

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from helpers.context import make_ctx, sm_env, torchrun_env
+from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
 
 from ddp_doctor import registry, runner
-from ddp_doctor.facts import nvml
 from ddp_doctor.checks import gpu
+from ddp_doctor.facts import nvml
 from ddp_doctor.preflight_run.group import Group
-from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
-from helpers.context import make_ctx, sm_env, torchrun_env
 
 GPU_IDS = sorted(c.id for c in registry.load_catalogue().values() if c.category == "gpu")
 LOCAL_IDS = [i for i in GPU_IDS if registry.REGISTRY[i].stage == "local"]
@@ -318,6 +318,7 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU (run scripts/gpu-smoke.sh on a GPU host)")
 def test_real_gpu_nvml_and_torch_agree():
     import torch
+
     from ddp_doctor.facts.host import read_host_facts
     with nvml.session() as s:
         assert s.ok, s.error

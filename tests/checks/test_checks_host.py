@@ -7,16 +7,15 @@ import functools
 import json
 import resource
 import subprocess
-import sys
 from collections import namedtuple
 
 import pytest
-
-from ddp_doctor import registry, runner
-from ddp_doctor.cli import app as cli
-from ddp_doctor.checks import host
 from helpers.context import make_ctx, torchrun_env
 from helpers.procs import DDP, clean_env, load_json
+
+from ddp_doctor import registry, runner
+from ddp_doctor.checks import host
+from ddp_doctor.cli import app as cli
 
 HOST_IDS = sorted(c.id for c in registry.load_catalogue().values() if c.category == "host")
 HUGE = 10 ** 12

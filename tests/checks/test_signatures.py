@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.procs import DDP, Result, clean_env, load_json, run
 
 from ddp_doctor import registry
-from ddp_doctor.training.run.diagnose import training_findings
 from ddp_doctor.checks.signatures import SIGNATURES, classify
-from helpers.procs import DDP, Result, clean_env, load_json, run
+from ddp_doctor.training.run.diagnose import training_findings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "failure_scripts"

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.context import make_ctx, torchrun_env
 
-from ddp_doctor.comm import sweep as comm
 from ddp_doctor.checks import communication as cc
 from ddp_doctor.cli.app import build_parser, check_options
+from ddp_doctor.comm import sweep as comm
 from ddp_doctor.preflight_run.group import Group
-from helpers.context import make_ctx, torchrun_env
 
 
 # ---------------------------------------------------------------- arithmetic

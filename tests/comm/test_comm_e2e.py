@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.procs import DDP, assert_clean_output, clean_env, finish, free_port, ids, load_json, run, start
 
 pytestmark = pytest.mark.slow

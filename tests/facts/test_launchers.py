@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from ddp_doctor.facts import launchers
 from ddp_doctor.context import RankContext, build_context, choose_backend
+from ddp_doctor.facts import launchers
 from ddp_doctor.facts.env_values import Invalid
 from ddp_doctor.facts.host import HostFacts
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
 
 from ddp_doctor.facts import nvml
 from ddp_doctor.facts.nvml import Unknown, is_unknown
-from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def write_config(root: Path, *, rc: Any = None, rc_text: str | None = None,
     return str(root)
 
 
-def read(env: dict[str, str], root: str) -> sagemaker.SageMakerView:
+def read(env: dict[str, str], root: str) -> sagemaker.SageMakerEnv:
     view = sagemaker.read(env, root)
     assert view is not None
     return view

@@ -6,7 +6,6 @@ import socket
 import sys
 
 import pytest
-
 from helpers.procs import DDP, assert_clean_output, assert_healthy, clean_env, free_port, ids, load_json, run, run_ranks
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 
 import ddp_doctor
-from ddp_doctor.report.redact import MASK
 from ddp_doctor.preflight_run.rank_view import collect_view, comm_env, script_digest, versions
+from ddp_doctor.report.redact import MASK
 
 KEYS = {"rank", "local_rank", "node_rank", "world_size", "local_world_size", "launcher", "backend",
         "hostname", "sm_host", "pid", "time", "device", "device_uuid", "versions", "env", "entry_script"}

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from ddp_doctor.preflight_run import rendezvous
-from ddp_doctor.preflight_run.rendezvous import Meeting, Probe
+from ddp_doctor.preflight_run.rendezvous import Meeting, Reach
 
 
 def free_port() -> int:
@@ -42,11 +42,11 @@ def listening() -> Iterator[tuple[socket.socket, int]]:
         s.close()
 
 
-# ---------------------------------------------------------------- probe_master
+# ---------------------------------------------------------------- reach_master
 
 def test_probe_listening_socket_is_ok(listening: tuple[socket.socket, int]) -> None:
     _, port = listening
-    probe = rendezvous.probe_master("127.0.0.1", port, 2.0)
+    probe = rendezvous.reach_master("127.0.0.1", port, 2.0)
     assert probe.ok and probe.kind == "" and probe.attempts == 1
     assert probe.elapsed_s < 1.0
 
@@ -54,13 +54,13 @@ def test_probe_listening_socket_is_ok(listening: tuple[socket.socket, int]) -> N
 def test_probe_localhost_name_is_ok(listening: tuple[socket.socket, int]) -> None:
     # torchrun's own MASTER_ADDR for --standalone is "localhost"; ::1 may be tried first and refused
     _, port = listening
-    assert rendezvous.probe_master("localhost", port, 2.0, attempt_timeout=0.5).ok
+    assert rendezvous.reach_master("localhost", port, 2.0, attempt_timeout=0.5).ok
 
 
 def test_probe_nothing_listening_is_refused_within_bound() -> None:
     port = free_port()
     start = time.monotonic()
-    probe = rendezvous.probe_master("127.0.0.1", port, 0.6, attempt_timeout=0.3)
+    probe = rendezvous.reach_master("127.0.0.1", port, 0.6, attempt_timeout=0.3)
     elapsed = time.monotonic() - start
     assert not probe.ok
     assert probe.kind == "refused"
@@ -82,7 +82,7 @@ def test_probe_refused_then_master_appears() -> None:
     t = threading.Thread(target=start_late)
     t.start()
     try:
-        probe = rendezvous.probe_master("127.0.0.1", port, 3.0, attempt_timeout=0.3)
+        probe = rendezvous.reach_master("127.0.0.1", port, 3.0, attempt_timeout=0.3)
     finally:
         t.join()
         srv.close()
@@ -91,7 +91,7 @@ def test_probe_refused_then_master_appears() -> None:
 
 def test_probe_unresolvable_name() -> None:
     start = time.monotonic()
-    probe = rendezvous.probe_master("ddp-doctor-test-host.invalid", 29500, 2.0)
+    probe = rendezvous.reach_master("ddp-doctor-test-host.invalid", 29500, 2.0)
     assert not probe.ok
     assert probe.kind == "unresolvable"
     assert probe.attempts == 0
@@ -134,9 +134,9 @@ import json, sys, time
 from ddp_doctor.preflight_run import rendezvous
 host, port, bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 start = time.monotonic()
-p = rendezvous.probe_master(host, port, bound, attempt_timeout=0.4)
+p = rendezvous.reach_master(host, port, bound, attempt_timeout=0.4)
 wall = time.monotonic() - start
-f = rendezvous.probe_finding(p, host, port, 1, bound)
+f = rendezvous.reach_finding(p, host, port, 1, bound)
 print(json.dumps({"ok": p.ok, "kind": p.kind, "attempts": p.attempts, "wall": wall, "detail": p.detail,
                   "id": f.id, "message": f.message, "ranks": f.ranks}))
 """
@@ -183,13 +183,13 @@ def test_probe_network_unreachable_in_netns() -> None:
     assert out["id"] == "DDP312"  # no separate ID: reported like a timeout (packets go nowhere)
 
 
-# ---------------------------------------------------------------- probe_finding
+# ---------------------------------------------------------------- reach_finding
 
 @pytest.mark.parametrize("kind,cid", [("unresolvable", "DDP310"), ("refused", "DDP311"), ("timeout", "DDP312"),
                                       ("unreachable", "DDP312")])
 def test_probe_finding_maps_kinds(kind: str, cid: str) -> None:
-    probe = Probe(ok=False, kind=kind, detail="some detail", attempts=3, elapsed_s=1.23456)
-    f = rendezvous.probe_finding(probe, "algo-2", 7777, 3, 5.0)
+    probe = Reach(ok=False, kind=kind, detail="some detail", attempts=3, elapsed_s=1.23456)
+    f = rendezvous.reach_finding(probe, "algo-2", 7777, 3, 5.0)
     assert f.id == cid and f.severity == "error" and f.category == "network"
     assert "MASTER_ADDR=algo-2 MASTER_PORT=7777" in f.message
     assert f.ranks == [3]
@@ -204,8 +204,8 @@ def test_probe_finding_maps_kinds(kind: str, cid: str) -> None:
 
 def test_probe_finding_end_to_end_refused() -> None:
     port = free_port()
-    probe = rendezvous.probe_master("127.0.0.1", port, 0.3, attempt_timeout=0.2)
-    f = rendezvous.probe_finding(probe, "127.0.0.1", port, 0, 0.3)
+    probe = rendezvous.reach_master("127.0.0.1", port, 0.3, attempt_timeout=0.2)
+    f = rendezvous.reach_finding(probe, "127.0.0.1", port, 0, 0.3)
     assert f.id == "DDP311" and f"MASTER_PORT={port}" in f.message
 
 

@@ -13,9 +13,9 @@ import xml.etree.ElementTree as ET
 import psutil
 import pytest
 
+from ddp_doctor.facts.host import visible_gpu_count
 from ddp_doctor.pytest_plugin import rank_pool as _forkserver
 from ddp_doctor.pytest_plugin.rank_pool import RankEnd, RunResult, classify
-from ddp_doctor.facts.host import visible_gpu_count
 from ddp_doctor.testing import LocalChecks, simulated_sagemaker
 
 pytest_plugins = ["pytester"]

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from ddp_doctor.report import build as reportlib
-from ddp_doctor.findings import Finding
+from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.preflight_run.local_launch import merge_launch_dir
 from ddp_doctor.preflight_run.rank import merge_measurements
-from ddp_doctor.findings import format_ranks
+from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.render import render_text
 
 TOP_KEYS = {"schema", "schema_version", "tool_version", "status", "phase", "world", "ranks", "findings",

@@ -1,4 +1,9 @@
-import os, sys, torch, torch.distributed as dist
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
 dist.init_process_group("gloo")
 t = torch.ones(4) * (dist.get_rank() + 1)
 dist.all_reduce(t)

@@ -1,4 +1,8 @@
-import time, torch, torch.distributed as dist
+import time
+
+import torch
+import torch.distributed as dist
+
 dist.init_process_group("gloo")
 t = torch.ones(4)
 if dist.get_rank() == 1:

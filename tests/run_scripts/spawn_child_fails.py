@@ -1,4 +1,8 @@
-import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+import os
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
 
 def worker(rank, world):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.context import write_sm_config
 from helpers.nodes import run_nodes
 from helpers.procs import clean_env, ids, load_json

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.procs import DDP, clean_env, ids, load_json, run
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.procs import DDP, Result, assert_healthy, clean_env, ids, load_json, run
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.procs import DDP, assert_healthy, clean_env, free_port, ids, load_json, run
 
 pytestmark = pytest.mark.slow

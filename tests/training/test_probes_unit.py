@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import torch
+from helpers.procs import clean_env
 
 from ddp_doctor.training.probes import fingerprints
 from ddp_doctor.training.probes import recorder as probes
-from helpers.procs import clean_env
 
 
 def test_sample_fingerprints_follow_contents_not_batch_position():

@@ -1,14 +1,11 @@
 """`ddp-doctor run` on real processes: handover, passthrough, failures, hangs, spawn scripts."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-from helpers.procs import (DDP, assert_clean_output, clean_env, free_port, ids, load_json, run,
-                         run_ranks)
+from helpers.procs import DDP, assert_clean_output, clean_env, free_port, load_json, run, run_ranks
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"

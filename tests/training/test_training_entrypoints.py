@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.procs import Result, clean_env, run
 
 pytestmark = pytest.mark.slow

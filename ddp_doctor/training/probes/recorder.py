@@ -30,9 +30,9 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from ddp_doctor.training import TOOL_DIR
 from ddp_doctor.training.probes.fingerprints import as_indices, sample_hashes, tensor_sums
 from ddp_doctor.training.probes.import_hooks import when_imported
-from ddp_doctor.training import TOOL_DIR
 
 PROBE_DIR_ENV = "DDP_DOCTOR_PROBE_DIR"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
@@ -409,8 +409,8 @@ def share_across_nodes(rec: Recorder) -> None:
         local = _int_env("LOCAL_WORLD_SIZE") or _int_env("OMPI_COMM_WORLD_LOCAL_SIZE")
         if not rec.out_dir or world <= 1 or local is None or local >= world:
             return
-        from ddp_doctor.training.records import write_json
         from ddp_doctor.training.probes.session import gather
+        from ddp_doctor.training.records import write_json
         store = dist.distributed_c10d._get_default_store()
         rank = dist.get_rank()
         store.set(f"ddp_doctor/node-records/{rank}", json.dumps(rec.to_dict(), default=str))

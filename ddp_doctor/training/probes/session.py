@@ -91,11 +91,11 @@ class ProbeSession:
         return self._report(got, missing)
 
     def _report(self, records: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
+        from ddp_doctor.checks.training_probes import probe_findings
+        from ddp_doctor.context import current_context
         from ddp_doctor.report import build as reportlib
         from ddp_doctor.report import sinks
-        from ddp_doctor.context import current_context
         from ddp_doctor.report.publish import Output, show, warn
-        from ddp_doctor.checks.training_probes import probe_findings
         findings = probe_findings(records)
         if missing:
             findings.append(_missing_finding(missing, self.gather_timeout))
@@ -126,8 +126,8 @@ def gather(store: Any, prefix: str, world: int, timeout: float) -> tuple[list[di
 
 
 def _missing_finding(missing: list[int], timeout: float) -> Any:
-    from ddp_doctor.checks.internal import RANK_LOST, raise_event
+    from ddp_doctor.checks.internal import RANK_LOST, event_finding
     from ddp_doctor.findings import format_ranks
-    return raise_event(RANK_LOST, (
+    return event_finding(RANK_LOST, (
         f"rank(s) {format_ranks(missing)} did not hand in their probe record within {timeout:g} s of rank 0 "
         f"finishing training"), rank=None, ranks=missing, phase="training", severity="warning")

@@ -124,8 +124,8 @@ def main(argv: list[str]) -> int:
             torchrun_value(torchrun, "--nproc-per-node", "--nproc_per_node") or torchrun_value(torchrun, "--nnodes")):
         if torchrun and launcher_name(os.environ) != "none":
             sys.stderr.write("ddp-doctor run: warning: launcher options ignored under a launcher\n")
-        from ddp_doctor.training.run.rank import run_rank
-        return run_rank(opts)
+        from ddp_doctor.training.run.rank import run_training_rank
+        return run_training_rank(opts)
     return launch(torchrun, doctor, target, opts)
 
 
@@ -186,6 +186,7 @@ def end_stuck_at_exit(run_dir: str, bound: float) -> list[int]:
     `bound`: interpreter teardown hangs (seen with torch 2.13's gloo). End them; the script's own
     exit status stands and the report says so (DDP806)."""
     import signal
+
     from ddp_doctor.training import records
     now = time.time()
     ended = []
@@ -224,14 +225,14 @@ def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]]) -> dict[int, di
 
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
            torchrun: list[str]) -> int:
-    from ddp_doctor.report import build as reportlib
-    from ddp_doctor.report import sinks
+    from ddp_doctor.checks.training_probes import probe_findings
     from ddp_doctor.findings import Finding
     from ddp_doctor.preflight_run.local_launch import merge_launch_dir
+    from ddp_doctor.report import build as reportlib
+    from ddp_doctor.report import sinks
     from ddp_doctor.report.publish import Output, show, warn
     from ddp_doctor.training import records
     from ddp_doctor.training.run.diagnose import EXIT_HANG, hang_finding, training_findings
-    from ddp_doctor.checks.training_probes import probe_findings
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     pf_dir = os.path.join(run_dir, "preflight")

@@ -10,10 +10,10 @@ import re
 import signal
 from typing import Any
 
-from ddp_doctor.checks.internal import raise_event
-from ddp_doctor.findings import Finding
 from ddp_doctor.checks import training_failures as failures
+from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import classify
+from ddp_doctor.findings import Finding
 
 EXIT_HANG = 124
 MESSAGE_LIMIT = 600
@@ -53,16 +53,16 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
         evidence["consequence"] = True
         evidence["signature"] = sig.entry.id if sig else None
         first = f"after rank {consequence_of} failed" if consequence_of is not None else "after a peer failed"
-        return raise_event(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}", rank=rank,
+        return event_finding(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}", rank=rank,
                            evidence=evidence, phase="training")
     who = f"spawned process {rank}" if child else f"rank {rank}"
     if sig is not None:
-        return raise_event(sig.entry, f"{who} raised {summary}", rank=rank, evidence=evidence,
+        return event_finding(sig.entry, f"{who} raised {summary}", rank=rank, evidence=evidence,
                            phase="training")
     if child:
-        return raise_event(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
+        return event_finding(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
                            f"{summary}", rank=rank, evidence=evidence, phase="training")
-    return raise_event(failures.RANK_RAISED, f"rank {rank} raised {summary}", rank=rank,
+    return event_finding(failures.RANK_RAISED, f"rank {rank} raised {summary}", rank=rank,
                        evidence=evidence, phase="training")
 
 
@@ -97,28 +97,28 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
         if code is None or code == 0:
             continue
         if o is not None and o.get("exit_code") == 0 and code == -signal.SIGABRT:
-            findings.append(raise_event(
+            findings.append(event_finding(
                 failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
                 f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
         elif o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
             # SIGKILL: ddp-doctor ended it past the teardown bound; SIGTERM: the launcher did, once
             # a peer stuck the same way was ended first
-            findings.append(raise_event(
+            findings.append(event_finding(
                 failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
                 f"but the process did not exit and was ended ({_signal_name(code)})", rank=r, phase="teardown",
                 evidence={"exit_status": code}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so
-            findings.append(raise_event(
+            findings.append(event_finding(
                 failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
                 f"rank failed", rank=r, evidence={"exit_status": code, "consequence": True},
                 phase="training"))
         elif o is None and code < 0:
-            findings.append(raise_event(
+            findings.append(event_finding(
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
                 f"error", rank=r, evidence={"exit_status": code}, phase="training"))
         elif o is None:
-            findings.append(raise_event(
+            findings.append(event_finding(
                 failures.RANK_KILLED, f"rank {r} exited with status {code} before its script ended "
                 f"(no Python error was recorded: os._exit() or a crash in native code)", rank=r,
                 evidence={"exit_status": code}, phase="training"))
@@ -164,7 +164,7 @@ def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], 
                       for r in sorted(where))
     head = (f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
             if odd else f"no progress on any rank for {timeout:g} s")
-    return raise_event(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
+    return event_finding(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
                        evidence={"where": {str(r): w for r, w in where.items()},
                                  "stacks": {str(r): s for r, s in stacks.items()}},
                        phase="training")

@@ -49,11 +49,11 @@ def run_dir_for(env: Any) -> str:
 
 
 def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
-    from ddp_doctor.preflight_run.rank import Options, RankPreflight
     from ddp_doctor.context import current_context
+    from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight
     under_parent = bool(os.environ.get(PARENT_ENV))
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
-    pf_opts = Options(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
+    pf_opts = PreflightOptions(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
                       output=out, check_options=opts.check_options,
                       launch_dir=os.path.join(run_dir, "preflight") if under_parent else None,
                       entry_script=opts.target.path)
@@ -68,7 +68,7 @@ def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
     return rep, reportlib.EXIT_INTERNAL if failed else reportlib.exit_code(rep)
 
 
-def run_rank(opts: RunOptions) -> int:
+def run_training_rank(opts: RunOptions) -> int:
     """The whole life of one rank; returns the exit status the process should end with."""
     from ddp_doctor.facts.launchers import detect
     info = detect(os.environ)
@@ -128,11 +128,11 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     failure file (first writer wins: the first rank to fail) and says it on stderr."""
     if rank != 0 and not failed:
         return
-    from ddp_doctor.report import sinks
+    from ddp_doctor.checks.training_probes import probe_findings
     from ddp_doctor.context import current_context
+    from ddp_doctor.report import sinks
     from ddp_doctor.report.publish import platform_sinks, show
     from ddp_doctor.training.run.diagnose import training_findings
-    from ddp_doctor.checks.training_probes import probe_findings
     if rank == 0 and not failed:
         _wait_for_local_ranks(run_dir, started)
     outcomes = {r: o for r, o in records.read_outcomes(run_dir).items() if o.get("time", 0) >= started - 5}

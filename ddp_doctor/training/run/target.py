@@ -9,6 +9,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
 from ddp_doctor.training import TOOL_DIR
 
 

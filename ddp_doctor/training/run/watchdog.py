@@ -19,8 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddp_doctor.training import records
-from ddp_doctor.training import TOOL_DIR
+from ddp_doctor.training import TOOL_DIR, records
 
 STACK_SIGNAL = signal.SIGUSR2
 _PKG_DIRS: tuple[str, ...] | None = None

@@ -1,0 +1,55 @@
+"""Run a callable with a time limit: the one way ddp-doctor bounds a call that might block (a check,
+a DNS lookup, a store connection, a teardown). The call runs in a daemon thread; past the limit it
+is abandoned (a thread cannot be killed) and the caller carries on with what it knows.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Mapping, TypeVar
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass
+class Bounded(Generic[T]):
+    """What a bounded call came to: finished in time (with its value or its exception), or not."""
+    finished: bool
+    value: T | None = None
+    error: BaseException | None = None
+    traceback: str = ""
+
+
+def _start(fn: Callable[[], T], name: str) -> tuple[threading.Thread, Bounded[T]]:
+    out: Bounded[T] = Bounded(finished=False)
+
+    def target() -> None:
+        try:
+            out.value = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, never raised in the thread
+            out.error, out.traceback = e, traceback.format_exc()
+        out.finished = True
+
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()
+    return t, out
+
+
+def call_with_time_limit(fn: Callable[[], T], seconds: float, *, name: str = "ddp-doctor-bounded") -> Bounded[T]:
+    """Call fn() and wait at most `seconds` for it."""
+    t, out = _start(fn, name)
+    t.join(max(0.0, seconds))
+    return out
+
+
+def call_all_with_time_limit(calls: Mapping[K, Callable[[], Any]], seconds: float, *,
+                             name: str = "ddp-doctor-bounded") -> dict[K, Bounded[Any]]:
+    """Start every call at once and wait at most `seconds` for all of them together."""
+    started = {key: _start(fn, f"{name}-{key}") for key, fn in calls.items()}
+    deadline = time.monotonic() + seconds
+    for t, _ in started.values():
+        t.join(max(0.0, deadline - time.monotonic()))
+    return {key: out for key, (_, out) in started.items()}
