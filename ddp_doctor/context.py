@@ -1,4 +1,5 @@
-"""RankContext: everything a check may read about its rank, built once from the environment.
+"""RankContext: everything a check may read about its rank, built once from the environment; and
+Group, the process group a preflight creates, as the `group` stage's checks see it.
 
 `build_context` is a pure function of an environment mapping, a SageMaker config root and the
 host facts, so tests build any situation (SageMaker on 2 hosts with 8 GPUs each, a bad SM_HOSTS,
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Mapping
 
 from ddp_doctor.facts import launchers
@@ -105,3 +107,19 @@ def current_context(**kwargs: object) -> RankContext:
     """The context of this process, reading the real environment and host."""
     from ddp_doctor.facts.host import read_host_facts
     return build_context(os.environ, read_host_facts(), **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass
+class Group:
+    """The process group a preflight creates, as the `group` stage's checks see it."""
+    rank: int
+    world_size: int
+    backend: str
+    device: str                 # "cpu" or "cuda:N": where collective tensors live
+    timeout: float              # seconds; every collective a check issues is bounded by it
+    # Checks append their figures here (e.g. measurements["all_reduce"]); merged across ranks.
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+    def wait(self, work: Any) -> None:
+        """Wait for an async collective, bounded by the group timeout."""
+        work.wait(timedelta(seconds=self.timeout))

@@ -20,8 +20,7 @@ from typing import Any
 from ddp_doctor.checks import internal as events
 from ddp_doctor.findings import Finding
 from ddp_doctor.report import build as reportlib
-from ddp_doctor.report import sinks
-from ddp_doctor.report.publish import Output, show, upload_report, warn
+from ddp_doctor.report.publish import Output, publish
 
 CPU_DEFAULT_RANKS = 2
 
@@ -108,12 +107,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         else:
             terminate_tree(proc, grace=0.5)  # stragglers of an abnormal exit, if any
         rep = merge_launch_dir(tmp, nproc, rc, timed_out, bound)
-    path = out.path()
-    err = sinks.write_report_file(rep, path)
-    if err:
-        warn(err)
-    show(rep, out, None if err else path)
-    upload_report(rep, out)
+    publish(rep, out)
     return reportlib.exit_code(rep)
 
 

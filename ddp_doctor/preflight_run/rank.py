@@ -20,11 +20,10 @@ from typing import Any
 from ddp_doctor import runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
-from ddp_doctor.context import RankContext, current_context
+from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.preflight_run import rendezvous
-from ddp_doctor.preflight_run.group import Group
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output, deliver
 from ddp_doctor.report.redact import redact_text

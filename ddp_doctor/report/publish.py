@@ -69,6 +69,21 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
     stream.flush()
 
 
+def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,
+            suffix: str = "", stream: Any = None, prefix: str = "") -> str | None:
+    """The one way a finished report leaves ddp-doctor: write it to its file (--report,
+    DDP_DOCTOR_REPORT, or the default), warn when that failed, show it as `out` asks, and upload it
+    when S3 is asked for. Returns the path written, None when it could not be written."""
+    env = os.environ if env is None else env
+    path = path or out.path(env)
+    err = sinks.write_report_file(rep, path)
+    if err:
+        warn(err)
+    show(rep, out, None if err else path, stream=stream, prefix=prefix)
+    upload_report(rep, out, env, suffix=suffix)
+    return None if err else path
+
+
 def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:
     """On failure: torchelastic's error file (torchrun's summary names it) and, on SageMaker,
     the failure file (first writer wins) and a stderr line naming an exception."""
@@ -97,19 +112,11 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
     rank = ctx.rank if ctx.rank is not None else 0
     path = out.path(ctx.env)
     if reporter:
-        err = sinks.write_report_file(rep, path)
-        if err:
-            warn(err)
-        show(rep, out, None if err else path)
-        upload_report(rep, out, ctx.env)
+        publish(rep, out, env=ctx.env, path=path)
     elif alone:
-        own = path if rank == 0 else f"{path}.rank{rank}.json"
-        err = sinks.write_report_file(rep, own)
         if rank != 0 and not os.path.exists(path):
             sinks.write_report_file(rep, path)  # so PATH exists in every outcome; rank 0 overwrites
-        if err:
-            warn(err)
-        show(rep, out, own, stream=sys.stdout if rank == 0 else sys.stderr,
-             prefix="" if rank == 0 else f"[rank {rank}] ")
-        upload_report(rep, out, ctx.env, suffix="" if rank == 0 else f".rank{rank}")
+        publish(rep, out, env=ctx.env, path=path if rank == 0 else f"{path}.rank{rank}.json",
+                suffix="" if rank == 0 else f".rank{rank}", stream=sys.stdout if rank == 0 else sys.stderr,
+                prefix="" if rank == 0 else f"[rank {rank}] ")
     platform_sinks(rep, ctx)

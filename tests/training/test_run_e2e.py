@@ -62,6 +62,7 @@ def test_failed_preflight_does_not_start_the_script(tmp_path):
     env = clean_env(MARKER_DIR=str(tmp_path))
     res = run_ranks(2, ["run", "--timeout", "3", "--report", str(report), script("writes_marker.py")],
                     env, str(tmp_path), world_size=3)
+    assert sorted(res) == [0, 1]
     assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
     assert not list(tmp_path.glob("ran-*"))
     assert load_json(str(report))["root_cause"]["id"] == "DDP320"
@@ -71,6 +72,7 @@ def test_handover_under_an_env_launch_where_rank_0_hosts_the_store(tmp_path):
     # Preflight's store on MASTER_PORT must be gone before the script's own init_process_group
     # hosts one on the same port.
     res = run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce.py"), "x"], clean_env(), str(tmp_path))
+    assert sorted(res) == [0, 1]
     for r, x in res.items():
         assert x.rc == 0, x.output
         assert f"rank {r} sum 3.0 argv ['x']" in x.stdout

@@ -229,8 +229,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.findings import Finding
     from ddp_doctor.preflight_run.local_launch import merge_launch_dir
     from ddp_doctor.report import build as reportlib
-    from ddp_doctor.report import sinks
-    from ddp_doctor.report.publish import Output, show, warn
+    from ddp_doctor.report.publish import Output, platform_sinks, publish
     from ddp_doctor.training import records
     from ddp_doctor.training.run.diagnose import EXIT_HANG, hang_finding, training_findings
 
@@ -266,13 +265,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         rep = reportlib.build_report(world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                      ranks=(pf or {}).get("ranks") or [], findings=findings,
                                      measurements=(pf or {}).get("measurements") or {}, phase="training")
-    path = out.path()
-    err = sinks.write_report_file(rep, path)
-    if err:
-        warn(err)
-    show(rep, out, None if err else path)
+    publish(rep, out)
     if rep.get("status") == "fail":
         from ddp_doctor.context import current_context
-        from ddp_doctor.report.publish import platform_sinks
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     return code

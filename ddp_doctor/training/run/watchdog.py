@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddp_doctor.training import TOOL_DIR, records
+from ddp_doctor.training import records
+from ddp_doctor.training.frames import TOOL_DIR
 
 STACK_SIGNAL = signal.SIGUSR2
 _PKG_DIRS: tuple[str, ...] | None = None
