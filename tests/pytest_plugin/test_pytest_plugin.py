@@ -14,8 +14,9 @@ import psutil
 import pytest
 
 from ddp_doctor.facts.host import visible_gpu_count
-from ddp_doctor.pytest_plugin import rank_pool as _forkserver
-from ddp_doctor.pytest_plugin.rank_pool import RankEnd, RunResult, classify
+from ddp_doctor.pytest_plugin.rank_pool import wire
+from ddp_doctor.pytest_plugin.rank_pool.results import RankEnd, RunResult
+from ddp_doctor.pytest_plugin.rank_pool.verdict import classify
 from ddp_doctor.testing import LocalChecks, simulated_sagemaker
 
 pytest_plugins = ["pytester"]
@@ -432,7 +433,9 @@ def test_ddp_doctor_fixture_runs_local_checks(ddp_doctor: LocalChecks, tmp_path)
 
 
 def test_forkserver_module_imports_no_torch():
-    code = "import sys, ddp_doctor.pytest_plugin, ddp_doctor.pytest_plugin.rank_pool; print('torch' in sys.modules)"
+    code = ("import sys, ddp_doctor.pytest_plugin, ddp_doctor.pytest_plugin.rank_pool, "
+            "ddp_doctor.pytest_plugin.rank_pool.forkserver, ddp_doctor.pytest_plugin.rank_pool.rank; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
-    assert _forkserver.PRELOAD[0] == "torch"
+    assert wire.PRELOAD[0] == "torch"

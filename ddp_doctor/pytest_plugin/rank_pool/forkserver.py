@@ -1,0 +1,130 @@
+"""The forkserver's main loop (``python -c "...forkserver import serve; serve()"``): preloads torch
+once, then forks the ranks of each test the parent asks for, forwards signals and kills to them,
+reaps them and reports every exit to the parent.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+from ddp_doctor.pytest_plugin.rank_pool.rank import rank_main
+from ddp_doctor.pytest_plugin.rank_pool.wire import PRELOAD, PRELOAD_ENV, Reader, pdeathsig, send
+
+
+def serve() -> None:
+    """The forkserver's main loop: requests on fd 0, events on a copy of fd 1."""
+    parent = os.getppid()
+    pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+    ctl_in, ctl_out = 0, os.dup(1)
+    os.dup2(2, 1)  # nothing but events on the control pipe
+    import importlib
+    preload = [m for m in os.environ.get(PRELOAD_ENV, ",".join(PRELOAD)).split(",") if m]
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - ranks import it again and report the error
+            sys.stderr.write(f"ddp-doctor forkserver: could not preload {name}: {e}\n")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    children: dict[int, tuple[int, int]] = {}   # pid -> (request id, rank)
+    groups: dict[int, int] = {}                 # request id -> pgid
+    send(ctl_out, ("ready", os.getpid()))
+    reader = Reader()
+    server = os.getpid()
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            info = children.pop(pid, None)
+            if info is not None:
+                send(ctl_out, ("exited", info[0], info[1], status, time.time()))
+                if not any(v[0] == info[0] for v in children.values()):
+                    groups.pop(info[0], None)
+
+    def live(req: int) -> list[int]:
+        return [p for p, v in children.items() if v[0] == req]
+
+    try:
+        while True:
+            ready, _, _ = select.select([ctl_in, wake_r], [], [], 1.0)
+            if wake_r in ready:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            reap()
+            if ctl_in not in ready:
+                continue
+            data = os.read(ctl_in, 1 << 16)
+            if not data:
+                break  # the parent closed the pipe or died
+            for msg in reader.feed(data):
+                kind, req = msg[0], msg[1]
+                if kind == "run":
+                    spec = msg[2]
+                    pids: list[int] = []
+                    pgid = 0
+                    for r in range(int(spec["world_size"])):
+                        pid = os.fork()
+                        if pid == 0:
+                            try:
+                                signal.set_wakeup_fd(-1)
+                                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                                for fd in (wake_r, wake_w, ctl_out):
+                                    os.close(fd)
+                                rank_main(spec, r, pgid, server)
+                            finally:
+                                os._exit(70)
+                        if pgid == 0:
+                            pgid = pid
+                        try:
+                            os.setpgid(pid, pgid)
+                        except OSError:
+                            pass  # the child did it already, or has exited
+                        children[pid] = (req, r)
+                        pids.append(pid)
+                    groups[req] = pgid
+                    send(ctl_out, ("started", req, pids, pgid))
+                elif kind == "signal":
+                    for pid in live(req):
+                        try:
+                            os.kill(pid, int(msg[2]))
+                        except ProcessLookupError:
+                            pass
+                elif kind == "kill":
+                    if live(req) and req in groups:
+                        try:
+                            os.killpg(groups[req], signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    for pid in live(req):  # a rank that left the group is still ours
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+    finally:
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pgid in groups.values():
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(0)

@@ -1,0 +1,192 @@
+"""The parent's side of the rank pool: RankPool starts the forkserver (lazily, again if it died),
+runs one test's ranks with every wait bounded (a timeout or a failed peer dumps the live ranks'
+stacks, then kills them) and collects a RunResult; compile_module prepares the test module's code.
+The parent never imports torch.
+"""
+from __future__ import annotations
+
+import ast
+import marshal
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ddp_doctor.pytest_plugin.rank_pool.results import POOL_LOST, RankEnd, RunResult, collect, file_size, read_result
+from ddp_doctor.pytest_plugin.rank_pool.wire import PRELOAD, PRELOAD_ENV, Reader, output_path, pdeathsig, send
+
+STACK_WAIT_S = 1.0       # how long the parent waits for faulthandler dumps of hung ranks
+PEER_GRACE_S = 3.0       # after a rank failed, how long its peers get to fail or finish on their own
+REAP_WAIT_S = 5.0        # after a kill, how long the parent waits for the forkserver to reap ranks
+SERVE = "from ddp_doctor.pytest_plugin.rank_pool.forkserver import serve; serve()"
+
+
+def compile_module(path: str, config: Any = None) -> bytes:
+    """The test module's code as pytest runs it (asserts rewritten), marshalled for the ranks."""
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, path, config)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:  # noqa: BLE001 - plain asserts still work
+        code = compile(source, path, "exec", dont_inherit=True)
+    return marshal.dumps(code)
+
+
+class RankPool:
+    """The parent's handle on the forkserver; started lazily, restarted if it dies."""
+
+    def __init__(self, log_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
+        self.log_path = log_path
+        self.preload = preload
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.reader = Reader()
+        self.pending: list[Any] = []
+        self.ready = False
+        self.req = 0
+
+    # -- lifecycle
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env[PRELOAD_ENV] = ",".join(self.preload)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", SERVE],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                start_new_session=True, preexec_fn=lambda: pdeathsig(signal.SIGKILL))
+        finally:
+            log.close()
+        self.reader, self.pending, self.ready = Reader(), [], False
+
+    def close(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            assert p.stdin is not None
+            p.stdin.close()  # the forkserver kills what is left and exits
+        except OSError:
+            pass
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+    def _recv(self, timeout: float) -> Any:
+        """The next event, None on timeout; raises EOFError when the forkserver is gone."""
+        if self.pending:
+            return self.pending.pop(0)
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        end = time.monotonic() + max(timeout, 0.0)
+        while True:
+            left = end - time.monotonic()
+            r, _, _ = select.select([fd], [], [], max(left, 0.0))
+            if not r:
+                return None
+            data = os.read(fd, 1 << 16)
+            if not data:
+                raise EOFError(POOL_LOST)
+            self.pending.extend(self.reader.feed(data))
+            if self.pending:
+                return self.pending.pop(0)
+
+    def _send(self, msg: Any) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        send(self.proc.stdin.fileno(), msg)
+
+    def wait_ready(self, timeout: float) -> None:
+        self.start()
+        end = time.monotonic() + timeout
+        while not self.ready:
+            msg = self._recv(end - time.monotonic())
+            if msg is None:
+                raise TimeoutError(f"the rank pool did not start within {timeout:g} s (log: {self.log_path})")
+            if msg[0] == "ready":
+                self.ready = True
+
+    # -- one test
+    def run(self, spec: dict[str, Any], timeout: float, *, start_timeout: float = 120.0) -> RunResult:
+        ws = int(spec["world_size"])
+        try:
+            self.wait_ready(start_timeout)
+        except EOFError:
+            self.close()
+            self.start()
+            self.wait_ready(start_timeout)
+        self.req += 1
+        req = self.req
+        t0 = time.monotonic()
+        ends = {r: RankEnd(r) for r in range(ws)}
+        res = RunResult(world_size=ws, ends=ends, timeout=timeout)
+        killed_for: str | None = None
+        deadline = t0 + timeout
+        grace_end: float | None = None
+        try:
+            self._send(("run", req, spec))
+            reaped: set[int] = set()
+            kill_sent_at: float | None = None
+            while len(reaped) < ws:
+                now = time.monotonic()
+                if killed_for is None and (now >= deadline or (grace_end is not None and now >= grace_end)):
+                    killed_for = "timeout" if now >= deadline else "peer"
+                    res.timed_out = killed_for == "timeout"
+                    self._dump_and_kill(req, spec["dir"], [r for r in range(ws) if r not in reaped])
+                    for r in range(ws):
+                        if r not in reaped:
+                            ends[r].killed = killed_for
+                    kill_sent_at = time.monotonic()
+                if kill_sent_at is not None and time.monotonic() - kill_sent_at > REAP_WAIT_S:
+                    res.notes.append(f"ranks {sorted(set(range(ws)) - reaped)} were not reaped "
+                                     f"{REAP_WAIT_S:g} s after SIGKILL")
+                    break
+                wait_until = deadline if grace_end is None else min(deadline, grace_end)
+                if killed_for is not None:
+                    wait_until = time.monotonic() + 0.5
+                msg = self._recv(max(wait_until - time.monotonic(), 0.0))
+                if msg is None or msg[1] != req:
+                    continue
+                if msg[0] == "exited":
+                    _, _, r, status, when = msg
+                    reaped.add(r)
+                    ends[r].status, ends[r].exit_time = status, when
+                    end_result = read_result(spec["dir"], r)
+                    if grace_end is None and (end_result is None or end_result["outcome"] != "passed"):
+                        grace_end = time.monotonic() + PEER_GRACE_S
+        except EOFError:
+            res.pool_lost = True
+            self.close()
+        except BaseException:
+            try:
+                self._send(("kill", req))
+            except (OSError, AssertionError):
+                pass
+            raise
+        res.seconds = time.monotonic() - t0
+        for e in ends.values():
+            collect(e, spec["dir"])
+        return res
+
+    def _dump_and_kill(self, req: int, d: str, live: list[int]) -> None:
+        self._send(("signal", req, int(signal.SIGUSR1)))
+        end = time.monotonic() + STACK_WAIT_S
+        paths = [output_path(d, "stack", r) for r in live]
+        while time.monotonic() < end:
+            if all(file_size(p) > 0 for p in paths):
+                time.sleep(0.05)  # let the dump finish writing
+                break
+            time.sleep(0.02)
+        self._send(("kill", req))

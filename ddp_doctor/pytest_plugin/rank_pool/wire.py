@@ -1,0 +1,65 @@
+"""What the parent, the forkserver and the ranks agree on: the framing of the control pipe
+(length-prefixed pickles), what the forkserver preloads, how a child dies with its parent, and the
+layout of a test's run directory (where each rank leaves its result, output and stack dump).
+
+Messages, parent -> forkserver: ("run", req, spec), ("signal", req, signum), ("kill", req).
+Forkserver -> parent: ("ready", pid), ("started", req, pids, pgid), ("exited", req, rank, status, time).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import struct
+from typing import Any, Iterator
+
+PR_SET_PDEATHSIG = 1
+PRELOAD = ("torch", "torch.distributed", "pytest")  # what the forkserver imports before the first fork
+PRELOAD_ENV = "DDP_DOCTOR_PRELOAD"                   # how the parent tells it (comma-separated)
+
+
+def send(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    view = memoryview(struct.pack("!I", len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class Reader:
+    """Length-prefixed pickles from a pipe, fed in whatever chunks os.read returns."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        self.buf += data
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack("!I", self.buf[:4])
+            if len(self.buf) < 4 + n:
+                return
+            msg, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+            yield pickle.loads(msg)
+
+
+def pdeathsig(sig: int) -> None:
+    """Have the kernel send `sig` to this process when its parent dies (Linux; no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig))
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- the run directory of one test
+def result_path(d: str, rank: int) -> str:
+    return os.path.join(d, f"result-{rank}.pkl")
+
+
+def output_path(d: str, name: str, rank: int) -> str:
+    """stdout, stderr or stack (faulthandler dump) of one rank."""
+    return os.path.join(d, f"{name}-{rank}.txt")
+
+
+def store_path(d: str) -> str:
+    return os.path.join(d, "store")
