@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_doctor.training.probes import fingerprints
-from ddp_doctor.training.probes import recorder as probes
+from ddp_doctor.training.probes import dist_wrappers, fingerprints, loader_wrappers, recorder
+from ddp_doctor.training.probes.install import install
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--pairs", type=int, default=20)
@@ -30,7 +30,7 @@ ap.add_argument("--batch-size", type=int, default=32)
 args = ap.parse_args()
 
 torch.set_num_threads(1)
-rec = probes.install(tempfile.mkdtemp(prefix="ddp-bench-probes-"))
+rec = install(tempfile.mkdtemp(prefix="ddp-bench-probes-"))
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 WRAPPED = [(owner, name, getattr(owner, name)) for owner, name in (
     (_BaseDataLoaderIter, "__next__"), (_BaseDataLoaderIter, "_next_index"), (DataLoader, "__iter__"),
@@ -41,12 +41,12 @@ def variant(name: str) -> None:
     on = name != "off"
     for owner, attr, wrapper in WRAPPED:
         setattr(owner, attr, wrapper if on else wrapper._ddp_doctor_orig)
-    probes._recorder = rec if on else None  # the step hook and the other wrappers record nothing
+    recorder._current = rec if on else None  # the step hook and the other wrappers record nothing
     for its in rec.iterations.values():
         if name == "first":
             its.clear()  # a "first" epoch: fingerprints + flush
         elif name == "steady" and its:
-            its.extend([its[0]] * (probes.MAX_ITERATIONS - len(its)))  # enough kept: wrappers only
+            its.extend([its[0]] * (loader_wrappers.MAX_ITERATIONS - len(its)))  # enough kept: wrappers only
 
 
 n = args.epoch_steps * args.batch_size
@@ -94,7 +94,7 @@ for i in range(args.pairs):
 variant("steady")
 t = time.perf_counter()
 for _ in range(20000):
-    probes._on_step(opt)
+    dist_wrappers.on_optimizer_step(opt)
 hook = (time.perf_counter() - t) / 20000
 
 

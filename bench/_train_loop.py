@@ -35,9 +35,9 @@ if not 1 <= args.warmup < args.steps:
     sys.exit("need 1 <= --warmup < --steps")
 
 if args.probe_dir:
-    from ddp_doctor.training.probes import recorder as probes
+    from ddp_doctor.training.probes.install import install
     os.makedirs(args.probe_dir, exist_ok=True)
-    probes.install(args.probe_dir)
+    install(args.probe_dir)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

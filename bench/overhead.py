@@ -215,7 +215,7 @@ def main() -> int:
               f"({b_off:.1f} -> {b_on:.1f} us for an empty batch), step hook {hook:.2f} us: {added:.2f} us of a "
               f"{step_us:.0f} us step = {added / step_us * 100:.3f}% (the epoch figures above carry "
               f"about +-1.5% noise on this machine)")
-        from ddp_doctor.training.probes.recorder import HASH_BATCHES, MAX_ITERATIONS
+        from ddp_doctor.training.probes.loader_wrappers import HASH_BATCHES, MAX_ITERATIONS
         later_ms = HASH_BATCHES * hash_ms
         first_ms = later_ms + flush_ms  # one record write, in the first epoch only
         print(f"a loader's first epochs, measured alone: contents of one batch fingerprinted {hash_ms:.3f} ms "

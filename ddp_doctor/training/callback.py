@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.training.probes import recorder as probes
+from ddp_doctor.checks.init_order import init_order
 from ddp_doctor.training.probes.session import ProbeSession
+from ddp_doctor.training.probes.trainer_wrapper import note_trainer
 
 try:
     from transformers import TrainerCallback
@@ -31,8 +32,7 @@ class DoctorCallback(TrainerCallback):
 
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.session.start()
-        probes.note_trainer(model)
-        from ddp_doctor.checks.training_probes import init_order
+        note_trainer(model)
         rec = self.session.rec
         if rec is not None:
             self.session.alert(init_order(rec.rank or 0, rec.to_dict()))

@@ -4,7 +4,8 @@ rank would draw and check the shards are disjoint, cover the data set, and chang
 It runs in one process: for a DistributedSampler it builds the sampler of every rank (same seed,
 rank r of num_replicas); any other sampler is what every rank would draw, since each rank builds
 the same one. DistributedSampler's padding (up to num_replicas - 1 repeated indices when
-drop_last=False) is by design and not reported as overlap.
+drop_last=False) is by design and not reported as overlap. The IDs it raises (DDP850-DDP852) are
+declared in ddp_doctor/checks/sampler.py.
 """
 from __future__ import annotations
 
@@ -14,39 +15,8 @@ from collections import Counter
 from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.checks.sampler import NOT_COVERED, OVERLAP, SAME_ORDER
 from ddp_doctor.findings import Finding, format_ranks
-from ddp_doctor.registry import declare
-
-OVERLAP = declare(
-    "DDP850", category="sampler", severity="error", title="Ranks draw the same samples",
-    doc="""
-    What: The indices the ranks draw in one epoch overlap beyond DistributedSampler's padding
-    (at most world_size - 1 repeats when drop_last=False).
-    Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
-    at 1/N of the speed it should, with N times the effective repetition.
-    Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
-    Trainer/Accelerate shard the data), and call sampler.set_epoch(epoch) every epoch.
-    """)
-
-NOT_COVERED = declare(
-    "DDP851", category="sampler", severity="warning", title="Some samples are never drawn",
-    doc="""
-    What: Over all ranks, one epoch leaves indices of the data set undrawn, beyond what
-    drop_last=True may drop (fewer than world_size samples).
-    Why: A sampler built for another data set size, or num_replicas larger than the world, skips
-    data silently.
-    Fix: Build DistributedSampler from the data set the DataLoader uses, with num_replicas equal to
-    the world size (the default reads it from the process group).
-    """)
-
-SAME_ORDER = declare(
-    "DDP852", category="sampler", severity="warning", title="Same order every epoch",
-    doc="""
-    What: A shuffling sampler yields the same order in consecutive epochs.
-    Why: DistributedSampler seeds its shuffle with seed + epoch; without sampler.set_epoch(epoch)
-    every epoch sees the data in the same order, which hurts convergence.
-    Fix: Call sampler.set_epoch(epoch) at the start of every epoch (Trainer does it for you).
-    """)
 
 
 def _sampler_of(obj: Any) -> Any:

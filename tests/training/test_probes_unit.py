@@ -10,8 +10,7 @@ import sys
 import torch
 from helpers.procs import clean_env
 
-from ddp_doctor.training.probes import fingerprints
-from ddp_doctor.training.probes import recorder as probes
+from ddp_doctor.training.probes import children, fingerprints
 
 
 def test_sample_fingerprints_follow_contents_not_batch_position():
@@ -40,17 +39,17 @@ def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomiz
     (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     env = clean_env()
     env["PYTHONPATH"] = str(other)
-    probes.child_env(env, str(tmp_path / "records"))
+    children.child_env(env, str(tmp_path / "records"))
     (tmp_path / "records").mkdir()
-    assert env["PYTHONPATH"].split(":")[0] == probes.SITE_DIR
+    assert env["PYTHONPATH"].split(":")[0] == children.SITE_DIR
     # A child that never imports torch is not slowed down by it.
     out = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
     assert marker.read_text() == "ran"  # the shadowed sitecustomize still ran
     code = ("import torch, torch.distributed as dist\n"
-            "from ddp_doctor.training.probes import recorder as probes\n"
-            "assert probes.recorder() is not None\n"
+            "from ddp_doctor.training.probes.recorder import current_recorder\n"
+            "assert current_recorder() is not None\n"
             "store = dist.HashStore()\n"
             "dist.init_process_group('gloo', store=store, rank=0, world_size=1)\n"
             "s = torch.utils.data.DistributedSampler(range(8))\n"
@@ -71,8 +70,8 @@ def test_fork_after_cuda_is_recorded_but_not_for_dataloader_workers(tmp_path):
     # No GPU here: torch.cuda.is_initialized is replaced by a fake that says CUDA is up; the forks
     # are real (a multiprocessing fork Process, then DataLoader workers, which fork by design).
     code = ("import json, multiprocessing as mp, os, sys, torch\n"
-            "from ddp_doctor.training.probes import recorder as probes\n"
-            "rec = probes.install(sys.argv[1])\n"
+            "from ddp_doctor.training.probes.install import install\n"
+            "rec = install(sys.argv[1])\n"
             "torch.cuda.is_initialized = lambda: True  # FAKE: CUDA 'initialised' in this parent\n"
             "ds = torch.utils.data.TensorDataset(torch.zeros(4, 1))\n"
             "list(torch.utils.data.DataLoader(ds, num_workers=1))\n"
@@ -91,8 +90,9 @@ def test_a_probe_that_fails_never_changes_the_users_call(tmp_path):
     # post-import hook must find modules through every finder (here: one only a custom finder knows).
     code = ("import sys, importlib.abc, importlib.util, torch, torch.distributed as dist\n"
             "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "from ddp_doctor.training.probes import recorder as probes, import_hooks\n"
-            "rec = probes.install(sys.argv[1])\n"
+            "from ddp_doctor.training.probes import import_hooks\n"
+            "from ddp_doctor.training.probes.install import install\n"
+            "rec = install(sys.argv[1])\n"
             "try:\n"
             "    DDP(None)\n"
             "except Exception as e:\n"

@@ -22,7 +22,7 @@ def test_self_launched_run_passes_output_argv_and_exit_code_through(tmp_path):
     res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), script("ok_allreduce.py"),
                "a", "--flag"], clean_env(EXIT="7"), str(tmp_path))
     assert res.rc == 7, res.output
-    lines = sorted(l for l in res.stdout.splitlines() if l.startswith("rank"))
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank"))
     assert lines == ["rank 0 sum 3.0 argv ['a', '--flag']", "rank 1 sum 3.0 argv ['a', '--flag']"]
     assert "ddp-doctor" not in res.stdout  # stdout is the script's own
     rep = load_json(str(report))
@@ -177,7 +177,7 @@ def test_rank_stuck_at_exit_is_ended_within_the_teardown_bound(tmp_path, monkeyp
     # The bound is 60 s in production; this test uses a copy of the run with a short bound.
     report = tmp_path / "r.json"
     code = ("import sys; import ddp_doctor.training.run.command as r; r.TEARDOWN_BOUND = 2.0; "
-            "from ddp_doctor.cli.app import main; sys.exit(main(sys.argv[1:]))")
+            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))")
     res = run([sys.executable, "-c", code, "run", "--nproc-per-node", "2", "--report", str(report),
                script("stuck_at_exit.py")], clean_env(), str(tmp_path), timeout=120)
     assert res.rc == 0, res.output

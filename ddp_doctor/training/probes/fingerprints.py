@@ -60,7 +60,7 @@ def tensor_sums(entries: list[tuple[str, Any, str]]) -> dict[str, Any]:
     copied back once per device (one synchronisation, not one per tensor)."""
     import torch
     names, kinds, by_device = [], [], {}
-    for i, (name, t, kind) in enumerate(entries):
+    for name, t, kind in entries:
         if t.is_complex() or t.numel() == 0:
             continue
         names.append(name)

@@ -12,13 +12,12 @@ adds what the callback knows (Trainer arguments) to the record.
 """
 from __future__ import annotations
 
-import json
 import sys
-import time
-from datetime import timedelta
 from typing import Any
 
-from ddp_doctor.training.probes import recorder as probes
+from ddp_doctor.training.probes.install import install
+from ddp_doctor.training.probes.record_exchange import gather, put_record
+from ddp_doctor.training.probes.recorder import Recorder, current_recorder
 
 GATHER_TIMEOUT = 30.0
 KEY_PREFIX = "ddp_doctor/probe"
@@ -27,7 +26,7 @@ KEY_PREFIX = "ddp_doctor/probe"
 def _under_wrapper() -> bool:
     """`ddp-doctor run` (or its sitecustomize in a child) installed the probes, with a run
     directory their records go to."""
-    rec = probes.recorder()
+    rec = current_recorder()
     return rec is not None and bool(rec.out_dir)
 
 
@@ -36,7 +35,7 @@ class ProbeSession:
         self.report_path = report_path
         self.gather_timeout = gather_timeout
         self.wrapped = False
-        self.rec: probes.Recorder | None = None
+        self.rec: Recorder | None = None
         self.finished = 0
 
     def start(self) -> None:
@@ -44,7 +43,7 @@ class ProbeSession:
             return
         self.wrapped = _under_wrapper()
         try:
-            self.rec = probes.install(None)
+            self.rec = install(None)
             self.rec.adopt_group()
         except Exception as e:  # noqa: BLE001 - the job trains on without the checks
             sys.stderr.write(f"ddp-doctor: in-training checks not started: {e!r}\n")
@@ -81,7 +80,7 @@ class ProbeSession:
         store = dist.distributed_c10d._get_default_store()
         prefix = f"{KEY_PREFIX}/{self.finished}"
         try:
-            store.set(f"{prefix}/{rank}", json.dumps(rec.to_dict(), default=str))
+            put_record(store, f"{prefix}/{rank}", rec)
         except Exception as e:  # noqa: BLE001 - the store went away: nothing to share
             sys.stderr.write(f"ddp-doctor: could not share rank {rank}'s probe record: {e}\n")
             return None
@@ -110,24 +109,9 @@ class ProbeSession:
         return rep
 
 
-def gather(store: Any, prefix: str, world: int, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
-    """Every rank's record from the store, waiting at most `timeout` in all."""
-    deadline = time.monotonic() + timeout
-    got, missing = [], []
-    for r in range(world):
-        key = f"{prefix}/{r}"
-        left = max(0.05, deadline - time.monotonic())
-        try:
-            store.wait([key], timedelta(seconds=left))
-            got.append(json.loads(store.get(key)))
-        except Exception:  # noqa: BLE001 - timed out or the store failed: report the rank as missing
-            missing.append(r)
-    return got, missing
-
-
 def _missing_finding(missing: list[int], timeout: float) -> Any:
-    from ddp_doctor.checks.internal import RANK_LOST, event_finding
+    from ddp_doctor.checks.internal import PROBE_RECORD_LOST, event_finding
     from ddp_doctor.findings import format_ranks
-    return event_finding(RANK_LOST, (
+    return event_finding(PROBE_RECORD_LOST, (
         f"rank(s) {format_ranks(missing)} did not hand in their probe record within {timeout:g} s of rank 0 "
-        f"finishing training"), rank=None, ranks=missing, phase="training", severity="warning")
+        f"finishing training"), rank=None, ranks=missing, phase="training")

@@ -96,6 +96,7 @@ def torchrun_value(torchrun: list[str], *names: str) -> str | None:
 
 
 def run_options(doctor: list[str], target: Target) -> Any:
+    from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
     from ddp_doctor.training.run.rank import DEFAULT_HANG_TIMEOUT, RunOptions
     try:
@@ -103,7 +104,7 @@ def run_options(doctor: list[str], target: Target) -> Any:
     except SystemExit:
         raise RunUsageError(f"bad ddp-doctor option in {' '.join(doctor)!r} (usage: {USAGE})") from None
     select, skip = registry.parse_selectors(ns.select), registry.parse_selectors(ns.skip)
-    bad = registry.unknown_selectors(select + skip)
+    bad = catalogue.unknown_selectors(select + skip)
     if bad:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
     return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout or DEFAULT_HANG_TIMEOUT,
@@ -226,12 +227,13 @@ def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]]) -> dict[int, di
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
            torchrun: list[str]) -> int:
     from ddp_doctor.checks.training_probes import probe_findings
+    from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_HANG
     from ddp_doctor.findings import Finding
     from ddp_doctor.preflight_run.local_launch import merge_launch_dir
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, platform_sinks, publish
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.diagnose import EXIT_HANG, hang_finding, training_findings
+    from ddp_doctor.training.run.diagnose import hang_finding, training_findings
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     pf_dir = os.path.join(run_dir, "preflight")
@@ -240,7 +242,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     pf = merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0) if os.path.isdir(pf_dir) else None
     outcomes = records.read_outcomes(run_dir)
     if pf is not None and pf["status"] == "fail" and not outcomes:
-        rep, code = pf, reportlib.EXIT_FAILED
+        rep, code = pf, EXIT_FAILED
     else:
         try:
             with open(os.path.join(run_dir, "agent.json"), encoding="utf-8") as f:

@@ -15,7 +15,6 @@ from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import classify
 from ddp_doctor.findings import Finding
 
-EXIT_HANG = 124
 MESSAGE_LIMIT = 600
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_doctor.exit_codes import EXIT_HANG, EXIT_INTERNAL
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output
 from ddp_doctor.training import records
@@ -65,7 +66,7 @@ def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
     failed = pf.failed
     del pf  # release the store and process group before the script creates its own
     gc.collect()
-    return rep, reportlib.EXIT_INTERNAL if failed else reportlib.exit_code(rep)
+    return rep, EXIT_INTERNAL if failed else reportlib.exit_code(rep)
 
 
 def run_training_rank(opts: RunOptions) -> int:
@@ -112,13 +113,14 @@ def run_training_rank(opts: RunOptions) -> int:
 def _install_probes(run_dir: str) -> Any:
     """The in-training probes, here and in the Python processes the script starts; if they cannot
     be installed (a torch whose internals moved), the script runs without them and says so."""
-    from ddp_doctor.training.probes import recorder as probes
+    from ddp_doctor.training.probes.children import child_env
+    from ddp_doctor.training.probes.install import install
     try:
-        probe = probes.install(run_dir)
+        probe = install(run_dir)
     except Exception as e:  # noqa: BLE001
         sys.stderr.write(f"ddp-doctor: in-training probes not installed ({e!r}); training runs unwatched by them\n")
         return None
-    probes.child_env(os.environ, run_dir)  # type: ignore[arg-type]
+    child_env(os.environ, run_dir)  # type: ignore[arg-type]
     return probe
 
 
@@ -172,7 +174,6 @@ def _wait_for_local_ranks(run_dir: str, started: float) -> None:
 def _end_hung_rank(watch: Any) -> None:
     """Outside launcher: a rank without progress dumps its stacks and ends itself (exit 124), so
     the launcher ends the job instead of waiting for torch's 30-minute timeout."""
-    from ddp_doctor.training.run.diagnose import EXIT_HANG
     sys.stderr.write(f"ddp-doctor: rank {watch.rank} made no progress for {watch.hang_timeout:g} s; "
                      f"its stacks follow, then it exits {EXIT_HANG}\n")
     watch.dump_stacks(sys.stderr)

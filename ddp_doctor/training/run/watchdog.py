@@ -14,35 +14,15 @@ import faulthandler
 import os
 import signal
 import sys
-import sysconfig
 import threading
 import time
 from typing import Any, Callable
 
 from ddp_doctor.training import records
-from ddp_doctor.training.frames import TOOL_DIR
+from ddp_doctor.training.frames import not_user_code_dirs
 
 STACK_SIGNAL = signal.SIGUSR2
-_PKG_DIRS: tuple[str, ...] | None = None
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
-
-
-def _skip_dirs() -> tuple[str, ...]:
-    """Frames from these directories are not 'user code' when we say where a rank is."""
-    global _PKG_DIRS
-    if _PKG_DIRS is None:
-        dirs = [TOOL_DIR]  # ddp_doctor
-        for key in ("stdlib", "platstdlib", "purelib", "platlib"):  # libraries are not the user's code
-            p = sysconfig.get_paths().get(key)
-            if p:
-                dirs.append(p)
-        try:
-            import torch
-            dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
-        except Exception:  # noqa: BLE001
-            pass
-        _PKG_DIRS = tuple(dirs)
-    return _PKG_DIRS
 
 
 def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
@@ -61,7 +41,7 @@ def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
 
 def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
     """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
-    skip = _skip_dirs()
+    skip = not_user_code_dirs()
     user = next((f for f in reversed(stack) if not f[0].startswith(skip)), None)
     inner = stack[-1] if stack else None
     return {

@@ -9,7 +9,7 @@ def _probes() -> None:
     if not os.environ.get("DDP_DOCTOR_PROBE_DIR"):
         return
     try:
-        from ddp_doctor.training.probes.recorder import install_in_child
+        from ddp_doctor.training.probes.install import install_in_child
         install_in_child()
     except Exception:  # noqa: BLE001 - never break the interpreter's start
         pass

@@ -1,0 +1,164 @@
+"""Sampler checks (DDP850-DDP853): ranks drawing the same samples, samples never drawn, the same
+order every epoch, a training DataLoader not sharded across ranks.
+
+DDP850-DDP852 are raised both by `ddp_doctor.check_sampler` before training (it draws the indices,
+ddp_doctor/training/sampler_check.py) and by `sampler_rules` over the in-training probe records of
+all ranks (fingerprints of the first batches of each epoch); DDP853 only by the latter.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ddp_doctor.checks.probe_records import finding_at
+from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.registry import declare
+
+OVERLAP = declare(
+    "DDP850", category="sampler", severity="error", title="Ranks draw the same samples",
+    doc="""
+    What: The indices the ranks draw in one epoch overlap beyond DistributedSampler's padding
+    (at most world_size - 1 repeats when drop_last=False).
+    Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
+    at 1/N of the speed it should, with N times the effective repetition.
+    Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
+    Trainer/Accelerate shard the data), and call sampler.set_epoch(epoch) every epoch.
+    """)
+
+NOT_COVERED = declare(
+    "DDP851", category="sampler", severity="warning", title="Some samples are never drawn",
+    doc="""
+    What: Over all ranks, one epoch leaves indices of the data set undrawn, beyond what
+    drop_last=True may drop (fewer than world_size samples).
+    Why: A sampler built for another data set size, or num_replicas larger than the world, skips
+    data silently.
+    Fix: Build DistributedSampler from the data set the DataLoader uses, with num_replicas equal to
+    the world size (the default reads it from the process group).
+    """)
+
+SAME_ORDER = declare(
+    "DDP852", category="sampler", severity="warning", title="Same order every epoch",
+    doc="""
+    What: A shuffling sampler yields the same order in consecutive epochs.
+    Why: DistributedSampler seeds its shuffle with seed + epoch; without sampler.set_epoch(epoch)
+    every epoch sees the data in the same order, which hurts convergence.
+    Fix: Call sampler.set_epoch(epoch) at the start of every epoch (Trainer does it for you).
+    """)
+
+NOT_SHARDED = declare(
+    "DDP853", category="sampler", severity="warning", title="Training DataLoader is not sharded across ranks",
+    doc="""
+    What: A map-style DataLoader iterated during training in a world of more than one rank uses a
+    sampler that is not distributed-aware (not a DistributedSampler, not sharded by accelerate,
+    Trainer or Lightning), and no rank-dependent data was seen.
+    Why: Each rank then draws from the whole data set: the job runs, but every epoch is N times
+    longer than it should be and ranks may train on the same batches.
+    Fix: Pass sampler=DistributedSampler(dataset) (and shuffle=False) to the DataLoader, or let
+    Trainer/Accelerate/Lightning build it. If your data set is already sharded per rank, ignore this.
+    """)
+
+
+def _loader_keys(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Loaders keyed by where they were made and over what, numbered when made more than once:
+    the same key on two ranks is the same loader, even if one rank made an extra one elsewhere."""
+    out: dict[str, dict[str, Any]] = {}
+    seen: Counter[str] = Counter()
+    for ld in rec.get("loaders") or []:
+        base = f"{ld.get('site')}|{ld.get('dataset')}|{ld.get('dataset_size')}"
+        out[f"{base}#{seen[base]}"] = ld
+        seen[base] += 1
+    return out
+
+
+def _overlap(its: dict[int, dict[str, Any]]) -> tuple[int, bool, int]:
+    """(samples drawn by more than one rank, data differ by rank, samples compared) over the
+    first batches of one epoch on each rank."""
+    index_ranks: dict[int, set[int]] = {}
+    content: dict[int, dict[int, str]] = {}
+    hash_ranks: dict[str, set[int]] = {}
+    drawn = 0
+    indexed = True
+    for r, it in its.items():
+        for b, idx in enumerate(it.get("indices") or []):
+            hashes = (it.get("hashes") or [])[b] if b < len(it.get("hashes") or []) else None
+            if idx is None:
+                indexed = False
+            for j, i in enumerate(idx or []):
+                index_ranks.setdefault(i, set()).add(r)
+                drawn += 1
+                if hashes and j < len(hashes):
+                    content.setdefault(i, {})[r] = hashes[j]
+            for h in hashes or []:
+                hash_ranks.setdefault(h, set()).add(r)
+    if not indexed or not index_ranks:  # an IterableDataset: only the contents say
+        shared = sum(len(rs) - 1 for rs in hash_ranks.values() if len(rs) > 1)
+        return shared, False, sum(len(rs) for rs in hash_ranks.values())
+    shared_idx = [i for i, rs in index_ranks.items() if len(rs) > 1]
+    with_content = [i for i in shared_idx if len(content.get(i, {})) > 1]
+    same = [i for i in with_content if len(set(content[i].values())) == 1]
+    if with_content and len(same) * 2 < len(with_content):
+        return 0, True, drawn  # same indices, different samples: each rank reads its own data
+    return sum(len(index_ranks[i]) - 1 for i in shared_idx), False, drawn
+
+
+def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+    out: list[Finding] = []
+    keyed = {r: _loader_keys(rec) for r, rec in ranks.items()}
+    world = max([len(ranks)] + [int(rec.get("world_size") or 0) for rec in ranks.values()])
+    keys = sorted({k for ks in keyed.values() for k in ks})
+    for key in keys:
+        have = {r: ks[key] for r, ks in keyed.items() if key in ks}
+        info = next(iter(have.values()))
+        training = {r: [it for it in ld.get("iterations", []) if it.get("training")] for r, ld in have.items()}
+        trained = [r for r, its in training.items() if its]
+        if not trained:
+            continue
+        flagged = rank_data = False
+        if len(trained) > 1:
+            first = {r: training[r][0] for r in trained}
+            shared, rank_data, drawn = _overlap(first)
+            allowed = (len(trained) - 1) * int(info.get("batch_size") or 1)
+            if shared > allowed:
+                flagged = True
+                out.append(finding_at(OVERLAP, (
+                    f"ranks {format_ranks(trained)} drew the same samples from the DataLoader made at "
+                    f"{info.get('site')} ({info.get('sampler')} over {info.get('dataset')} of "
+                    f"{info.get('dataset_size')}): {shared} of {drawn} samples in the first "
+                    f"{max(len(it.get('indices') or []) for it in first.values())} batches of the first "
+                    f"epoch were drawn by more than one rank (padding allows {allowed})"),
+                    rank=None, ranks=trained, evidence={"loader": info.get("site"), "shared": shared,
+                                                        "drawn": drawn, "sampler": info.get("samplers")}))
+        if (not flagged and not rank_data and world > 1 and info.get("map_style")
+                and not any(ld.get("distributed") for ld in have.values())):
+            out.append(finding_at(NOT_SHARDED, (
+                f"the training DataLoader made at {info.get('site')} uses {info.get('sampler')} "
+                f"(samplers: {', '.join(info.get('samplers') or [])}) in a world of {world} ranks: no "
+                f"DistributedSampler, no accelerate/Lightning sharding"),
+                rank=None, ranks=sorted(have), evidence={"loader": info.get("site"),
+                                                         "samplers": info.get("samplers")}))
+        out += _same_order(info, training)
+    return out
+
+
+def _same_order(info: dict[str, Any], training: dict[int, list[dict[str, Any]]]) -> list[Finding]:
+    """A shuffling loader whose next epoch starts in the same order: set_epoch was not called."""
+    stuck = []
+    for r, its in training.items():
+        for a, b in zip(its, its[1:]):
+            ia = [i for batch in a.get("indices") or [] for i in (batch or [])]
+            ib = [i for batch in b.get("indices") or [] for i in (batch or [])]
+            shuffles = info.get("shuffle") or ia != sorted(ia)
+            epoch_kept = a.get("epoch") is not None and a.get("epoch") == b.get("epoch")
+            if shuffles and ia and ia == ib and (epoch_kept or a.get("epoch") is None):
+                stuck.append((r, a, b))
+                break
+    if not stuck:
+        return []
+    rs = sorted(r for r, _, _ in stuck)
+    _, a, b = stuck[0]
+    epoch = f" (sampler.epoch stayed {a.get('epoch')})" if a.get("epoch") is not None else ""
+    return [finding_at(SAME_ORDER, (
+        f"the DataLoader made at {info.get('site')} ({info.get('sampler')}, shuffling) started epochs "
+        f"{a.get('number')} and {b.get('number')} with the same order on rank(s) {format_ranks(rs)}{epoch}: "
+        f"set_epoch(epoch) is not called"), rank=None, ranks=rs,
+        evidence={"loader": info.get("site"), "epoch": a.get("epoch")})]

@@ -1,0 +1,79 @@
+"""Rules over the in-training probe records about the job spread over ranks (DDP872, DDP873): a rank
+whose data loading sets every rank's pace, and the global batch size and learning rate the
+Trainer's arguments add up to.
+
+Pure functions: records in, findings out (`stragglers`, `batch_scaling`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.checks.probe_records import finding_at
+from ddp_doctor.findings import Finding
+from ddp_doctor.registry import declare
+
+DATA_STRAGGLER = declare(
+    "DDP872", category="consistency", severity="warning", title="One rank waits much longer for data",
+    doc="""
+    What: One rank's median time to get a training batch from its DataLoader is more than twice
+    the others' (and at least 20 ms longer).
+    Why: DDP synchronises every step, so the slowest rank's data pipeline sets the pace of all.
+    Fix: Look at that rank's data path: its storage, num_workers, a rank-dependent transform, or a
+    shard much larger than the others.
+    """)
+
+BATCH_SCALING = declare(
+    "DDP873", category="consistency", severity="info", title="Effective batch size and learning rate",
+    doc="""
+    What: The global batch (per-device batch x gradient accumulation x world size) and the learning
+    rate the Trainer uses.
+    Why: Moving from one GPU to N multiplies the global batch by N; the learning rate usually needs
+    scaling (linear or square-root rule) or the per-device batch dividing, or results change.
+    Fix: Nothing to fix if intended; otherwise scale the learning rate or the per-device batch.
+    """)
+
+
+STRAGGLER_RATIO, STRAGGLER_MIN_S = 2.0, 0.020
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def stragglers(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Median time per training batch from the DataLoader, rank by rank (first batch left out:
+    it includes starting the workers)."""
+    med: dict[int, float] = {}
+    for r, rec in ranks.items():
+        times = [t for ld in rec.get("loaders") or [] if any(it.get("training") for it in ld.get("iterations", []))
+                 for t in (ld.get("data_times") or [])[1:]]
+        if len(times) >= 3:
+            med[r] = _median(times)
+    if len(med) < 2:
+        return []
+    slow = max(med, key=lambda r: med[r])
+    others = _median([v for r, v in med.items() if r != slow])
+    if med[slow] > STRAGGLER_RATIO * others and med[slow] - others > STRAGGLER_MIN_S:
+        return [finding_at(DATA_STRAGGLER, (
+            f"rank {slow} waits {med[slow] * 1000:.1f} ms for each training batch from its DataLoader, "
+            f"the other ranks {others * 1000:.1f} ms (median)"), rank=slow,
+            evidence={"median_data_s": {str(r): round(v, 6) for r, v in med.items()}})]
+    return []
+
+
+def batch_scaling(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+    for r in sorted(ranks):
+        args = (ranks[r].get("extra") or {}).get("trainer_args")
+        if not args:
+            continue
+        per, accum, world, lr = (args.get("per_device_train_batch_size"), args.get("gradient_accumulation_steps"),
+                                 args.get("world_size"), args.get("learning_rate"))
+        try:
+            total = int(per) * int(accum) * int(world)
+        except (TypeError, ValueError):
+            return []
+        return [finding_at(BATCH_SCALING, (
+            f"global batch {total} = {per} per device x {accum} accumulation step(s) x {world} rank(s); "
+            f"learning rate {lr}"), rank=None, evidence=dict(args))]
+    return []

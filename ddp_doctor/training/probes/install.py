@@ -1,0 +1,81 @@
+"""Starting the probes in a process: `install(out_dir)` makes this process's recorder and puts the
+wrappers in place (dist_wrappers, loader_wrappers, trainer_wrapper, the fork hooks of children) once;
+`install_in_child` does it from sitecustomize once the child imports torch.
+
+The wrappers only record and then call the original: no collective is added, nothing the script
+sees changes.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+
+from ddp_doctor.training.probes import children, dist_wrappers, loader_wrappers, recorder
+from ddp_doctor.training.probes.import_hooks import when_imported
+from ddp_doctor.training.probes.patching import wrap_in_place
+from ddp_doctor.training.probes.recorder import Recorder
+from ddp_doctor.training.probes.trainer_wrapper import wrap_trainer
+
+_patched = False
+
+
+def install(out_dir: str | None) -> Recorder:
+    """Start recording in this process (idempotent); returns the recorder."""
+    with recorder.STATE_LOCK:
+        rec, made = recorder.make_current(out_dir)
+        if made:
+            atexit.register(_at_exit)
+        _patch_torch()
+    return rec
+
+
+def _at_exit() -> None:
+    rec = recorder.current_recorder()
+    if rec is not None:
+        rec.end(how="exit")
+
+
+def _patch_torch() -> None:
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.distributed import DistributedSampler
+
+    # One wrapper for both names of each function: dist.X and c10d.X are the same object.
+    init = dist_wrappers.init_process_group_wrapper(c10d.init_process_group)
+    for owner in (dist, c10d):
+        wrap_in_place(owner, "init_process_group", lambda orig: init)
+    destroy = dist_wrappers.destroy_process_group_wrapper(c10d.destroy_process_group)
+    for owner in (dist, c10d):
+        wrap_in_place(owner, "destroy_process_group", lambda orig: destroy)
+    wrap_in_place(torch.cuda, "set_device", dist_wrappers.set_device_wrapper)
+    wrap_in_place(DistributedDataParallel, "__init__", dist_wrappers.ddp_init_wrapper)
+    wrap_in_place(DistributedSampler, "set_epoch", loader_wrappers.set_epoch_wrapper)
+    wrap_in_place(DataLoader, "__init__", loader_wrappers.loader_init_wrapper)
+    wrap_in_place(DataLoader, "__iter__", loader_wrappers.loader_iter_wrapper)
+    wrap_in_place(_BaseDataLoaderIter, "_next_index", loader_wrappers.next_index_wrapper)
+    wrap_in_place(_BaseDataLoaderIter, "__next__", loader_wrappers.next_batch_wrapper)
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(dist_wrappers.on_optimizer_step)
+    except Exception:  # noqa: BLE001
+        pass
+    os.register_at_fork(before=children.before_fork, after_in_child=children.after_fork_in_child)
+    when_imported("transformers.trainer", wrap_trainer)
+
+
+def install_in_child() -> None:
+    """From sitecustomize: record this interpreter once it imports torch (not before: importing
+    torch at start-up would slow down every Python the script starts)."""
+    out_dir = os.environ.get(children.PROBE_DIR_ENV)
+    if not out_dir:
+        return
+    when_imported("torch", lambda _m: install(out_dir))
+

@@ -1,0 +1,148 @@
+"""Wrappers around the data path: DataLoader.__init__ (which sampler, over what), DataLoader.__iter__
+(one `Iteration` per epoch, for a loader's first MAX_ITERATIONS epochs), the loader iterator's
+_next_index and __next__ (indices of the first K_BATCHES batches, content fingerprints of the first
+HASH_BATCHES, time waited for each batch) and DistributedSampler.set_epoch. Per batch the cost is a
+few attribute reads and two clock reads."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ddp_doctor.training.probes.fingerprints import as_indices, sample_hashes
+from ddp_doctor.training.probes.patching import record_quietly
+from ddp_doctor.training.probes.recorder import MAX_DATA_TIMES, Iteration, current_recorder, group_is_up
+
+K_BATCHES = 8            # batches per epoch whose indices are kept
+HASH_BATCHES = 4         # of those, batches whose samples' contents are fingerprinted (the costly part)
+MAX_ITERATIONS = 4       # epochs per loader kept in full
+SHUFFLING = ("RandomSampler", "SeedableRandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+SHARDING = ("BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "DataLoaderDispatcher",
+            "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler")
+
+
+def set_epoch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def set_epoch(self: Any, epoch: int) -> Any:
+        rec = current_recorder()
+        if rec is not None:
+            record_quietly(rec, "set_epoch", lambda: rec.event(
+                "set_epoch", epoch=epoch if isinstance(epoch, int) else str(epoch),
+                shuffle=bool(getattr(self, "shuffle", False))))
+        return orig(self, epoch)
+    return set_epoch
+
+
+def sampler_info(loader: Any) -> dict[str, Any]:
+    """What a DataLoader draws with: its samplers (accelerate's shards included), data set, batch
+    size, whether it shuffles and whether it is sharded across ranks."""
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else None
+    batch_inner = getattr(batch_sampler, "batch_sampler", None)  # accelerate's shards wrap one
+    deepest = getattr(batch_inner, "sampler", None)
+    names = [type(x).__name__ for x in (loader, sampler, batch_sampler, inner, batch_inner, deepest)
+             if x is not None]
+    dataset = getattr(loader, "dataset", None)
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001
+        size = None
+    from torch.utils.data import IterableDataset
+    s = inner if inner is not None and type(sampler).__name__ == "SequentialSampler" else sampler
+    shuffle = bool(type(s).__name__ in SHUFFLING or getattr(s, "shuffle", False)
+                   or any(n in SHUFFLING for n in names))
+    return {"class": type(loader).__name__, "sampler": type(sampler).__name__ if sampler is not None else None,
+            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
+            "samplers": names, "dataset": type(dataset).__name__, "dataset_size": size,
+            "map_style": not isinstance(dataset, IterableDataset),
+            "batch_size": getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None),
+            "distributed": any(n in SHARDING for n in names) or (
+                hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")),
+            "shuffle": shuffle}
+
+
+def _distributed_sampler(loader: Any) -> Any:
+    from torch.utils.data.distributed import DistributedSampler
+    for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(s, DistributedSampler):
+            return s
+    return None
+
+
+def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        rec = current_recorder()
+        if rec is None:
+            return
+        try:
+            lid = len(rec.loaders)
+            object.__setattr__(self, "_ddp_doctor_id", lid)
+            e = rec.event("dataloader", id=lid, pg_initialized=group_is_up())
+            rec.loaders[lid] = {"id": lid, "site": e["site"], **sampler_info(self)}
+            e.update({k: rec.loaders[lid][k] for k in ("sampler", "dataset_size", "distributed")})
+        except Exception:  # noqa: BLE001
+            pass
+    return __init__
+
+
+def loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __iter__(self: Any) -> Any:
+        it = orig(self)
+        rec = current_recorder()
+        lid = getattr(self, "_ddp_doctor_id", None)
+        if rec is None or lid is None:
+            return it
+        try:
+            its = rec.iterations.setdefault(lid, [])
+            ds = _distributed_sampler(self)
+            epoch = getattr(ds, "epoch", None) if ds is not None else None
+            if lid in rec.loaders:
+                rec.loaders[lid]["iterated"] = rec.loaders[lid].get("iterated", 0) + 1
+                rec.loaders[lid].update(sampler_info(self))  # accelerate may swap samplers late
+            if len(its) >= MAX_ITERATIONS:
+                it._ddp_doctor_state = None  # enough epochs kept: later ones cost nothing
+                return it
+            state = Iteration(rec, rec.loaders.get(lid, {}), len(its), epoch)
+            its.append(state)
+            it._ddp_doctor_state = state
+        except Exception:  # noqa: BLE001
+            pass
+        return it
+    return __iter__
+
+
+def next_index_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _next_index(self: Any) -> Any:
+        idx = orig(self)
+        state = getattr(self, "_ddp_doctor_state", None)
+        if state is not None and len(state.indices) < K_BATCHES:
+            state.indices.append(as_indices(idx))
+        return idx
+    return _next_index
+
+
+def next_batch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __next__(self: Any) -> Any:
+        state = getattr(self, "_ddp_doctor_state", None)
+        if state is None:
+            return orig(self)
+        state.steps_at_last = state.recorder.steps  # also on the call that ends the epoch
+        t0 = time.perf_counter()
+        data = orig(self)
+        dt = time.perf_counter() - t0
+        rec = state.recorder
+        state.batches += 1
+        times = rec.data_times.setdefault(state.loader.get("id", -1), [])
+        if len(times) < MAX_DATA_TIMES:
+            times.append(dt)
+        if state.batches <= HASH_BATCHES:
+            i = state.batches - 1
+            idx = state.indices[i] if i < len(state.indices) else None
+            try:
+                state.hashes.append(sample_hashes(data, len(idx) if idx else None))
+            except Exception:  # noqa: BLE001
+                state.hashes.append(None)
+        if state.batches == K_BATCHES and state.number == 0:
+            rec.flush()  # the first epoch's fingerprints survive a crash; later ones go at the end
+        return data
+    return __next__
