@@ -23,10 +23,14 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
+from ddp_doctor import checks as catalogue  # noqa: E402
 from ddp_doctor import registry, runner  # noqa: E402
+from ddp_doctor.checks import sagemaker_account as acct  # noqa: E402
 from ddp_doctor.checks import sagemaker_job as jc  # noqa: E402
 from ddp_doctor.report.s3 import report_location, upload_report  # noqa: E402
-from ddp_doctor.sagemaker.job import JobContext, JobSpec, SpecError, check_job  # noqa: E402
+from ddp_doctor.sagemaker import check_job  # noqa: E402
+from ddp_doctor.sagemaker.aws import JobContext  # noqa: E402
+from ddp_doctor.sagemaker.spec import JobSpec, SpecError  # noqa: E402
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -204,7 +208,7 @@ def test_job_stage_runs_through_the_runner(env: dict[str, str], aws: dict[str, s
     found = runner.run_stage("job", (ctx,), rank=None, select=["DDP903"])
     assert [f.id for f in found] == ["DDP903"] and "instance_count is 0" in found[0].message
     assert all(c.stage == "job" and c.category == "sagemaker_job"
-               for c in registry.load_catalogue().values() if c.id.startswith("DDP9") and c.func)
+               for c in catalogue.load_catalogue().values() if c.id.startswith("DDP9") and c.func)
 
 
 # ---------------------------------------------------------------- network
@@ -228,7 +232,8 @@ def test_efa_needs_the_explicit_egress_rule(env: dict[str, str], aws: dict[str, 
 
 
 def test_single_instance_needs_no_self_rule(env: dict[str, str], aws: dict[str, str]) -> None:
-    rep = check_job(good_spec(aws, instance_type="ml.g5.12xlarge", instance_count=1, security_group_ids=[aws["sg_open"]]))
+    rep = check_job(good_spec(aws, instance_type="ml.g5.12xlarge", instance_count=1,
+                              security_group_ids=[aws["sg_open"]]))
     assert "DDP907" not in ids(rep)
 
 
@@ -274,11 +279,12 @@ def test_missing_role(env: dict[str, str], aws: dict[str, str]) -> None:
 
 
 def test_trust_policy_shapes() -> None:
-    assert jc.trusts_sagemaker(TRUST)
-    assert jc.trusts_sagemaker("%7B%22Statement%22%3A%5B%7B%22Effect%22%3A%22Allow%22%2C%22Principal%22%3A%7B%22Service"
-                               "%22%3A%5B%22sagemaker.amazonaws.com%22%5D%7D%2C%22Action%22%3A%5B%22sts%3AAssumeRole%22%5D%7D%5D%7D")
-    assert not jc.trusts_sagemaker(EC2_TRUST)
-    assert not jc.trusts_sagemaker({"Statement": [{**TRUST["Statement"][0], "Effect": "Deny"}]})
+    assert acct.trusts_sagemaker(TRUST)
+    assert acct.trusts_sagemaker("%7B%22Statement%22%3A%5B%7B%22Effect%22%3A%22Allow%22%2C%22Principal%22%3A"
+                                 "%7B%22Service%22%3A%5B%22sagemaker.amazonaws.com%22%5D%7D%2C%22Action%22%3A"
+                                 "%5B%22sts%3AAssumeRole%22%5D%7D%5D%7D")
+    assert not acct.trusts_sagemaker(EC2_TRUST)
+    assert not acct.trusts_sagemaker({"Statement": [{**TRUST["Statement"][0], "Effect": "Deny"}]})
 
 
 def test_empty_input_prefix_and_missing_buckets(env: dict[str, str], aws: dict[str, str]) -> None:
@@ -335,7 +341,8 @@ def test_malformed_distribution(dist: Any, words: str) -> None:
 
 @pytest.mark.parametrize("dist", [None, {}, {"torch_distributed": {"enabled": True}},
                                   {"smdistributed": {"dataparallel": {"enabled": True, "custom_mpi_options": "-v"}}},
-                                  {"pytorchddp": {"enabled": True}}, {"mpi": {"enabled": True, "processes_per_host": 8}}])
+                                  {"pytorchddp": {"enabled": True}},
+                                  {"mpi": {"enabled": True, "processes_per_host": 8}}])
 def test_well_formed_distribution(dist: Any) -> None:
     assert jc.distribution_problems(dist) == []
 
@@ -350,7 +357,8 @@ def test_instance_count(env: dict[str, str]) -> None:
         "instance_count is 0; SageMaker needs at least 1"]
     (p,) = jc.instance_count(JobContext(JobSpec(instance_type="ml.p4d.24xlarge", instance_count=2)))
     assert p.severity == "warning" and "each of the 2 instances" in p.message
-    assert list(jc.instance_count(JobContext(JobSpec(instance_count=2, distribution={"pytorchddp": {"enabled": True}})))) == []
+    pytorchddp = JobSpec(instance_count=2, distribution={"pytorchddp": {"enabled": True}})
+    assert list(jc.instance_count(JobContext(pytorchddp))) == []
 
 
 def test_entry_point_must_be_py() -> None:
@@ -358,7 +366,8 @@ def test_entry_point_must_be_py() -> None:
     (p,) = jc.entry_point_py(JobContext(JobSpec(entry_point="run.sh", distribution=dist)))
     assert "run.sh" in p.message
     assert list(jc.entry_point_py(JobContext(JobSpec(entry_point="train.py", distribution=dist)))) == []
-    assert list(jc.entry_point_py(JobContext(JobSpec(entry_point="run.sh", distribution={"mpi": {"enabled": True}})))) == []
+    mpi = JobSpec(entry_point="run.sh", distribution={"mpi": {"enabled": True}})
+    assert list(jc.entry_point_py(JobContext(mpi))) == []
 
 
 def test_framework_versions() -> None:
@@ -442,7 +451,8 @@ def test_no_credentials_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[
     assert ids(rep, "error") == ["DDP901"] * len(ids(rep, "error"))
 
 
-def test_unreachable_endpoint_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str], env: dict[str, str]) -> None:
+def test_unreachable_endpoint_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str],
+                                           env: dict[str, str]) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -467,7 +477,8 @@ def test_report_location() -> None:
     assert report_location("s3://b") == ("b", "ddp-doctor-report.json")
     assert report_location("s3://b/p/x.json", suffix=".rank2") == ("b", "p/x.rank2.json")
     assert report_location("s3://b/out/", {"SAGEMAKER_JOB_NAME": "job-1"}) == ("b", "out/job-1/ddp-doctor-report.json")
-    assert report_location("s3://b/out", {"SM_TRAINING_ENV": '{"job_name": "j2"}'}) == ("b", "out/j2/ddp-doctor-report.json")
+    assert report_location("s3://b/out", {"SM_TRAINING_ENV": '{"job_name": "j2"}'}) == \
+        ("b", "out/j2/ddp-doctor-report.json")
 
 
 def test_upload_retries_then_succeeds(env: dict[str, str]) -> None:
@@ -535,8 +546,8 @@ def test_cli_good_job(endpoint: str, aws: dict[str, str], tmp_path: Any) -> None
 
 
 def test_cli_bad_job_json(endpoint: str, aws: dict[str, str]) -> None:
-    p = ddp_doctor("sagemaker-check", *cli_args(aws, **{"--security-group-ids": aws["sg_open"], "--role": "sm-notrust"}),
-                   "--json", env=aws_env(endpoint))
+    args = cli_args(aws, **{"--security-group-ids": aws["sg_open"], "--role": "sm-notrust"})
+    p = ddp_doctor("sagemaker-check", *args, "--json", env=aws_env(endpoint))
     assert p.returncode == 3, p.stdout + p.stderr
     rep = json.loads(p.stdout)
     assert {"DDP907", "DDP912"} <= set(ids(rep, "error")) and rep["root_cause"]["id"] in ("DDP907", "DDP912")
@@ -565,21 +576,23 @@ def test_cli_usage_errors(endpoint: str, aws: dict[str, str], tmp_path: Any) -> 
 
 
 def test_cli_without_boto3(endpoint: str) -> None:
-    code = ("import sys; sys.modules['boto3'] = None; from ddp_doctor.cli.app import main; "
+    code = ("import sys; sys.modules['boto3'] = None; from ddp_doctor.cli import main; "
             "sys.exit(main(['sagemaker-check', '--instance-type', 'ml.p4d.24xlarge']))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=aws_env(endpoint))
     assert p.returncode == 1 and 'pip install "ddp-doctor[aws]"' in p.stderr and "Traceback" not in p.stderr
 
 
 def test_importing_does_not_import_boto3(endpoint: str) -> None:
-    code = ("import sys, ddp_doctor, ddp_doctor.cli.app, ddp_doctor.sagemaker.job; from ddp_doctor import registry; "
-            "registry.load_catalogue(); ddp_doctor.cli.app.build_parser(); assert 'boto3' not in sys.modules")
+    code = ("import sys, ddp_doctor, ddp_doctor.cli, ddp_doctor.sagemaker, ddp_doctor.cli.sagemaker_check; "
+            "from ddp_doctor import checks; checks.load_catalogue(); ddp_doctor.cli.build_parser(); "
+            "assert 'boto3' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=aws_env(endpoint))
     assert p.returncode == 0, p.stderr
 
 
 def test_cli_uploads_report(endpoint: str, aws: dict[str, str]) -> None:
-    p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report-s3-uri", "s3://ddp-reports/checks/", env=aws_env(endpoint))
+    p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report-s3-uri", "s3://ddp-reports/checks/",
+                   env=aws_env(endpoint))
     assert p.returncode == 0, p.stderr
     body = client(endpoint, "s3").get_object(Bucket="ddp-reports", Key="checks/ddp-doctor-report.json")["Body"].read()
     assert json.loads(body)["world"]["world_size"] == 16
@@ -590,7 +603,8 @@ def test_cli_upload_to_missing_bucket_is_a_warning(endpoint: str, aws: dict[str,
     p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report-s3-uri", "s3://ddp-missing-reports/x/",
                    env=aws_env(endpoint))
     assert p.returncode == 0  # unchanged by the failed upload
-    assert "ddp-doctor: warning: could not upload the report to s3://ddp-missing-reports/x/ddp-doctor-report.json" in p.stderr
+    assert ("ddp-doctor: warning: could not upload the report to "
+            "s3://ddp-missing-reports/x/ddp-doctor-report.json") in p.stderr
     assert "NoSuchBucket" in p.stderr and "Traceback" not in p.stderr
     assert_no_secret(p.stdout, p.stderr)
 
