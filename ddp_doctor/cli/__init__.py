@@ -1,6 +1,85 @@
-"""The `ddp-doctor` command line: one module per subcommand, the argument validators, exit codes."""
+"""The `ddp-doctor` command line: main, build_parser and COMMANDS, the registration of every
+subcommand (a parser function plus a command function, each in its own module here). Shared
+parts: options (UsageError, argument validators), launch (what rank-acting commands share);
+exit codes are ddp_doctor.exit_codes. Nothing here imports torch: ranks import it when they need it.
+"""
 from __future__ import annotations
 
-from ddp_doctor.cli.app import main
+import argparse
+import sys
+from typing import Callable, NamedTuple
 
-__all__ = ["main"]
+from ddp_doctor.cli import bench_comm, catalogue, env, preflight, run
+from ddp_doctor.cli.options import UsageError
+from ddp_doctor.exit_codes import EXIT_USAGE
+from ddp_doctor.version import __version__
+
+
+class Command(NamedTuple):
+    help: str
+    add_parser: Callable[[argparse.ArgumentParser], None]
+    command: Callable[[argparse.Namespace], int]
+
+
+def _sagemaker_add_parser(p: argparse.ArgumentParser) -> None:
+    # Imported when used: the module imports the boto3 wrappers of ddp_doctor.sagemaker.
+    from ddp_doctor.cli import sagemaker_check
+    sagemaker_check.add_parser(p)
+
+
+def _sagemaker_command(args: argparse.Namespace) -> int:
+    from ddp_doctor.cli import sagemaker_check
+    return sagemaker_check.command(args)
+
+
+COMMANDS: dict[str, Command] = {
+    "preflight": Command(preflight.HELP, preflight.add_parser, preflight.command),
+    "run": Command(run.HELP, run.add_parser, run.command),
+    "env": Command(env.HELP, env.add_parser, env.command),
+    "list-checks": Command(catalogue.LIST_HELP, catalogue.add_list_parser, catalogue.list_command),
+    "explain": Command(catalogue.EXPLAIN_HELP, catalogue.add_explain_parser, catalogue.explain_command),
+    "sagemaker-check": Command("check a SageMaker training job's settings before launch (needs boto3: the aws extra)",
+                               _sagemaker_add_parser, _sagemaker_command),
+    "bench-comm": Command(bench_comm.HELP, bench_comm.add_parser, bench_comm.command),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-doctor",
+        description="Diagnose PyTorch DistributedDataParallel jobs: preflight checks of the launcher "
+                    "environment, the network and the process group, with a structured report.",
+        epilog="Exit codes: 0 no errors, 3 errors found, 2 usage error, 1 ddp-doctor failed.")
+    parser.add_argument("--version", action="version", version=f"ddp-doctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_parser(p)
+        p.set_defaults(func=cmd.command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "run":
+        # `run` takes torchrun's options and then the script's own: argparse must not see them.
+        args = argparse.Namespace(command="run", argv=argv[1:], func=run.command)
+    else:
+        args = parser.parse_args(argv)
+    if args.command != "run":
+        args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        sys.stderr.write(f"ddp-doctor {args.command}: error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("ddp-doctor: interrupted\n")
+        return 130
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]

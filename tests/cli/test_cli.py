@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ddp_doctor import registry
-from ddp_doctor.cli import app as cli
+from ddp_doctor import checks as catalogue
+from ddp_doctor import cli, registry
 
 LAUNCHER_PREFIXES = ("RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "OMPI_", "PMI_", "SLURM_", "SM_",
                      "GROUP_", "ROLE_", "MASTER_", "DDP_DOCTOR_")
@@ -52,15 +52,15 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_importing_cli_does_not_import_torch() -> None:
-    code = ("import sys, ddp_doctor.cli.app; "
-            "p = ddp_doctor.cli.app.build_parser(); "
+    code = ("import sys, ddp_doctor.cli; "
+            "p = ddp_doctor.cli.build_parser(); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
     assert p.returncode == 0, p.stderr
 
 
 def test_catalogue_commands_do_not_import_torch() -> None:
-    code = ("import sys, io, contextlib, ddp_doctor.cli.app as c\n"
+    code = ("import sys, io, contextlib, ddp_doctor.cli as c\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    assert c.main(['list-checks']) == 0\n"
             "    assert c.main(['explain', 'DDP320']) == 0\n"
@@ -72,7 +72,7 @@ def test_catalogue_commands_do_not_import_torch() -> None:
 def test_list_checks_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list-checks"]) == 0
     out = capsys.readouterr().out
-    for cid in registry.load_catalogue():
+    for cid in catalogue.load_catalogue():
         assert cid in out
     line = next(x for x in out.splitlines() if x.startswith("DDP320"))
     assert "error" in line and "network" in line and "Ranks missing at rendezvous" in line
@@ -84,7 +84,7 @@ def test_list_checks_json() -> None:
     data = json.loads(p.stdout)
     ids = [c["id"] for c in data["checks"]]
     assert ids == sorted(ids)
-    assert set(ids) == set(registry.load_catalogue())
+    assert set(ids) == set(catalogue.load_catalogue())
     assert isinstance(data["retired"], dict)
     for c in data["checks"]:
         assert c["what"] and c["why"] and c["fix"]
@@ -95,9 +95,23 @@ def test_explain(capsys: pytest.CaptureFixture[str], arg: str) -> None:
     assert cli.main(["explain", arg]) == 0
     out = capsys.readouterr().out
     assert out.startswith("DDP320: Ranks missing at rendezvous")
-    entry = registry.get("DDP320")
+    entry = catalogue.get("DDP320")
     for name in ("What", "Why", "Fix"):
         assert f"{name}: {entry.sections[name]}" in out
+
+
+def test_explain_shows_every_severity_and_when(capsys: pytest.CaptureFixture[str]) -> None:
+    """An ID whose severity depends on the situation shows them all, default first, and its Severity
+    section; a one-severity ID shows just that one."""
+    entry = catalogue.get("DDP302")
+    assert entry.severities == ("error", "warning")
+    assert cli.main(["explain", "DDP302"]) == 0
+    out = capsys.readouterr().out
+    assert "severity: warning/error " in out
+    assert f"Severity: {entry.sections['Severity']}" in out
+    assert cli.main(["explain", "DDP320"]) == 0
+    out = capsys.readouterr().out
+    assert "severity: error " in out and "Severity:" not in out
 
 
 def test_explain_subprocess() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from helpers.context import NO_SM_ROOT, sm_env, torchrun_env, write_sm_config
 
-from ddp_doctor.cli.env_command import collect_env, render_env
+from ddp_doctor.cli.env_summary import collect_env, render_env
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 HF = "hf_abcdefghijklmnopqrstuvwxyz0123"

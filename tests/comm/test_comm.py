@@ -10,88 +10,92 @@ import torch
 from helpers.context import make_ctx, torchrun_env
 
 from ddp_doctor.checks import communication as cc
-from ddp_doctor.cli.app import build_parser, check_options
-from ddp_doctor.comm import sweep as comm
-from ddp_doctor.preflight_run.group import Group
+from ddp_doctor.cli import build_parser
+from ddp_doctor.cli.options import byte_size
+from ddp_doctor.cli.preflight import check_options
+from ddp_doctor.comm import arithmetic, layout, stragglers, sweep, table
+from ddp_doctor.context import Group
 
 
 # ---------------------------------------------------------------- arithmetic
 def test_busbw_factors_follow_nccl_tests():
-    assert comm.busbw_factor(2) == 1.0
-    assert comm.busbw_factor(4) == 1.5
-    assert comm.busbw_factor(8) == 1.75
-    assert comm.busbw_factor(4, "all_gather") == 0.75
-    assert comm.busbw_factor(8, "broadcast") == 1.0
-    assert comm.busbw_factor(1) == 1.0
+    assert arithmetic.busbw_factor(2) == 1.0
+    assert arithmetic.busbw_factor(4) == 1.5
+    assert arithmetic.busbw_factor(8) == 1.75
+    assert arithmetic.busbw_factor(4, "all_gather") == 0.75
+    assert arithmetic.busbw_factor(8, "broadcast") == 1.0
+    assert arithmetic.busbw_factor(1) == 1.0
 
 
 def test_bandwidth_is_bytes_over_time_times_factor():
-    algbw, busbw = comm.bandwidth(2_000_000_000, 1.0, 4)
+    algbw, busbw = arithmetic.bandwidth(2_000_000_000, 1.0, 4)
     assert algbw == pytest.approx(2.0) and busbw == pytest.approx(3.0)
-    assert comm.bandwidth(4096, 0.0, 2) == (0.0, 0.0)
+    assert arithmetic.bandwidth(4096, 0.0, 2) == (0.0, 0.0)
 
 
 def test_sizes_double_and_include_the_maximum():
-    s = comm.sizes(4 * comm.KIB, 64 * comm.MIB)
-    assert s[0] == 4096 and s[-1] == 64 * comm.MIB and len(s) == 15
+    s = arithmetic.sizes(4 * arithmetic.KIB, 64 * arithmetic.MIB)
+    assert s[0] == 4096 and s[-1] == 64 * arithmetic.MIB and len(s) == 15
     assert all(b == 2 * a for a, b in zip(s, s[1:]))
-    assert comm.sizes(4096, 10000) == [4096, 8192, 10000]
-    assert comm.sizes(8192, 4096) == [4096]
+    assert arithmetic.sizes(4096, 10000) == [4096, 8192, 10000]
+    assert arithmetic.sizes(8192, 4096) == [4096]
 
 
 @pytest.mark.parametrize("text,value", [("4096", 4096), ("4K", 4096), ("4KiB", 4096), ("64M", 64 << 20),
                                         ("1g", 1 << 30), ("1.5M", 3 << 19)])
 def test_parse_bytes(text, value):
-    assert comm.parse_bytes(text) == value
+    assert arithmetic.parse_bytes(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "lots", "2", "-4K"])
 def test_parse_bytes_rejects(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        comm.parse_bytes(text)
+    with pytest.raises(ValueError):
+        arithmetic.parse_bytes(text)
+    with pytest.raises(argparse.ArgumentTypeError):  # as the command line reports it
+        byte_size(text)
 
 
 # ---------------------------------------------------------------- correctness counter
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
 def test_rank_values_sum_exactly_to_one_integer(n):
     count = 1000  # not a multiple of the fill row: the tail is filled too
-    parts = [comm.fill_rank_values(torch.empty(count), r, n) for r in range(n)]
+    parts = [arithmetic.fill_rank_values(torch.empty(count), r, n) for r in range(n)]
     total = torch.zeros(count)
     for p in parts:
         total += p
-    assert comm.count_wrong(total, comm.exact_sum(n)) == 0
+    assert arithmetic.count_wrong(total, arithmetic.exact_sum(n)) == 0
     if n > 1:  # ranks hold different, element-varying values
         assert not torch.equal(parts[0], parts[1]) and parts[0].unique().numel() == n
 
 
 def test_count_wrong_counts_a_deliberately_corrupted_result():
     n = 4
-    t = torch.full((1 << 16,), comm.exact_sum(n))
-    assert comm.count_wrong(t, comm.exact_sum(n)) == 0
+    t = torch.full((1 << 16,), arithmetic.exact_sum(n))
+    assert arithmetic.count_wrong(t, arithmetic.exact_sum(n)) == 0
     t[7] += 1.0
     t[1000] = float("nan")
     t[-1] = 0.0
-    assert comm.count_wrong(t, comm.exact_sum(n)) == 3
+    assert arithmetic.count_wrong(t, arithmetic.exact_sum(n)) == 3
     ref = torch.arange(10.0)
     bad = ref.clone()
     bad[3] = -1
-    assert comm.count_wrong(bad, ref) == 1
+    assert arithmetic.count_wrong(bad, ref) == 1
 
 
 def test_dropped_contribution_is_wrong_everywhere():
     n = 3
-    total = comm.fill_rank_values(torch.empty(300), 0, n) + comm.fill_rank_values(torch.empty(300), 1, n)
-    assert comm.count_wrong(total, comm.exact_sum(n)) == 300
+    total = arithmetic.fill_rank_values(torch.empty(300), 0, n) + arithmetic.fill_rank_values(torch.empty(300), 1, n)
+    assert arithmetic.count_wrong(total, arithmetic.exact_sum(n)) == 300
 
 
 def test_final_result_exactness():
-    assert comm.final_exact(2, 25) and comm.final_exact(8, 30)
-    assert comm.final_exact(3, 5)            # 6 * 3**5 = 1458
-    assert not comm.final_exact(3, 25)       # 6 * 3**25 needs more than 24 bits
-    assert not comm.final_exact(2, 200)      # overflow
+    assert arithmetic.final_exact(2, 25) and arithmetic.final_exact(8, 30)
+    assert arithmetic.final_exact(3, 5)            # 6 * 3**5 = 1458
+    assert not arithmetic.final_exact(3, 25)       # 6 * 3**25 needs more than 24 bits
+    assert not arithmetic.final_exact(2, 200)      # overflow
 
 
-class SimulatedComm(comm.Comm):
+class SimulatedComm(sweep.Comm):
     """A test double: rank 0 of an n-rank group whose peers are simulated in-process. all_reduce
     really sums every rank's values (the peers' are rebuilt from fill_rank_values, then scaled the
     way repeated sums scale them); `corrupt` flips one element of rank 0's result at chosen calls."""
@@ -105,7 +109,7 @@ class SimulatedComm(comm.Comm):
         n = self.size
         if t.numel() not in self.first_of_size:
             self.first_of_size[t.numel()] = True
-            peers = [comm.fill_rank_values(torch.empty_like(t), r, n) for r in range(1, n)]
+            peers = [arithmetic.fill_rank_values(torch.empty_like(t), r, n) for r in range(1, n)]
             for p in peers:
                 t += p
         else:
@@ -120,9 +124,9 @@ class SimulatedComm(comm.Comm):
 
 
 def test_sweep_entries_and_keys():
-    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=64 * 1024, iters=3, warmup=2)
+    cfg = sweep.SweepConfig(min_bytes=4096, max_bytes=64 * 1024, iters=3, warmup=2)
     seen: list[int] = []
-    entries = comm.sweep_all_reduce(SimulatedComm(4), cfg, progress=lambda e: seen.append(e["bytes"]))
+    entries = sweep.sweep_all_reduce(SimulatedComm(4), cfg, progress=lambda e: seen.append(e["bytes"]))
     assert [e["bytes"] for e in entries] == [4096, 8192, 16384, 32768, 65536] == seen
     for e in entries:
         assert {"bytes", "time_us", "algbw_gbps", "busbw_gbps", "correct", "wrong"} <= set(e)
@@ -131,9 +135,9 @@ def test_sweep_entries_and_keys():
 
 
 def test_sweep_counts_a_corrupted_result():
-    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=8192, iters=2, warmup=1)
+    cfg = sweep.SweepConfig(min_bytes=4096, max_bytes=8192, iters=2, warmup=1)
     # call 0: size 4096's checked result; call 5: the last timed result of size 8192
-    entries = comm.sweep_all_reduce(SimulatedComm(2, corrupt_calls={0, 5}), cfg)
+    entries = sweep.sweep_all_reduce(SimulatedComm(2, corrupt_calls={0, 5}), cfg)
     assert [e["correct"] for e in entries] == [False, False]
     assert entries[0]["wrong"] >= 1 and entries[0]["wrong_ranks"] == [0]
     problems = cc.wrong_result_problems("all_reduce(sum)", entries, "gloo")
@@ -141,18 +145,18 @@ def test_sweep_counts_a_corrupted_result():
 
 
 def test_sweep_budget_cuts_iterations_not_sizes():
-    cfg = comm.SweepConfig(min_bytes=4096, max_bytes=16384, iters=50, warmup=1, budget_s=1e-9)
-    entries = comm.sweep_all_reduce(SimulatedComm(2), cfg)
+    cfg = sweep.SweepConfig(min_bytes=4096, max_bytes=16384, iters=50, warmup=1, budget_s=1e-9)
+    entries = sweep.sweep_all_reduce(SimulatedComm(2), cfg)
     assert len(entries) == 3 and all(e["iters"] == 1 and e["correct"] for e in entries)
 
 
 def test_sweep_config_modes():
-    pf = comm.sweep_config({}, "cpu")
-    assert pf.max_bytes == 64 * comm.MIB and pf.budget_s == comm.PREFLIGHT_BUDGET_S_CPU
-    assert pf.iters == comm.PREFLIGHT_ITERS
-    bench = comm.sweep_config({"comm_mode": "bench"}, "cuda:0")
-    assert bench.max_bytes == 256 * comm.MIB and bench.budget_s is None and bench.iters == comm.BENCH_ITERS
-    custom = comm.sweep_config({"comm_max_bytes": 1 << 20, "comm_iters": 7, "comm_budget_s": 0}, "cpu")
+    pf = sweep.sweep_config({}, "cpu")
+    assert pf.max_bytes == 64 * arithmetic.MIB and pf.budget_s == sweep.PREFLIGHT_BUDGET_S_CPU
+    assert pf.iters == sweep.PREFLIGHT_ITERS
+    bench = sweep.sweep_config({"comm_mode": "bench"}, "cuda:0")
+    assert bench.max_bytes == 256 * arithmetic.MIB and bench.budget_s is None and bench.iters == sweep.BENCH_ITERS
+    custom = sweep.sweep_config({"comm_max_bytes": 1 << 20, "comm_iters": 7, "comm_budget_s": 0}, "cpu")
     assert custom.max_bytes == 1 << 20 and custom.iters == 7 and custom.budget_s is None
 
 
@@ -172,13 +176,13 @@ def test_cli_options_reach_ctx_options():
 # ---------------------------------------------------------------- node layout
 def test_node_groups_from_layout():
     lay = [(0, 0), (0, 1), (1, 0), (1, 1)]
-    intra, inter = comm.node_groups(lay)
+    intra, inter = layout.node_groups(lay)
     assert intra == [[0, 1], [2, 3]] and inter == [[0, 2], [1, 3]]
-    assert comm.node_groups([(5, 0), (5, 1)]) == ([[0, 1]], [[0], [1]])
+    assert layout.node_groups([(5, 0), (5, 1)]) == ([[0, 1]], [[0], [1]])
 
 
 # ---------------------------------------------------------------- expected bandwidth (DDP403)
-def _sweep(busbw: float, nbytes: int = 256 * comm.MIB) -> list[dict]:
+def _sweep(busbw: float, nbytes: int = 256 * arithmetic.MIB) -> list[dict]:
     return [{"bytes": 4096, "busbw_gbps": 0.1}, {"bytes": nbytes, "busbw_gbps": busbw}]
 
 
@@ -235,60 +239,60 @@ def test_split_available_otherwise():
 # ---------------------------------------------------------------- stragglers (DDP405, DDP406)
 def test_outliers_name_a_markedly_slow_rank():
     times = {0: 0.020, 1: 0.021, 2: 0.060, 3: 0.019}
-    assert set(comm.outliers(times)) == {2}
+    assert set(stragglers.outliers(times)) == {2}
     problems = cc.straggler_problems(times, {0: 0, 1: 0, 2: 1, 3: 1}, "fixed compute", 1.5, 0.01)
     assert problems and problems[0].ranks == (2,) and "rank 2 60.0 ms" in problems[0].message
 
 
 def test_outliers_ignore_noise_below_the_absolute_minimum():
-    assert comm.outliers({0: 0.001, 1: 0.004}) == {}             # 4x, but 3 ms
-    assert comm.outliers({0: 0.020, 1: 0.022, 2: 0.025}) == {}   # within 1.5x
-    assert comm.outliers({0: 0.02}) == {}
+    assert stragglers.outliers({0: 0.001, 1: 0.004}) == {}             # 4x, but 3 ms
+    assert stragglers.outliers({0: 0.020, 1: 0.022, 2: 0.025}) == {}   # within 1.5x
+    assert stragglers.outliers({0: 0.02}) == {}
 
 
 def test_slow_node():
     times = {0: 0.02, 1: 0.02, 2: 0.05, 3: 0.05, 4: 0.02, 5: 0.021}
     node_of = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
-    assert set(comm.slow_nodes(times, node_of)) == {1}
+    assert set(stragglers.slow_nodes(times, node_of)) == {1}
     problems = cc.straggler_problems(times, node_of, "fixed compute", 1.5, 0.01)
     assert any("node(s) 1" in p.message and p.ranks == (2, 3) for p in problems)
-    assert comm.slow_nodes(times, {r: 0 for r in times}) == {}
+    assert stragglers.slow_nodes(times, {r: 0 for r in times}) == {}
 
 
 # ---------------------------------------------------------------- clock skew (DDP407)
 def test_clock_offsets_use_the_tightest_barrier():
     samples = {0: [(100.0, 0.5), (101.0, 0.002)], 1: [(102.9, 0.4), (103.5, 0.003)]}
-    off = comm.clock_offsets(samples)
+    off = stragglers.clock_offsets(samples)
     assert off[0] == (0.0, 0.002)
     assert off[1][0] == pytest.approx(2.5) and off[1][1] == 0.003
-    assert set(comm.skewed(off, 1.0)) == {1}
-    assert comm.skewed(off, 3.0) == {}
+    assert set(stragglers.skewed(off, 1.0)) == {1}
+    assert stragglers.skewed(off, 3.0) == {}
 
 
 def test_clock_skew_within_uncertainty_is_not_reported():
     samples = {0: [(100.0, 2.0)], 1: [(101.5, 2.0)]}  # 1.5 s apart, but either may be 2 s late
-    assert comm.skewed(comm.clock_offsets(samples), 1.0) == {}
-    assert comm.skewed(comm.clock_offsets({0: [(5.0, 0.01)], 1: [(5.3, 0.01)]}), 1.0) == {}
+    assert stragglers.skewed(stragglers.clock_offsets(samples), 1.0) == {}
+    assert stragglers.skewed(stragglers.clock_offsets({0: [(5.0, 0.01)], 1: [(5.3, 0.01)]}), 1.0) == {}
 
 
 # ---------------------------------------------------------------- table and plot
 def test_table_rows_like_nccl_tests():
     entries = [{"bytes": 4096, "count": 1024, "type": "float", "redop": "sum", "time_us": 12.5,
                 "algbw_gbps": 0.33, "busbw_gbps": 0.33, "correct": True, "wrong": 0, "nranks": 2}]
-    text = comm.render_table({"all_reduce": entries})
-    assert "time(us)" in comm.TABLE_HEADER and "#wrong" in comm.TABLE_HEADER
+    text = table.render_table({"all_reduce": entries})
+    assert "time(us)" in table.TABLE_HEADER and "#wrong" in table.TABLE_HEADER
     assert "4096" in text and "1024" in text and "float" in text and "OK" in text
 
 
 def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     entries = [{"bytes": b, "time_us": 1.0, "algbw_gbps": b / 1e6, "busbw_gbps": b / 1e6, "correct": True}
-               for b in comm.sizes(4096, 1 << 20)]
+               for b in arithmetic.sizes(4096, 1 << 20)]
     path = tmp_path / "bw.png"
-    comm.plot({"all_reduce": entries}, str(path))
+    table.plot({"all_reduce": entries}, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(RuntimeError):
-        comm.plot({}, str(tmp_path / "none.png"))
+        table.plot({}, str(tmp_path / "none.png"))
 
 
 def test_a_slow_moment_is_measured_again_and_forgiven():
@@ -296,7 +300,7 @@ def test_a_slow_moment_is_measured_again_and_forgiven():
     assert cc.confirmed_times(lambda: next(rounds), 1.5, 0.01) == {0: 0.020, 1: 0.022}
     rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.070}])
     times = cc.confirmed_times(lambda: next(rounds), 1.5, 0.01)
-    assert set(comm.outliers(times)) == {1}
+    assert set(stragglers.outliers(times)) == {1}
     calls = []
     cc.confirmed_times(lambda: calls.append(1) or {0: 0.02, 1: 0.021}, 1.5, 0.01)
     assert len(calls) == 1  # nothing suspicious: measured once

@@ -1,8 +1,9 @@
-"""`ddp-doctor env`: a summary of this machine and job to paste into a bug report.
+"""The summary `ddp-doctor env` prints: this machine and job, to paste into a bug report.
 
 `collect_env` returns plain data (secrets redacted); `render_env` turns it into a block ready to
 paste, like `accelerate env`. Nothing here raises: a part that cannot be read says why instead.
-torch is imported only inside `collect_env`, so importing ddp_doctor stays cheap.
+torch is imported only inside `collect_env`; the subcommand (cli/env.py) imports this module only
+when it runs, so building the parser stays cheap.
 """
 from __future__ import annotations
 

@@ -1,0 +1,37 @@
+"""What the subcommands that act as ranks (preflight, bench-comm) share: the arguments a
+self-launched rank gets (rank_argv) and the way a rank process ends (exit_now).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Options only the parent of a self-launched preflight uses (True: they take a value); every
+# other option is passed on to the ranks as given, so options added for checks need no forwarding code.
+PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True,
+               "--json": False, "--verbose": False, "-v": False}
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """The preflight arguments a self-launched rank gets: `argv` less the parent-only options."""
+    out: list[str] = []
+    skip_value = False
+    for a in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in PARENT_ONLY:
+            skip_value = PARENT_ONLY[name] and "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def exit_now(code: int) -> None:
+    """End a rank process without running interpreter teardown: torch 2.13's gloo can abort in
+    static destructors after a correct destroy_process_group (DOMAIN.md section 2), which would
+    turn a finished preflight into a SIGABRT. Everything was flushed and written before this."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,139 @@
+"""Stragglers and clock skew: fixed compute per rank (fixed_work), a timed send/recv ring
+(ring_times), the ranks and nodes markedly slower than the median (outliers, slow_nodes), and
+node clock offsets from barrier timestamps (clock_offsets, skewed).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from ddp_doctor.comm.arithmetic import KIB, count_wrong, pattern
+from ddp_doctor.comm.sweep import Comm
+
+DEFAULT_STRAGGLER_FACTOR = 1.5
+DEFAULT_STRAGGLER_MIN_S = 0.010
+DEFAULT_MAX_CLOCK_SKEW_S = 1.0
+
+
+def fixed_work(device: str, reps: int = 3) -> list[float]:
+    """Seconds for each of `reps` runs of the same fixed amount of compute (float32 matmuls):
+    identical on every rank, so a rank that takes markedly longer is slower hardware, a busier
+    host, or a throttled GPU."""
+    import torch
+    gpu = device.startswith("cuda")
+    dim, loops = (4096, 8) if gpu else (256, 24)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.rand(dim, dim, generator=g, device=device)
+    b = torch.rand(dim, dim, generator=g, device=device)
+    out = []
+    for _ in range(reps):
+        if gpu:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        c = a
+        for _ in range(loops):
+            c = torch.mm(a, b)
+        if gpu:
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - start)
+        del c
+    return out
+
+
+def ring_times(comm: Comm, nbytes: int = 256 * KIB, reps: int = 3) -> list[float]:
+    """Seconds for each of `reps` rounds of a send/recv ring (every rank sends to rank + 1 and
+    receives from rank - 1 at once): the time a rank waits for its receive measures the link
+    from its left neighbour. The payload is checked; a corrupted one raises."""
+    import torch
+    import torch.distributed as dist
+    n, r = comm.size, comm.rank
+    count = nbytes // 4
+    send = pattern(count, comm.device) + float(r + 1)
+    recv = torch.empty_like(send)
+    left = (r - 1) % n
+    want = send - float(r + 1) + float(left + 1)
+    out = []
+    for _ in range(reps):
+        comm.wait(barrier(comm))
+        start = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, send, comm.ranks[(r + 1) % n] if comm.ranks else (r + 1) % n, comm.pg),
+               dist.P2POp(dist.irecv, recv, comm.ranks[left] if comm.ranks else left, comm.pg)]
+        for w in dist.batch_isend_irecv(ops):
+            comm.wait(w)
+        comm.sync()
+        out.append(time.perf_counter() - start)
+    if count_wrong(recv, want):
+        raise RuntimeError(f"the send/recv ring delivered wrong data from rank {left} to rank {r}")
+    return out
+
+
+def barrier(comm: Comm) -> Any:
+    """An async barrier on `comm`'s group (on GPU a one-element all_reduce, which NCCL orders with
+    the timed work on the stream); wait on it with comm.wait."""
+    import torch.distributed as dist
+    if comm.device.startswith("cuda"):
+        import torch
+        t = torch.zeros(1, device=comm.device)
+        return dist.all_reduce(t, group=comm.pg, async_op=True)
+    return dist.barrier(group=comm.pg, async_op=True)
+
+
+def median(vals: Sequence[float]) -> float:
+    """The median of `vals` (mean of the middle two for an even count)."""
+    v = sorted(vals)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def outliers(times: Mapping[Any, float], factor: float = DEFAULT_STRAGGLER_FACTOR,
+             min_excess_s: float = DEFAULT_STRAGGLER_MIN_S) -> dict[Any, float]:
+    """Entries markedly slower than the median of the others: above factor x that median AND
+    more than min_excess_s above it (so scheduling noise on small machines does not count).
+    The median leaves the entry itself out, so that with two ranks a slow one is compared with
+    the other, not with an average it pulls up. Returns {key: ratio to that median}."""
+    if len(times) < 2:
+        return {}
+    out = {}
+    for k, v in times.items():
+        mid = median([t for j, t in times.items() if j != k])
+        if v > factor * mid and v - mid > min_excess_s:
+            out[k] = v / mid if mid > 0 else float("inf")
+    return out
+
+
+def slow_nodes(times: Mapping[int, float], node_of: Mapping[int, Any], factor: float = DEFAULT_STRAGGLER_FACTOR,
+               min_excess_s: float = DEFAULT_STRAGGLER_MIN_S) -> dict[Any, float]:
+    """Nodes whose median rank time is markedly slower than the median node (needs >= 2 nodes)."""
+    by_node: dict[Any, list[float]] = {}
+    for r, t in times.items():
+        by_node.setdefault(node_of.get(r), []).append(t)
+    if len(by_node) < 2:
+        return {}
+    med = {k: sorted(v)[len(v) // 2] for k, v in by_node.items()}
+    return outliers(med, factor, min_excess_s)
+
+
+def clock_offsets(samples: Mapping[int, Sequence[tuple[float, float]]], ref: int = 0) -> dict[int, tuple[float, float]]:
+    """Each rank's wall-clock offset from rank `ref`, with its uncertainty.
+
+    samples[r][i] = (time.time() right after barrier i, that barrier's duration on rank r). All
+    ranks leave barrier i after the last one arrived; each leaves within its own wait of that
+    instant, so two readings differ from the clock offset by at most the longer of the two
+    waits. The round with the smallest uncertainty is used."""
+    out = {}
+    base = samples[ref]
+    for r, rows in samples.items():
+        best: tuple[float, float] | None = None
+        for (wall, dur), (wall0, dur0) in zip(rows, base):
+            cand = (wall - wall0, max(dur, dur0))
+            if best is None or cand[1] < best[1]:
+                best = cand
+        if best is not None:
+            out[r] = best
+    return out
+
+
+def skewed(offsets: Mapping[int, tuple[float, float]], max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
+           ) -> dict[int, tuple[float, float]]:
+    """Ranks whose clock is off by more than max_skew_s beyond doubt (|offset| - uncertainty)."""
+    return {r: (o, u) for r, (o, u) in offsets.items() if abs(o) - u > max_skew_s}
