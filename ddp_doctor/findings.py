@@ -21,7 +21,8 @@ PHASES = ("preflight", "training", "teardown")
 class Problem:
     """What a check yields: the observed values in `message`, what to do in `hint` (optional
     override of the check's default hint), machine-readable `evidence`, and an optional severity
-    override (a check may downgrade or upgrade a single problem)."""
+    override (a check may downgrade or upgrade a single problem: every severity it uses must be
+    declared with `@check(..., severities=...)` and explained in its docstring's Severity section)."""
 
     message: str
     hint: str | None = None

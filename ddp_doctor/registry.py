@@ -1,5 +1,6 @@
-"""The check catalogue: one registry of stable IDs, each with a category, a default severity, the
-stage it runs in, and a docstring in What / Why / Fix sections that is its documentation.
+"""The registry of stable IDs, each with a category, a default severity, the stage it runs in,
+and a docstring in What / Why / Fix sections that is its documentation. The entries themselves are
+declared in the modules of ddp_doctor.checks, which loads them (`ddp_doctor.checks.load_catalogue`).
 
 Two kinds of entries share the registry so that `ddp-doctor explain ID` covers every ID a report
 can carry:
@@ -11,10 +12,9 @@ IDs are never reused: a retired ID stays in :data:`RETIRED`.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from ddp_doctor.findings import CATEGORIES, SEVERITIES, Finding, Problem
@@ -24,9 +24,17 @@ from ddp_doctor.findings import CATEGORIES, SEVERITIES, Finding, Problem
 #   group      - (ctx, group) -> problems; on every rank, once the process group exists
 #   cross_rank - (ctx, views) -> problems; on the reporting rank, over every rank's view
 #   event      - raised by the machinery (rendezvous, runner); documentation only
-STAGES = ("local", "group", "cross_rank", "event", "job")  # job: (JobContext) -> problems, client side (sagemaker_job.py)
+#   job        - (JobContext) -> problems, client side (sagemaker_job.py)
+STAGES = ("local", "group", "cross_rank", "event", "job")
 ID_PATTERN = re.compile(r"^DDP\d{3}$")
 SECTIONS = ("What", "Why", "Fix")
+# Optional docstring sections. "Severity" is required when an ID can be raised at more than one
+# severity (declared with `severities=`): it says when the finding is which.
+OPTIONAL_SECTIONS = ("Severity",)
+
+# Set (to anything) to make a finding whose severity its ID does not declare an error instead of
+# passing it on; tests/test_registry.py also finds such severities in the source.
+STRICT_SEVERITIES_ENV = "DDP_DOCTOR_STRICT_SEVERITIES"
 
 # Retired IDs: never hand these out again. {"DDP123": "why it was retired"}
 RETIRED: dict[str, str] = {}
@@ -42,6 +50,16 @@ class Check:
     func: Callable[..., Iterable[Problem]] | None
     doc: str
     timeout: float
+    # Every severity a finding of this ID can have, most severe first; the default `severity` is
+    # one of them. One entry for most IDs; more when the ID escalates or downgrades depending on
+    # the situation, which its docstring's Severity section then explains.
+    severities: tuple[str, ...] = ()
+
+    @property
+    def severity_label(self) -> str:
+        """`warning` for a one-severity ID, `warning/error` (default first) for one that varies."""
+        others = [s for s in self.severities if s != self.severity]
+        return "/".join([self.severity, *others])
 
     @property
     def sections(self) -> dict[str, str]:
@@ -52,28 +70,40 @@ class Check:
         return self.sections.get("Fix", "")
 
     def finding(self, problem: Problem, rank: int | None, phase: str = "preflight") -> Finding:
+        severity = problem.severity or self.severity
+        if severity not in SEVERITIES:
+            raise ValueError(f"{self.id}: a problem with unknown severity {severity!r}")
+        if severity not in (self.severities or (self.severity,)) and os.environ.get(STRICT_SEVERITIES_ENV):
+            raise ValueError(f"{self.id}: a problem with severity {severity!r}, which the ID does not declare "
+                             f"(severities={self.severities}); declare it and explain it in the Severity section")
         ranks = list(problem.ranks) if problem.ranks is not None else ([] if rank is None else [rank])
         return Finding(
-            id=self.id, category=self.category, severity=problem.severity or self.severity,
+            id=self.id, category=self.category, severity=severity,
             title=self.title, message=problem.message, hint=problem.hint or self.hint,
             ranks=ranks, evidence=dict(problem.evidence), phase=phase,
         )
 
     def to_dict(self) -> dict[str, Any]:
+        # The Severity section becomes "severity_note" (it must not overwrite "severity").
+        sections = {("severity_note" if k == "Severity" else k.lower()): v for k, v in self.sections.items()}
         return {"id": self.id, "category": self.category, "severity": self.severity,
-                "title": self.title, "stage": self.stage, **{k.lower(): v for k, v in self.sections.items()}}
+                "severities": list(self.severities), "title": self.title, "stage": self.stage, **sections}
 
 
 REGISTRY: dict[str, Check] = {}
 
 
+_SECTION_RE = re.compile(r"^(" + "|".join(SECTIONS + OPTIONAL_SECTIONS) + r"):\s*(.*)$")
+
+
 def parse_sections(doc: str) -> dict[str, str]:
-    """Split a docstring into its `What:` / `Why:` / `Fix:` sections (each may span lines)."""
+    """Split a docstring into its `What:` / `Why:` / `Fix:` (and optional `Severity:`) sections
+    (each may span lines)."""
     out: dict[str, list[str]] = {}
     current: str | None = None
     for raw in (doc or "").strip().splitlines():
         line = raw.strip()
-        m = re.match(r"^(What|Why|Fix):\s*(.*)$", line)
+        m = _SECTION_RE.match(line)
         if m:
             current = m.group(1)
             out[current] = [m.group(2)] if m.group(2) else []
@@ -93,71 +123,44 @@ def _register(entry: Check) -> Check:
         raise ValueError(f"{entry.id}: unknown severity {entry.severity!r}")
     if entry.stage not in STAGES:
         raise ValueError(f"{entry.id}: unknown stage {entry.stage!r}")
+    declared = set(entry.severities) | {entry.severity}
+    unknown = sorted(declared - set(SEVERITIES))
+    if unknown:
+        raise ValueError(f"{entry.id}: unknown severities {unknown}")
+    entry = replace(entry, severities=tuple(s for s in SEVERITIES if s in declared))
+    if len(entry.severities) > 1 and not entry.sections.get("Severity", "").strip():
+        raise ValueError(f"{entry.id} can be {' or '.join(entry.severities)}: its docstring needs a "
+                         "Severity: section saying when it is which")
     REGISTRY[entry.id] = entry
     return entry
 
 
 def check(id: str, *, category: str, severity: str, title: str, stage: str = "local",
-          timeout: float = 10.0) -> Callable[[Callable[..., Iterable[Problem]]], Callable[..., Iterable[Problem]]]:
-    """Register a check. The decorated function's docstring is its documentation."""
+          timeout: float = 10.0, severities: Iterable[str] = ()
+          ) -> Callable[[Callable[..., Iterable[Problem]]], Callable[..., Iterable[Problem]]]:
+    """Register a check. The decorated function's docstring is its documentation.
+
+    `severity` is the default; `severities` lists the others its problems may carry
+    (`Problem(severity=...)`), which the docstring's Severity section must explain."""
     def wrap(func: Callable[..., Iterable[Problem]]) -> Callable[..., Iterable[Problem]]:
         _register(Check(id=id, category=category, severity=severity, title=title, stage=stage,
-                        func=func, doc=func.__doc__ or "", timeout=timeout))
+                        func=func, doc=func.__doc__ or "", timeout=timeout, severities=tuple(severities)))
         return func
     return wrap
 
 
-def declare(id: str, *, category: str, severity: str, title: str, doc: str) -> Check:
-    """Declare an event: a finding the machinery raises, documented like a check."""
+def declare(id: str, *, category: str, severity: str, title: str, doc: str,
+            severities: Iterable[str] = ()) -> Check:
+    """Declare an event: a finding the machinery raises, documented like a check (`severities` as
+    for :func:`check`)."""
     return _register(Check(id=id, category=category, severity=severity, title=title,
-                           stage="event", func=None, doc=doc, timeout=0.0))
+                           stage="event", func=None, doc=doc, timeout=0.0, severities=tuple(severities)))
 
 
-CHECK_MODULES = (
-    "ddp_doctor.checks.internal",
-    "ddp_doctor.checks.rendezvous",
-    "ddp_doctor.checks.launcher_env",
-    "ddp_doctor.checks.sagemaker_env",
-    "ddp_doctor.checks.network",
-    "ddp_doctor.checks.communication",
-    "ddp_doctor.checks.consistency",
-    "ddp_doctor.checks.gpu",
-    "ddp_doctor.checks.host",
-    "ddp_doctor.checks.sagemaker_job",
-    "ddp_doctor.checks.ci_runner",
-    "ddp_doctor.checks.training_failures",
-    "ddp_doctor.checks.signatures",
-    "ddp_doctor.training.sampler_check",
-    "ddp_doctor.checks.training_probes",
-)
-
-
-EXTRA_MODULES_ENV = "DDP_DOCTOR_CHECK_MODULES"
-
-
-def load_catalogue() -> dict[str, Check]:
-    """Import every check module (registration happens at import) and return the registry.
-
-    Teams add checks of their own by naming their modules in DDP_DOCTOR_CHECK_MODULES
-    (comma-separated); they register with the same decorator and ID rules."""
-    extra = [m.strip() for m in os.environ.get(EXTRA_MODULES_ENV, "").split(",") if m.strip()]
-    for name in CHECK_MODULES:
-        importlib.import_module(name)
-    for name in extra:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - a broken plugin is reported, not fatal
-            LOAD_ERRORS[name] = f"{type(e).__name__}: {e}"
-    return REGISTRY
-
+EXTRA_MODULES_ENV = "DDP_DOCTOR_CHECK_MODULES"  # users' own check modules, loaded by ddp_doctor.checks
 
 # module name -> why it could not be imported (reported by the runner as DDP001)
 LOAD_ERRORS: dict[str, str] = {}
-
-
-def get(id: str) -> Check:
-    load_catalogue()
-    return REGISTRY[id]
 
 
 def parse_selectors(values: Iterable[str] | None) -> list[str]:
@@ -168,16 +171,6 @@ def parse_selectors(values: Iterable[str] | None) -> list[str]:
     return out
 
 
-def unknown_selectors(selectors: Iterable[str]) -> list[str]:
-    """Selectors that match no ID, ID prefix or category (a usage error)."""
-    load_catalogue()
-    bad = []
-    for s in selectors:
-        if s in CATEGORIES:
-            continue
-        if not any(cid.startswith(s.upper()) for cid in REGISTRY):
-            bad.append(s)
-    return bad
 
 
 def _matches(entry: Check, selector: str) -> bool:
@@ -189,9 +182,3 @@ def selected(entry: Check, select: list[str], skip: list[str]) -> bool:
     if select and not any(_matches(entry, s) for s in select):
         return False
     return not any(_matches(entry, s) for s in skip)
-
-
-def checks_for(stage: str, select: list[str] | None = None, skip: list[str] | None = None) -> list[Check]:
-    load_catalogue()
-    return [c for c in sorted(REGISTRY.values(), key=lambda c: c.id)
-            if c.stage == stage and selected(c, select or [], skip or [])]

@@ -1,6 +1,7 @@
 """The check catalogue: stable IDs, documentation sections, selection, plugin modules."""
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import textwrap
@@ -9,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from ddp_doctor import checks as catalogue
 from ddp_doctor import registry, runner
 from ddp_doctor.context import build_context
 from ddp_doctor.facts.host import HostFacts
@@ -18,7 +20,7 @@ from ddp_doctor.findings import CATEGORIES, SEVERITIES, Problem
 @pytest.fixture
 def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, registry.Check]]:
     """A copy of the full catalogue that tests may add to; the real one is restored afterwards."""
-    registry.load_catalogue()  # import every module first, so its entries land in the real registry
+    catalogue.load_catalogue()  # import every module first, so its entries land in the real registry
     scratch = dict(registry.REGISTRY)
     monkeypatch.setattr(registry, "REGISTRY", scratch)
     monkeypatch.setattr(registry, "LOAD_ERRORS", {})
@@ -44,7 +46,7 @@ DOC = """
 # ---------------------------------------------------------------- the catalogue itself
 
 def test_every_entry_is_well_formed() -> None:
-    cat = registry.load_catalogue()
+    cat = catalogue.load_catalogue()
     assert len(cat) >= 10
     for cid, entry in cat.items():
         assert cid == entry.id
@@ -64,7 +66,7 @@ def test_every_entry_is_well_formed() -> None:
 
 
 def test_ids_unique_and_not_retired() -> None:
-    cat = registry.load_catalogue()
+    cat = catalogue.load_catalogue()
     ids = [c.id for c in cat.values()]
     assert len(ids) == len(set(ids))
     assert not set(ids) & set(registry.RETIRED)
@@ -73,7 +75,7 @@ def test_ids_unique_and_not_retired() -> None:
 
 
 def test_machinery_events_are_catalogued() -> None:
-    cat = registry.load_catalogue()
+    cat = catalogue.load_catalogue()
     for cid in ("DDP001", "DDP002", "DDP003", "DDP310", "DDP311", "DDP312", "DDP313", "DDP320", "DDP322"):
         assert cid in cat
         assert cat[cid].stage == "event"
@@ -81,7 +83,7 @@ def test_machinery_events_are_catalogued() -> None:
 
 
 def test_to_dict_has_sections() -> None:
-    d = registry.get("DDP320").to_dict()
+    d = catalogue.get("DDP320").to_dict()
     assert d["id"] == "DDP320" and d["stage"] == "event"
     assert set(d) >= {"id", "category", "severity", "title", "stage", "what", "why", "fix"}
 
@@ -165,7 +167,7 @@ def test_parse_selectors() -> None:
 
 
 def test_selected_by_exact_id_prefix_and_category() -> None:
-    cat = registry.load_catalogue()
+    cat = catalogue.load_catalogue()
     entry = cat["DDP310"]
     assert entry.category == "network"
     assert registry.selected(entry, ["DDP310"], [])
@@ -181,22 +183,22 @@ def test_selected_by_exact_id_prefix_and_category() -> None:
 
 
 def test_checks_for_respects_selection() -> None:
-    local = registry.checks_for("local")
+    local = catalogue.checks_for("local")
     assert local and all(c.stage == "local" for c in local)
     assert [c.id for c in local] == sorted(c.id for c in local)
-    only = registry.checks_for("local", ["DDP1"])
+    only = catalogue.checks_for("local", ["DDP1"])
     assert only and all(c.id.startswith("DDP1") for c in only)
-    by_cat = registry.checks_for("local", ["launcher_env"])
+    by_cat = catalogue.checks_for("local", ["launcher_env"])
     assert by_cat and all(c.category == "launcher_env" for c in by_cat)
-    skipped = registry.checks_for("local", None, ["DDP1"])
+    skipped = catalogue.checks_for("local", None, ["DDP1"])
     assert not any(c.id.startswith("DDP1") for c in skipped)
     assert len(skipped) + len(only) == len(local)
 
 
 def test_unknown_selectors() -> None:
-    assert registry.unknown_selectors(["DDP101", "network", "DDP3", "ddp1", "internal"]) == []
+    assert catalogue.unknown_selectors(["DDP101", "network", "DDP3", "ddp1", "internal"]) == []
     # "DDP0999" can never prefix a DDPnnn ID, whatever test plugins were loaded in this process
-    assert registry.unknown_selectors(["nonsense", "DDP101", "DDP0999"]) == ["nonsense", "DDP0999"]
+    assert catalogue.unknown_selectors(["nonsense", "DDP101", "DDP0999"]) == ["nonsense", "DDP0999"]
 
 
 # ---------------------------------------------------------------- plugin modules
@@ -212,7 +214,7 @@ def test_broken_plugin_module_becomes_ddp001(scratch_registry: dict[str, registr
     (tmp_path / f"{name}.py").write_text("raise ImportError('needs the frobnicator package')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(registry.EXTRA_MODULES_ENV, f" {name} , ddp_doctor_test_no_such_module_xyz")
-    registry.load_catalogue()
+    catalogue.load_catalogue()
     assert "needs the frobnicator package" in registry.LOAD_ERRORS[name]
     assert registry.LOAD_ERRORS["ddp_doctor_test_no_such_module_xyz"].startswith("ModuleNotFoundError")
     # select only an event so that no real local check runs: the load errors are reported anyway
@@ -247,10 +249,235 @@ def test_working_plugin_module_registers_checks(scratch_registry: dict[str, regi
     monkeypatch.setenv(registry.EXTRA_MODULES_ENV, name)
     monkeypatch.delitem(sys.modules, name, raising=False)
     try:
-        registry.load_catalogue()
+        catalogue.load_catalogue()
         assert cid in scratch_registry and registry.LOAD_ERRORS == {}
         findings = runner.run_stage("local", (_ctx(),), 0, select=[cid])
         assert [(f.id, f.message, f.hint, f.severity) for f in findings] == [
             (cid, "plugin saw rank 0", "plugin fix.", "warning")]
     finally:
         sys.modules.pop(name, None)
+
+
+# ---------------------------------------------------------------- one severity per ID, or documented
+
+PACKAGE = Path(registry.__file__).resolve().parent
+
+
+_TREES: dict[str, ast.Module] = {}  # dotted module name -> its tree (filled by severity_overrides)
+
+
+def _funcs(tree: ast.Module) -> dict[str, tuple[ast.FunctionDef, ast.Module]]:
+    """The module's own functions, and those it imports from the package (`from ddp_doctor.x import f`)."""
+    out = {n.name: (n, tree) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for n in tree.body:
+        if isinstance(n, ast.ImportFrom) and n.module in _TREES:
+            other = _TREES[n.module]
+            defs = {d.name: d for d in other.body if isinstance(d, ast.FunctionDef)}
+            for alias in n.names:
+                if alias.name in defs:
+                    out[alias.asname or alias.name] = (defs[alias.name], other)
+    return out
+
+
+def _assigned(scope: ast.AST, name: str) -> list[ast.expr]:
+    """Values assigned to `name` in scope (for-loop targets give the iterated expression)."""
+    out: list[ast.expr] = []
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Assign) and any(name in {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+                                             for t in n.targets):
+            out.append(n.value)
+        elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and isinstance(n.target, ast.Name) \
+                and n.target.id == name and n.value is not None:
+            out.append(n.value)
+        elif isinstance(n, (ast.For, ast.comprehension)) and \
+                name in {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}:
+            out.append(n.iter)
+    return out
+
+
+def _literals(expr: ast.AST, scopes: list[ast.AST], seen: set[str] | None = None) -> set[str]:
+    """Severity strings an expression can evaluate to, following names assigned in `scopes`."""
+    seen = set() if seen is None else seen
+    out: set[str] = set()
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Constant) and n.value in SEVERITIES:
+            out.add(n.value)
+        elif isinstance(n, ast.Name) and n.id not in seen:
+            seen.add(n.id)
+            for scope in scopes:
+                for value in _assigned(scope, n.id):
+                    out |= _literals(value, scopes, seen)
+    return out
+
+
+def _severities_in(func: ast.FunctionDef, tree: ast.Module, seen: set[str]) -> set[str]:
+    """Severities that `func` (or a same-module helper it calls) passes as `severity=` / to a
+    helper's `severity` parameter."""
+    funcs = _funcs(tree)
+    scopes: list[ast.AST] = [func, tree]
+    out: set[str] = set()
+    body = [n for stmt in func.body for n in ast.walk(stmt)]  # not the decorators: their severity is the default
+    for call in (n for n in body if isinstance(n, ast.Call)):
+        for kw in call.keywords:
+            if kw.arg == "severity":
+                out |= _literals(kw.value, scopes)
+        callee, callee_tree = funcs.get(call.func.id, (None, tree)) if isinstance(call.func, ast.Name) \
+            else (None, tree)
+        if callee is None or callee.name in seen:
+            continue
+        seen.add(callee.name)
+        params = [a.arg for a in callee.args.args]
+        if "severity" in params:
+            i = params.index("severity")
+            if i < len(call.args):
+                out |= _literals(call.args[i], scopes)
+        else:
+            out |= _severities_in(callee, callee_tree, seen)
+    return out
+
+
+def _check_ids(func: ast.FunctionDef) -> list[str]:
+    return [d.args[0].value for d in func.decorator_list
+            if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "check"
+            and d.args and isinstance(d.args[0], ast.Constant)]
+
+
+def severity_overrides() -> dict[str, set[str]]:
+    """Every severity the package's source can give each ID: `Problem(severity=...)` in a check
+    (and the helpers it calls), and `event_finding(EVENT, ..., severity=...)` anywhere."""
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+    _TREES.clear()
+    for p, tree in trees.items():
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        _TREES[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = tree
+    events: dict[str, str] = {}  # module-level NAME = declare("DDPnnn", ...)
+    for tree in trees.values():
+        for n in tree.body:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) \
+                    and getattr(n.value.func, "id", None) == "declare" and n.value.args \
+                    and isinstance(n.value.args[0], ast.Constant):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        events[t.id] = n.value.args[0].value
+    found: dict[str, set[str]] = {}
+    for tree in trees.values():
+        for func in ast.walk(tree):
+            if isinstance(func, ast.FunctionDef):
+                for cid in _check_ids(func):
+                    found.setdefault(cid, set()).update(_severities_in(func, tree, {func.name}))
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+            if name != "event_finding" or not call.args:
+                continue
+            target = call.args[0]
+            ev = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+            for kw in call.keywords:
+                if kw.arg == "severity" and ev in events:
+                    enclosing = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                                 and any(c is call for c in ast.walk(f))]
+                    found.setdefault(events[ev], set()).update(_literals(kw.value, [*enclosing, tree]))
+    return found
+
+
+def test_severity_scan_sees_overrides() -> None:
+    """The scan itself works: it finds an override it must find."""
+    found = severity_overrides()
+    assert "info" in found.get("DDP509", set()) and "warning" in found["DDP509"]
+    assert "warning" in found.get("DDP301", set())  # through a helper's `severity` parameter
+    assert "warning" in found.get("DDP911", set())  # through a helper that sets it itself
+    assert "warning" in found.get("DDP101", set())  # through a module-level table
+
+
+def test_every_severity_a_finding_can_have_is_declared() -> None:
+    """A `Problem(severity=...)` / `event_finding(..., severity=...)` that gives an ID a severity not
+    declared for it (`@check(..., severities=...)`) is an undocumented escalation: declare it and
+    explain it in the ID's Severity section, or give the situation an ID of its own."""
+    cat = catalogue.load_catalogue()
+    bad = {cid: sorted(sevs - set(cat[cid].severities))
+           for cid, sevs in severity_overrides().items() if cid in cat and sevs - set(cat[cid].severities)}
+    assert not bad, f"severities used but not declared: {bad}"
+
+
+def test_ids_with_several_severities_explain_them() -> None:
+    for cid, entry in catalogue.load_catalogue().items():
+        assert entry.severity in entry.severities, cid
+        assert list(entry.severities) == [s for s in SEVERITIES if s in entry.severities], cid
+        if len(entry.severities) > 1:
+            assert entry.sections.get("Severity", "").strip(), f"{cid} has no Severity section"
+            assert entry.severity_label.startswith(entry.severity + "/"), cid
+        else:
+            assert entry.severity_label == entry.severity, cid
+
+
+def test_several_severities_need_a_severity_section(scratch_registry: dict[str, registry.Check]) -> None:
+    cid = free_id(scratch_registry)
+    with pytest.raises(ValueError, match="Severity"):
+        registry.declare(cid, category="internal", severity="warning", title="t", doc=DOC,
+                         severities=("error",))
+    with pytest.raises(ValueError, match="unknown severities"):
+        registry.declare(cid, category="internal", severity="warning", title="t", doc=DOC,
+                         severities=("fatal",))
+    entry = registry.declare(cid, category="internal", severity="warning", title="t",
+                             doc=DOC + "    Severity: an error past the limit.\n", severities=("error",))
+    assert entry.severities == ("error", "warning")
+    assert entry.severity_label == "warning/error"
+    assert entry.sections["Severity"] == "an error past the limit."
+    assert entry.to_dict()["severities"] == ["error", "warning"]
+    assert entry.to_dict()["severity"] == "warning"
+    assert entry.to_dict()["severity_note"] == "an error past the limit."
+
+
+def test_undeclared_severity_is_an_error_in_strict_mode(scratch_registry: dict[str, registry.Check],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = registry.declare(free_id(scratch_registry), category="internal", severity="warning", title="t", doc=DOC)
+    problem = Problem(message="m", severity="error")
+    monkeypatch.delenv(registry.STRICT_SEVERITIES_ENV, raising=False)
+    assert entry.finding(problem, rank=0).severity == "error"  # passed on, not lost
+    monkeypatch.setenv(registry.STRICT_SEVERITIES_ENV, "1")
+    with pytest.raises(ValueError, match="does not declare"):
+        entry.finding(problem, rank=0)
+    assert entry.finding(Problem(message="m"), rank=0).severity == "warning"
+    with pytest.raises(ValueError, match="unknown severity"):
+        entry.finding(Problem(message="m", severity="fatal"), rank=0)
+
+
+def test_probe_record_lost_is_its_own_id() -> None:
+    """Split from DDP003: a rank that misses the in-training probe gather is DDP006, a warning."""
+    from ddp_doctor.training.probes.session import _missing_finding
+    f = _missing_finding([1, 3], 30.0)
+    assert (f.id, f.severity, f.phase, f.ranks) == ("DDP006", "warning", "training", [1, 3])
+    assert catalogue.get("DDP003").severities == ("error",)
+
+
+def test_severity_scan_follows_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan sees severities set in a check, a same-module helper, an imported helper and an event."""
+    pkg = tmp_path / "ddp_doctor"
+    (pkg / "checks").mkdir(parents=True)
+    (pkg / "checks" / "__init__.py").write_text("")
+    (pkg / "checks" / "helpers.py").write_text(textwrap.dedent('''
+        def shared(msg):
+            return Problem(msg, severity="info")
+    '''))
+    (pkg / "checks" / "mine.py").write_text(textwrap.dedent('''
+        from ddp_doctor.checks.helpers import shared
+        LEVELS = {"a": "warning"}
+        EV = declare("DDP997", category="internal", severity="error", title="t", doc="")
+
+        def local(msg, severity):
+            return Problem(msg, severity=severity)
+
+        @check("DDP998", category="internal", severity="error", title="t")
+        def c1(ctx):
+            yield Problem("m", severity="warning" if ctx else None)
+            yield local("m", LEVELS["a"])
+
+        @check("DDP999", category="internal", severity="error", title="t")
+        def c2(ctx):
+            yield shared("m")
+
+        def raise_event():
+            return event_finding(EV, "m", rank=None, severity="info")
+    '''))
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    found = severity_overrides()
+    assert found == {"DDP998": {"warning"}, "DDP999": {"info"}, "DDP997": {"info"}}

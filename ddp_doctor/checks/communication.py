@@ -1,9 +1,9 @@
 """Communication checks (category `communication`): the all_reduce sweep with its correctness
 check, broadcast and all_gather, the bandwidth an instance type should reach, stragglers, the
-send/recv ring and clock skew. The measuring lives in ddp_doctor.comm.sweep; these functions decide.
+send/recv ring and clock skew. The measuring lives in ddp_doctor.comm; these functions decide.
 
 Settings read from ctx.options (set by the preflight options of the same names; defaults in
-ddp_doctor.comm.sweep): comm_min_bytes, comm_max_bytes, comm_iters, comm_warmup, comm_budget_s,
+ddp_doctor.comm): comm_min_bytes, comm_max_bytes, comm_iters, comm_warmup, comm_budget_s,
 comm_mode, comm_progress (a callable bench-comm passes to print each size), comm_min_fraction,
 instance_type, straggler_factor, straggler_min_s, max_clock_skew_s.
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ddp_doctor.comm import sweep as comm
+from ddp_doctor.comm import arithmetic, layout, stragglers, sweep
+from ddp_doctor.comm import expected as expected_bw
+from ddp_doctor.context import Group
 from ddp_doctor.findings import Problem, format_ranks
-from ddp_doctor.preflight_run.group import Group
 from ddp_doctor.registry import check
 
 # Kept for callers of the first version of DDP401.
-busbw_factor = comm.busbw_factor
+busbw_factor = arithmetic.busbw_factor
 
 
 def _opt(ctx: Any, key: str, default: Any) -> Any:
@@ -39,7 +40,7 @@ def wrong_result_problems(op: str, entries: list[dict[str, Any]], backend: str) 
     if not bad:
         return []
     ranks = sorted({r for e in bad for r in e.get("wrong_ranks", [])})
-    sizes = ", ".join(f"{comm.format_bytes(e['bytes'])} ({e['wrong']} wrong)" for e in bad)
+    sizes = ", ".join(f"{arithmetic.format_bytes(e['bytes'])} ({e['wrong']} wrong)" for e in bad)
     first = bad[0]
     label = first.get("group", "world")
     where = "" if label == "world" else f" in the {label} group"
@@ -66,26 +67,26 @@ def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     Fix: Run `ddp-doctor bench-comm` to see which sizes fail; try NCCL_PROTO=simple and
     NCCL_ALGO=Ring, and check the GPUs and NICs of the ranks named (ECC errors, link state).
     """
-    world = comm.world_comm(group)
-    cfg = comm.sweep_config(getattr(ctx, "options", None) or {}, group.device)
+    world = sweep.world_comm(group)
+    cfg = sweep.sweep_config(getattr(ctx, "options", None) or {}, group.device)
     progress = _opt(ctx, "comm_progress", None)
     report = progress if callable(progress) and group.rank == 0 else None
     problems: list[Problem] = []
-    entries = comm.sweep_all_reduce(world, cfg, report)
+    entries = sweep.sweep_all_reduce(world, cfg, report)
     group.measurements["all_reduce"] = entries
     problems += wrong_result_problems("all_reduce(sum)", entries, group.backend)
     if _split_possible(ctx, group):
-        lay = comm.layout(world, ctx)
+        lay = layout.layout(world, ctx)
         if len({node for node, _ in lay}) > 1:
-            intra, inter = comm.split_comms(world, lay)
+            intra, inter = layout.split_comms(world, lay)
             for sub, name in ((intra, "all_reduce_intra"), (inter, "all_reduce_inter")):
                 got: list[dict[str, Any]] = []
                 if sub is not None:
-                    got = comm.sweep_all_reduce(sub, cfg, report if sub.rank == 0 else None)
+                    got = sweep.sweep_all_reduce(sub, cfg, report if sub.rank == 0 else None)
                     group.measurements[name] = got
                     problems += wrong_result_problems("all_reduce(sum)", got, group.backend)
                 # the next sweep starts together on every rank (groups of one skip theirs)
-                world.wait(comm._barrier(world))
+                world.wait(stragglers.barrier(world))
     yield from problems
 
 
@@ -102,13 +103,13 @@ def broadcast_all_gather_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     Fix: Run `NCCL_DEBUG=INFO ddp-doctor preflight --select DDP402` and compare the transports
     NCCL picks per rank; check the GPUs and NICs of the ranks named.
     """
-    world = comm.world_comm(group)
-    lo = int(_opt(ctx, "comm_min_bytes", comm.DEFAULT_MIN_BYTES))
-    hi = max(lo, min(1 * comm.MIB, int(_opt(ctx, "comm_max_bytes", 1 * comm.MIB))))
-    bc = [comm.check_broadcast(world, lo, 0), comm.check_broadcast(world, hi, group.world_size - 1)]
+    world = sweep.world_comm(group)
+    lo = int(_opt(ctx, "comm_min_bytes", sweep.DEFAULT_MIN_BYTES))
+    hi = max(lo, min(1 * arithmetic.MIB, int(_opt(ctx, "comm_max_bytes", 1 * arithmetic.MIB))))
+    bc = [sweep.check_broadcast(world, lo, 0), sweep.check_broadcast(world, hi, group.world_size - 1)]
     if hi == lo:
         bc = bc[1:]
-    ag = [comm.check_all_gather(world, hi)]
+    ag = [sweep.check_all_gather(world, hi)]
     group.measurements["broadcast"] = bc
     group.measurements["all_gather"] = ag
     yield from wrong_result_problems("broadcast", bc, group.backend)
@@ -116,7 +117,7 @@ def broadcast_all_gather_correct(ctx: Any, group: Group) -> Iterator[Problem]:
 
 
 def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: str | None, backend: str,
-                    device: str, env: Mapping[str, str], min_fraction: float = comm.DEFAULT_MIN_FRACTION
+                    device: str, env: Mapping[str, str], min_fraction: float = expected_bw.DEFAULT_MIN_FRACTION
                     ) -> Problem | None:
     """The verdict on one sweep: a warning when busbw at the largest size is below min_fraction
     of what the instance type reaches, an info when it cannot be judged with NCCL on GPUs, and
@@ -124,22 +125,22 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
     if not entries:
         return None
     big = max(entries, key=lambda e: e["bytes"])
-    seen = f"{big['busbw_gbps']:.2f} GB/s busbw at {comm.format_bytes(big['bytes'])} ({scope}, {backend})"
+    seen = f"{big['busbw_gbps']:.2f} GB/s busbw at {arithmetic.format_bytes(big['bytes'])} ({scope}, {backend})"
     if backend not in ("nccl", "smddp") or not device.startswith("cuda"):
         return None
-    expected = comm.expected_busbw(instance_type, scope)
+    expected = expected_bw.expected_busbw(instance_type, scope)
     if expected is None:
         return Problem(message=f"{seen}; instance type {instance_type or 'unknown'} has no expected "
                                f"figure, so it is reported, not judged (--instance-type names it)",
                        severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"],
                                                   "instance_type": instance_type})
-    if big["bytes"] < comm.MIN_JUDGED_BYTES:
+    if big["bytes"] < expected_bw.MIN_JUDGED_BYTES:
         return Problem(message=f"{seen}; not judged: the largest size is below "
-                               f"{comm.format_bytes(comm.MIN_JUDGED_BYTES)} (--comm-max-bytes)",
+                               f"{arithmetic.format_bytes(expected_bw.MIN_JUDGED_BYTES)} (--comm-max-bytes)",
                        severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"]})
     if big["busbw_gbps"] >= min_fraction * expected:
         return None
-    causes = comm.likely_causes(scope, env, instance_type)
+    causes = expected_bw.likely_causes(scope, env, instance_type)
     return Problem(
         message=f"{seen} is {big['busbw_gbps'] / expected:.0%} of the ~{expected:g} GB/s a healthy "
                 f"{instance_type} reaches {scope} (threshold {min_fraction:g}x). Likely causes: "
@@ -150,7 +151,7 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
 
 
 @check("DDP403", category="communication", severity="warning", stage="group",
-       title="all_reduce bandwidth below what the instance type reaches", timeout=30.0)
+       title="all_reduce bandwidth below what the instance type reaches", timeout=30.0, severities=("info",))
 def bandwidth_expected(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Compares the all_reduce busbw at the largest size of the sweep (DDP401) with what a
@@ -164,10 +165,12 @@ def bandwidth_expected(ctx: Any, group: Group) -> Iterator[Problem]:
     Fix: Use EFA on EFA instances (FI_PROVIDER=efa with the aws-ofi-nccl plugin; NCCL_DEBUG=INFO
     must show NET/OFI), set NCCL_SOCKET_IFNAME to the instance's interface, unset
     NCCL_P2P_DISABLE, and check `nvidia-smi topo -m` for NVLink between the GPUs.
+    Severity: a warning when bandwidth is below the expected fraction; info when it cannot be judged
+    (no expected figure for the instance type, or the largest size swept is too small).
     """
     sm = getattr(ctx, "sagemaker", None)
     itype = _opt(ctx, "instance_type", None) or (sm.instance_type if sm is not None else None)
-    frac = float(_opt(ctx, "comm_min_fraction", comm.DEFAULT_MIN_FRACTION))
+    frac = float(_opt(ctx, "comm_min_fraction", expected_bw.DEFAULT_MIN_FRACTION))
     m = group.measurements
     if m.get("all_reduce_intra") or m.get("all_reduce_inter"):
         sweeps = [("intra-node", m.get("all_reduce_intra") or []), ("inter-node", m.get("all_reduce_inter") or [])]
@@ -211,8 +214,8 @@ def straggler_problems(times: Mapping[int, float], node_of: Mapping[int, int], w
                        factor: float, min_s: float) -> list[Problem]:
     """Name the ranks (and nodes) markedly slower than the median at `what`."""
     out = []
-    median = comm._median(list(times.values()))
-    slow = comm.outliers(times, factor, min_s)
+    median = stragglers.median(list(times.values()))
+    slow = stragglers.outliers(times, factor, min_s)
     if slow:
         listed = ", ".join(f"rank {r} {times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)"
                            for r, x in sorted(slow.items()))
@@ -221,7 +224,7 @@ def straggler_problems(times: Mapping[int, float], node_of: Mapping[int, int], w
             ranks=tuple(sorted(slow)),
             evidence={"seconds": {str(r): t for r, t in times.items()}, "median_s": median,
                       "slow": {str(r): x for r, x in slow.items()}, "factor": factor, "min_s": min_s}))
-    nodes = comm.slow_nodes(times, node_of, factor, min_s)
+    nodes = stragglers.slow_nodes(times, node_of, factor, min_s)
     if nodes:
         ranks = tuple(sorted(r for r, n in node_of.items() if n in nodes))
         out.append(Problem(
@@ -246,14 +249,14 @@ def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     if group.world_size < 2:
         return
-    world = comm.world_comm(group)
-    lay = comm.layout(world, ctx)
-    factor = float(_opt(ctx, "straggler_factor", comm.DEFAULT_STRAGGLER_FACTOR))
-    min_s = float(_opt(ctx, "straggler_min_s", comm.DEFAULT_STRAGGLER_MIN_S))
+    world = sweep.world_comm(group)
+    lay = layout.layout(world, ctx)
+    factor = float(_opt(ctx, "straggler_factor", stragglers.DEFAULT_STRAGGLER_FACTOR))
+    min_s = float(_opt(ctx, "straggler_min_s", stragglers.DEFAULT_STRAGGLER_MIN_S))
 
     def measure() -> dict[int, float]:
-        world.wait(comm._barrier(world))
-        best = min(comm.fixed_work(group.device))
+        world.wait(stragglers.barrier(world))
+        best = min(stragglers.fixed_work(group.device))
         return {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
     times = confirmed_times(measure, factor, min_s)
     yield from straggler_problems(times, _node_of(lay), "fixed compute", factor, min_s)
@@ -265,7 +268,7 @@ def confirmed_times(measure: Any, factor: float, min_s: float) -> dict[int, floa
     straggler). `measure` returns the gathered times, the same on every rank, so every rank
     takes the same branch."""
     times = measure()
-    if comm.outliers(times, factor, min_s):
+    if stragglers.outliers(times, factor, min_s):
         again = measure()
         times = {r: min(t, again.get(r, t)) for r, t in times.items()}
     return times
@@ -287,22 +290,22 @@ def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     if group.world_size < 2:
         return
-    world = comm.world_comm(group)
-    lay = comm.layout(world, ctx)
+    world = sweep.world_comm(group)
+    lay = layout.layout(world, ctx)
     n = group.world_size
-    factor = float(_opt(ctx, "straggler_factor", comm.DEFAULT_STRAGGLER_FACTOR))
-    min_s = float(_opt(ctx, "straggler_min_s", comm.DEFAULT_STRAGGLER_MIN_S))
+    factor = float(_opt(ctx, "straggler_factor", stragglers.DEFAULT_STRAGGLER_FACTOR))
+    min_s = float(_opt(ctx, "straggler_min_s", stragglers.DEFAULT_STRAGGLER_MIN_S))
 
     def measure() -> dict[int, float]:
-        best = min(comm.ring_times(world))
+        best = min(stragglers.ring_times(world))
         return {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
     times = confirmed_times(measure, factor, min_s)
-    slow = comm.outliers(times, factor, min_s)
+    slow = stragglers.outliers(times, factor, min_s)
     if slow:
         node_of = _node_of(lay)
         links = ", ".join(f"rank {(r - 1) % n} (node {node_of[(r - 1) % n]}) -> rank {r} (node {node_of[r]}) "
                           f"{times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)" for r, x in sorted(slow.items()))
-        median = comm._median(list(times.values()))
+        median = stragglers.median(list(times.values()))
         yield Problem(message=f"send/recv ring of 256 KiB: median {median * 1e3:.1f} ms; markedly slower "
                               f"link(s): {links}",
                       ranks=tuple(sorted({r for r in slow} | {(r - 1) % n for r in slow})),
@@ -325,18 +328,18 @@ def clock_skew(ctx: Any, group: Group) -> Iterator[Problem]:
     import time
     if group.world_size < 2:
         return
-    world = comm.world_comm(group)
+    world = sweep.world_comm(group)
     rows: list[float] = []
     for _ in range(3):
         start = time.monotonic()
-        world.wait(comm._barrier(world))
+        world.wait(stragglers.barrier(world))
         wall = time.time()
         rows += [wall, time.monotonic() - start]
     gathered = world.gather_floats(rows)
     samples = {r: [(v[i], v[i + 1]) for i in range(0, len(v), 2)] for r, v in enumerate(gathered)}
-    offsets = comm.clock_offsets(samples, ref=0)
-    limit = float(_opt(ctx, "max_clock_skew_s", comm.DEFAULT_MAX_CLOCK_SKEW_S))
-    bad = comm.skewed(offsets, limit)
+    offsets = stragglers.clock_offsets(samples, ref=0)
+    limit = float(_opt(ctx, "max_clock_skew_s", stragglers.DEFAULT_MAX_CLOCK_SKEW_S))
+    bad = stragglers.skewed(offsets, limit)
     if bad:
         listed = ", ".join(f"rank {r} {o:+.3f} s (+/- {u:.3f})" for r, (o, u) in sorted(bad.items()))
         yield Problem(message=f"wall clocks differ from rank 0's by more than {limit:g} s: {listed}",

@@ -84,7 +84,7 @@ def _evidence(groups: list[tuple[Hashable, list[int]]]) -> list[dict[str, Any]]:
 # Checks
 
 @check("DDP700", category="consistency", severity="error", title="Library versions differ between ranks",
-       stage="cross_rank")
+       stage="cross_rank", severities=("warning",))
 def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
     What: Python, torch, its CUDA and NCCL, transformers, accelerate, numpy and ddp-doctor have
@@ -94,9 +94,11 @@ def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
     Nodes built from different images (or a `pip install` that ran on one node only) cause it.
     Fix: Pin the versions in requirements.txt or the container image and use the same image on
     every node.
+    Severity: error for libraries whose versions must agree (torch, CUDA, NCCL, Python); a warning for
+    transformers, accelerate, numpy and ddp_doctor, where a difference rarely breaks the job.
     """
     for lib in VERSION_KEYS:
-        groups = group_ranks(views, lambda v: (v.get("versions") or {}).get(lib))
+        groups = group_ranks(views, lambda v, lib=lib: (v.get("versions") or {}).get(lib))
         if len(groups) < 2:
             continue
         yield Problem(
@@ -153,7 +155,7 @@ def local_ranks_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
     LOCAL_RANK in the job's environment yourself.
     """
     groups = group_ranks(views, lambda v: (host_key(v), v.get("local_rank")))
-    for (hk, local_rank), ranks in groups:
+    for (_hk, local_rank), ranks in groups:
         if local_rank is None or len(ranks) < 2:
             continue
         yield Problem(
@@ -193,7 +195,7 @@ def local_ranks_contiguous(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
     if not _complete(views):
         return
-    for hk, ranks in _by_host(views).items():
+    for _hk, ranks in _by_host(views).items():
         local = sorted(views[r].get("local_rank") for r in ranks if views[r].get("local_rank") is not None)
         if len(local) != len(ranks) or len(set(local)) != len(local):
             continue  # unknown local ranks, or duplicates (DDP702 reports those)
@@ -216,7 +218,7 @@ LAYOUT_FIELDS = (("world_size", "WORLD_SIZE"), ("backend", "backend"), ("launche
 
 
 @check("DDP704", category="consistency", severity="error", title="Ranks disagree on the job layout",
-       stage="cross_rank")
+       stage="cross_rank", severities=("warning",))
 def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
     What: Every rank reports the same WORLD_SIZE, backend and launcher, and the ranks on one host
@@ -224,16 +226,18 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     Why: Ranks started with different world sizes wait for peers that never come; mixing
     launchers or backends means the nodes were started by different commands.
     Fix: Start every node with the same launcher command and options; only --node-rank differs.
+    Severity: error when ranks on one host disagree; a warning when whole hosts run different
+    numbers of ranks (works with torchrun, but most schedulers assume even nodes).
     """
     for field, name in LAYOUT_FIELDS:
-        groups = group_ranks(views, lambda v: v.get(field))
+        groups = group_ranks(views, lambda v, field=field: v.get(field))
         if len(groups) > 1:
             yield Problem(
                 message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
                 ranks=odd_ranks(groups), evidence={"field": field, "groups": _evidence(groups)})
     per_host = {hk: group_ranks({r: views[r] for r in rs}, lambda v: v.get("local_world_size"))
                 for hk, rs in _by_host(views).items()}
-    for hk, groups in per_host.items():
+    for _hk, groups in per_host.items():
         if len(groups) > 1:
             yield Problem(
                 message="LOCAL_WORLD_SIZE differs between ranks on one host: "
@@ -288,7 +292,7 @@ def same_code(ctx: RankContext, views: Views) -> Iterator[Problem]:
 
 
 @check("DDP706", category="consistency", severity="warning",
-       title="Communication settings differ between ranks", stage="cross_rank")
+       title="Communication settings differ between ranks", stage="cross_rank", severities=("info",))
 def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
     What: The NCCL_*, FI_*, GLOO_*, TORCH_NCCL_*, SMDATAPARALLEL_* variables (and, as information,
@@ -298,12 +302,14 @@ def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     slowly. A variable exported in one node's shell profile but not another's is the usual cause.
     Fix: Set these variables in the launch command or the job's environment, the same for every
     node, not in per-node shell profiles.
+    Severity: a warning for most variables; info for CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS, which
+    legitimately differ per rank on some launchers.
     """
     names = sorted({k for r in views for k in (views[r].get("env") or {})})
     for name in names:
         if name.endswith("RANK"):
             continue  # per-rank by design (SMDATAPARALLEL_LOCAL_RANK)
-        groups = group_ranks(views, lambda v: (v.get("env") or {}).get(name))
+        groups = group_ranks(views, lambda v, name=name: (v.get("env") or {}).get(name))
         if len(groups) < 2:
             continue
         yield Problem(

@@ -1,4 +1,4 @@
-"""GPU checks through NVML (ddp_doctor.facts.nvml), torch.cuda where NVML has no answer (DDP500-DDP599).
+"""GPU checks through NVML (facts in ddp_doctor.facts.gpus), torch.cuda where NVML has no answer (DDP500-DDP599).
 
 Each rank checks its own GPU (cuda:LOCAL_RANK, or cuda:0 when the launcher gave every rank one GPU
 through CUDA_VISIBLE_DEVICES; every visible GPU when there is no local rank), so the merged report
@@ -17,24 +17,21 @@ than visible GPUs (DDP109), SM_NUM_GPUS against the visible GPUs (DDP211), two r
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts import gpus as gpu_facts
 from ddp_doctor.facts import nvml
-from ddp_doctor.facts.nvml import Unknown, is_unknown
+from ddp_doctor.facts.gpus import Snapshot
+from ddp_doctor.facts.nvml import is_unknown
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
+from ddp_doctor.sagemaker.instances import BY_NAME, InstanceType
 
 GPU_BACKENDS = ("nccl", "smddp")
 OPTION_DEFAULTS: dict[str, float] = {"gpu_busy_mib": 1024, "pcie_load_pct": 50}
 MIB = 1 << 20
 
-# GPUs per instance (DOMAIN.md section 1), with and without SageMaker's "ml." prefix.
-INSTANCE_GPUS = {"p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
-                 "p5.48xlarge": 8, "g5.48xlarge": 8}
-# Instances whose GPUs are joined by NVLink / NVSwitch: a device with every link down is broken.
-NVLINK_INSTANCES = ("p3.16xlarge", "p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge")
 # Clock event reasons that mean the GPU runs slower than it should.
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 # nvmlInit failures meaning "no NVIDIA stack here" rather than "a broken one".
@@ -42,189 +39,7 @@ NO_NVML = ("LibraryNotFound", "ImportError")
 
 
 # ---------------------------------------------------------------------------------------------
-# Seams to torch.cuda (tests replace these; nothing here runs CUDA on a host without a GPU)
-
-def torch_cuda_version() -> str | None:
-    """The CUDA version torch was built for ("12.4"), None for a CPU build."""
-    try:
-        import torch
-        return torch.version.cuda
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def torch_device_uuid(index: int) -> str | None:
-    """The UUID of cuda:index as CUDA numbers devices (which may differ from NVML's order)."""
-    try:
-        import torch
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            return None
-        return str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def torch_current_device() -> int | None:
-    try:
-        import torch
-        return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# One read of NVML per rank, shared by the checks
-
-@dataclass
-class GpuFacts:
-    cuda_index: int
-    nvml_index: int | None = None
-    uuid: str | Unknown = Unknown("not read")
-    name: str | Unknown = Unknown("not read")
-    memory: nvml.MemoryInfo | Unknown = Unknown("not read")
-    processes: list[nvml.ProcessInfo] | Unknown = Unknown("not read")
-    ecc_volatile: int | Unknown = Unknown("not read")
-    ecc_aggregate: int | Unknown = Unknown("not read")
-    retired_dbe: int | Unknown = Unknown("not read")
-    retired_sbe: int | Unknown = Unknown("not read")
-    retired_pending: bool | Unknown = Unknown("not read")
-    remapped: nvml.RemappedRows | Unknown = Unknown("not read")
-    clock_mask: int | Unknown = Unknown("not read")
-    clock_reasons: list[str] = field(default_factory=list)
-    pcie: nvml.PcieLink | None = None
-    utilization: int | Unknown = Unknown("not read")
-    nvlink: list[bool] | Unknown = Unknown("not read")
-    persistence: bool | Unknown = Unknown("not read")
-
-    @property
-    def label(self) -> str:
-        parts = [f"cuda:{self.cuda_index}"]
-        if self.nvml_index is not None and self.nvml_index != self.cuda_index:
-            parts.append(f"NVML index {self.nvml_index}")
-        if not is_unknown(self.name):
-            parts.append(str(self.name))
-        if not is_unknown(self.uuid):
-            parts.append(str(self.uuid))
-        return "GPU " + ", ".join(parts)
-
-
-@dataclass
-class Snapshot:
-    ok: bool
-    error: str | None
-    error_kind: str | None
-    count: int | Unknown
-    driver_version: str | Unknown
-    cuda_driver_version: int | Unknown
-    gpus: list[GpuFacts]
-    unresolved: dict[int, str]           # cuda index -> why no NVML device was found
-    uuids: list[str]                     # every device's UUID, in NVML order
-
-
-def cvd_entries(ctx: RankContext) -> list[str] | None:
-    raw = ctx.env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None
-    return [x.strip() for x in raw.split(",") if x.strip()]
-
-
-def target_indices(ctx: RankContext) -> list[int]:
-    """CUDA indices of the GPUs this rank answers for."""
-    visible = ctx.host.visible_gpus
-    lr, lws = ctx.local_rank, ctx.local_world_size
-    if lr is None:
-        return list(range(visible))
-    if visible == 1 and cvd_entries(ctx) is not None and lws is not None and lws > 1:
-        return [0]  # one GPU per rank through CUDA_VISIBLE_DEVICES
-    return [lr] if 0 <= lr < visible else []
-
-
-def _norm_uuid(u: str) -> str:
-    u = u.strip().lower()
-    return u[4:] if u.startswith("gpu-") else u
-
-
-def _resolve(s: nvml.Session, ctx: RankContext, cuda_index: int, uuids: list[str]) -> tuple[int | None, str | None]:
-    """(NVML index, None) for cuda:index, or (None, why not)."""
-    tu = torch_device_uuid(cuda_index)
-    if tu:
-        want = _norm_uuid(tu)
-        for i, u in enumerate(uuids):
-            if _norm_uuid(u) == want:
-                return i, None
-    entries = cvd_entries(ctx)
-    if entries is None:
-        return cuda_index, None  # CUDA and NVML agree when CUDA_DEVICE_ORDER=PCI_BUS_ID (usual on servers)
-    if cuda_index >= len(entries):
-        return None, f"CUDA_VISIBLE_DEVICES has no entry {cuda_index}"
-    e = entries[cuda_index]
-    if e.isdigit():
-        return int(e), None
-    if e.upper().startswith("MIG-"):
-        return None, f"{e} is a MIG instance (NVML health fields are per physical GPU)"
-    matches = [i for i, u in enumerate(uuids) if _norm_uuid(u).startswith(_norm_uuid(e))]
-    if len(matches) == 1:
-        return matches[0], None
-    return None, f"CUDA_VISIBLE_DEVICES entry {e!r} matches {len(matches)} NVML devices"
-
-
-def _read_gpu(s: nvml.Session, cuda_index: int, nvml_index: int) -> GpuFacts:
-    g = GpuFacts(cuda_index=cuda_index, nvml_index=nvml_index)
-    h = s.handle(nvml_index)
-    if is_unknown(h):
-        for f in ("uuid", "name", "memory", "processes", "ecc_volatile", "ecc_aggregate", "retired_dbe",
-                  "retired_sbe", "retired_pending", "remapped", "clock_mask", "utilization", "nvlink",
-                  "persistence"):
-            setattr(g, f, h)
-        g.pcie = nvml.PcieLink(h, h, h, h)
-        return g
-    g.uuid, g.name, g.memory, g.processes = s.uuid(h), s.name(h), s.memory(h), s.processes(h)
-    g.ecc_volatile, g.ecc_aggregate = s.ecc_uncorrected(h, aggregate=False), s.ecc_uncorrected(h, aggregate=True)
-    g.retired_dbe, g.retired_sbe = s.retired_pages(h, double_bit=True), s.retired_pages(h, double_bit=False)
-    g.retired_pending, g.remapped = s.retired_pages_pending(h), s.remapped_rows(h)
-    g.clock_mask = s.clock_reasons(h)
-    g.clock_reasons = [] if is_unknown(g.clock_mask) else s.clock_reason_names(int(g.clock_mask))
-    g.pcie, g.utilization = s.pcie(h), s.utilization(h)
-    g.nvlink, g.persistence = s.nvlink_states(h), s.persistence_mode(h)
-    return g
-
-
-def read_snapshot(ctx: RankContext) -> Snapshot:
-    with nvml.session() as s:
-        if not s.ok:
-            err = Unknown(s.error or "no NVML")
-            return Snapshot(False, s.error, s.error_kind, err, err, err, [], {}, [])
-        count = s.device_count()
-        uuids: list[str] = []
-        for i in range(0 if is_unknown(count) else int(count)):
-            h = s.handle(i)
-            u = Unknown("no handle") if is_unknown(h) else s.uuid(h)
-            uuids.append("" if is_unknown(u) else str(u))
-        gpus, unresolved = [], {}
-        for ci in target_indices(ctx):
-            ni, why = _resolve(s, ctx, ci, uuids)
-            if ni is None:
-                unresolved[ci] = why or "unknown"
-            else:
-                gpus.append(_read_gpu(s, ci, ni))
-        return Snapshot(True, None, None, count, s.driver_version(), s.cuda_driver_version(), gpus,
-                        unresolved, uuids)
-
-
-_CACHE: dict[int, tuple[RankContext, Any, Snapshot]] = {}
-
-
-def snapshot(ctx: RankContext) -> Snapshot:
-    """The NVML snapshot of this rank, read once per context (and per NVML provider)."""
-    hit = _CACHE.get(id(ctx))
-    if hit is not None and hit[0] is ctx and hit[1] is nvml.provider:
-        return hit[2]
-    snap = read_snapshot(ctx)
-    if len(_CACHE) > 8:
-        _CACHE.clear()
-    _CACHE[id(ctx)] = (ctx, nvml.provider, snap)
-    return snap
-
+# Helpers on the rank's GPU facts (ddp_doctor.facts.gpus: one NVML read per context)
 
 def _count(snap: Snapshot) -> int:
     return 0 if is_unknown(snap.count) else int(snap.count)
@@ -253,6 +68,11 @@ def _instance(ctx: RankContext) -> str | None:
     return it[3:] if it.startswith("ml.") else it
 
 
+def _instance_type(ctx: RankContext) -> InstanceType | None:
+    """This host's row of the instance table (SageMaker's type, with or without "ml.")."""
+    return BY_NAME.get(_instance(ctx) or "")
+
+
 def _unknown_text(v: Any) -> str:
     return v.reason if is_unknown(v) else str(v)
 
@@ -260,38 +80,60 @@ def _unknown_text(v: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # Checks
 
+def _cpu_job(ctx: RankContext) -> tuple[Snapshot, int, dict[str, Any]] | None:
+    """(snapshot, NVML GPU count, evidence) on the node leader of a job torch runs on the CPU
+    (no GPU visible to torch, CPU backend); None otherwise."""
+    if ctx.backend in GPU_BACKENDS or ctx.host.visible_gpus > 0:
+        return None  # a GPU backend without a GPU is DDP106's error
+    snap = gpu_facts.snapshot(ctx)
+    if not _node_leader(ctx):
+        return None
+    ev = {"backend": ctx.backend, "visible_gpus": ctx.host.visible_gpus, "nvml_gpus": snap.count if snap.ok else None,
+          "nvml_error": snap.error, "torch_cuda": gpu_facts.torch_cuda_version(),
+          "CUDA_VISIBLE_DEVICES": ctx.env.get("CUDA_VISIBLE_DEVICES")}
+    return snap, _count(snap), ev
+
+
 @check("DDP500", category="gpu", severity="info", title="GPU checks not applicable")
 def gpu_not_applicable(ctx: RankContext) -> Iterator[Problem]:
     """
-    What: This host has no GPU that torch can use and the job uses a CPU backend (gloo, mpi), so the
-    GPU checks were skipped; a warning when NVML counts GPUs that torch cannot see.
-    Why: On a CPU-only machine that is expected. GPUs that NVML counts but torch does not see mean
-    a CPU-only torch build or a CUDA_VISIBLE_DEVICES that hides them: the job trains on the CPU.
-    Fix: Nothing on a CPU-only host. On a GPU host install a CUDA build of torch
-    (torch.version.cuda must not be None) and do not set CUDA_VISIBLE_DEVICES to "" or -1.
+    What: This host has no GPU (NVML counts none, torch sees none) and the job uses a CPU backend
+    (gloo, mpi), so the GPU checks were skipped. (GPUs that NVML counts but torch does not see are
+    DDP515.)
+    Why: On a CPU-only machine that is expected; the finding records why no GPU check ran.
+    Fix: Nothing on a CPU-only host.
     """
-    if ctx.backend in GPU_BACKENDS or ctx.host.visible_gpus > 0:
-        return  # a GPU backend without a GPU is DDP106's error
-    snap = snapshot(ctx)
-    if not _node_leader(ctx):
+    found = _cpu_job(ctx)
+    if found is None or found[1] > 0:
         return
-    n = _count(snap)
-    ev = {"backend": ctx.backend, "visible_gpus": ctx.host.visible_gpus, "nvml_gpus": snap.count if snap.ok else None,
-          "nvml_error": snap.error, "torch_cuda": torch_cuda_version(),
-          "CUDA_VISIBLE_DEVICES": ctx.env.get("CUDA_VISIBLE_DEVICES")}
-    if n > 0:
-        cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
-        why = (f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else
-               f"torch.version.cuda={torch_cuda_version()!r}")
-        yield Problem(message=f"NVML counts {n} GPU(s) but torch sees none ({why}); the job would run on "
-                              f"the CPU with backend {ctx.backend}", severity="warning", evidence=ev)
-        return
+    snap, _, ev = found
     nvml_said = f"NVML: {snap.error}" if not snap.ok else "NVML counts 0 GPUs"
     yield Problem(message=f"no GPU on this host ({nvml_said}; torch sees 0) and backend {ctx.backend}: "
                           "GPU checks not applicable", evidence=ev)
 
 
-@check("DDP501", category="gpu", severity="error", title="NVML cannot be initialised")
+@check("DDP515", category="gpu", severity="warning", title="GPUs present but torch sees none")
+def gpus_hidden_from_torch(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: NVML counts GPUs on this host but torch sees none, and the job uses a CPU backend (gloo,
+    mpi). (Reported as DDP500 at severity warning before it had an ID of its own.)
+    Why: A CPU-only torch build (torch.version.cuda is None) or a CUDA_VISIBLE_DEVICES that hides
+    every GPU ("" or -1): the job trains on the CPU, many times slower, without failing.
+    Fix: Install a CUDA build of torch (torch.version.cuda must not be None) and do not set
+    CUDA_VISIBLE_DEVICES to "" or -1; then use backend nccl.
+    """
+    found = _cpu_job(ctx)
+    if found is None or found[1] == 0:
+        return
+    _, n, ev = found
+    cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    why = (f"CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else
+           f"torch.version.cuda={gpu_facts.torch_cuda_version()!r}")
+    yield Problem(message=f"NVML counts {n} GPU(s) but torch sees none ({why}); the job would run on "
+                          f"the CPU with backend {ctx.backend}", evidence=ev)
+
+
+@check("DDP501", category="gpu", severity="error", title="NVML cannot be initialised", severities=("warning",))
 def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
     """
     What: nvmlInit failed on a host where GPUs are expected (torch sees GPUs, or the job asked for
@@ -303,8 +145,10 @@ def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
     Fix: Run `nvidia-smi`. On a version mismatch reboot the host (or reload the nvidia kernel
     modules); if the driver is not loaded install it / start the container with
     `--gpus all` (NVIDIA container toolkit), which also mounts libnvidia-ml.so.
+    Severity: error when NVML fails where no GPU is usable for a GPU backend; a warning when torch
+    still sees GPUs and only the health checks are lost.
     """
-    snap = snapshot(ctx)
+    snap = gpu_facts.snapshot(ctx)
     if snap.ok or not _node_leader(ctx):
         return
     ev = {"error": snap.error, "kind": snap.error_kind, "visible_gpus": ctx.host.visible_gpus,
@@ -318,23 +162,25 @@ def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
                               f"usable for backend {ctx.backend}", evidence=ev)
 
 
-@check("DDP502", category="gpu", severity="error", title="GPU count differs from the instance type or the ranks")
+@check("DDP502", category="gpu", severity="error", title="GPU count differs from the instance type",
+       severities=("warning",))
 def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML counts fewer (or more) GPUs than the instance type has (ml.p4d.24xlarge: 8,
-    DOMAIN table), or, with a GPU backend, this node runs fewer ranks (LOCAL_WORLD_SIZE) than it
-    has visible GPUs.
+    DOMAIN table). (Fewer ranks than GPUs, once part of this ID, is DDP514.)
     Why: A GPU missing from an 8-GPU instance has fallen off the bus (SM_NUM_GPUS, read when the
-    container started, then agrees with the wrong count, so nothing else notices); fewer ranks than
-    GPUs leave GPUs idle.
-    Fix: Replace the instance (stop the job and start it again) when a GPU is missing; start one
-    rank per GPU (`torchrun --nproc-per-node <GPUs>`, or let SageMaker's distribution do it).
+    container started, then agrees with the wrong count, so nothing else notices).
+    Fix: Replace the instance (stop the job and start it again) when a GPU is missing.
+    Severity: error when fewer GPUs are counted than the instance type has; a warning when more are
+    counted (the instance table may be out of date, nothing is missing).
     """
     if not _node_leader(ctx):
         return
-    snap = snapshot(ctx)
+    snap = gpu_facts.snapshot(ctx)
     it = _instance(ctx)
-    expected = INSTANCE_GPUS.get(it or "")
+    row = _instance_type(ctx)
+    # Only the DOMAIN.md section 1 types (those with a known GPU model) are compared.
+    expected = row.gpus if row is not None and row.gpu_model else None
     seen: int | None = _count(snap) if snap.ok and not is_unknown(snap.count) else None
     source = "NVML counts"
     if seen is None and "CUDA_VISIBLE_DEVICES" not in ctx.env and ctx.host.visible_gpus > 0:
@@ -344,13 +190,27 @@ def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
             message=f"{source} {seen} GPU(s) on this {it} host; the instance type has {expected}",
             severity=None if seen < expected else "warning",
             evidence={"instance_type": it, "expected": expected, "counted": seen, "source": source})
+
+
+@check("DDP514", category="gpu", severity="info", title="Fewer ranks than GPUs on a node")
+def gpus_idle(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: With a GPU backend, this node runs fewer ranks (LOCAL_WORLD_SIZE) than it has visible
+    GPUs. (Reported as DDP502 at severity info before it had an ID of its own.)
+    Why: The GPUs without a rank stay idle: the job trains slower than the instance allows, which
+    may be intended (a GPU kept for evaluation) or a launcher left at one process per node.
+    Fix: Start one rank per GPU (`torchrun --nproc-per-node <GPUs>`, or let SageMaker's distribution
+    do it), or narrow CUDA_VISIBLE_DEVICES to the GPUs the job should use.
+    """
+    if not _node_leader(ctx):
+        return
     lws, visible = ctx.local_world_size, ctx.host.visible_gpus
     if ctx.backend in GPU_BACKENDS and lws is not None and 0 < lws < visible:
         yield Problem(
             message=f"LOCAL_WORLD_SIZE={lws} rank(s) on this node but {visible} GPUs are visible: "
                     f"{visible - lws} GPU(s) idle",
-            severity="info", hint=f"Start {visible} ranks per node (`torchrun --nproc-per-node {visible}`), "
-                                  "or narrow CUDA_VISIBLE_DEVICES if the others are meant for something else.",
+            hint=f"Start {visible} ranks per node (`torchrun --nproc-per-node {visible}`), "
+                 "or narrow CUDA_VISIBLE_DEVICES if the others are meant for something else.",
             evidence={"local_world_size": lws, "visible_gpus": visible})
 
 
@@ -365,10 +225,10 @@ def cuda_visible_devices_valid(ctx: RankContext) -> Iterator[Problem]:
     Fix: List each GPU once, by index (0..N-1 as `nvidia-smi -L` shows) or by full UUID, e.g.
     CUDA_VISIBLE_DEVICES=0,1,2,3; or leave it unset and let each rank use cuda:LOCAL_RANK.
     """
-    entries = cvd_entries(ctx)
+    entries = gpu_facts.cvd_entries(ctx)
     if entries is None or not entries or entries[0] == "-1" or not _node_leader(ctx):
         return
-    snap = snapshot(ctx)
+    snap = gpu_facts.snapshot(ctx)
     if not _has_gpus(ctx, snap):
         return
     raw = ctx.env.get("CUDA_VISIBLE_DEVICES")
@@ -385,11 +245,11 @@ def cuda_visible_devices_valid(ctx: RankContext) -> Iterator[Problem]:
             ids.append(snap.uuids[i] if n is not None and i < len(snap.uuids) and snap.uuids[i] else e)
         elif e.upper().startswith(("GPU-", "MIG-")):
             if e.upper().startswith("GPU-") and snap.ok and snap.uuids and not any(
-                    _norm_uuid(u).startswith(_norm_uuid(e)) for u in snap.uuids if u):
+                    gpu_facts.norm_uuid(u).startswith(gpu_facts.norm_uuid(e)) for u in snap.uuids if u):
                 yield Problem(message=f"CUDA_VISIBLE_DEVICES={raw!r}: no GPU on this host has UUID {e}",
                               evidence={"CUDA_VISIBLE_DEVICES": raw, "entry": e, "uuids": snap.uuids})
                 return
-            match = [u for u in snap.uuids if u and _norm_uuid(u).startswith(_norm_uuid(e))]
+            match = [u for u in snap.uuids if u and gpu_facts.norm_uuid(u).startswith(gpu_facts.norm_uuid(e))]
             ids.append(match[0] if len(match) == 1 else e)
         else:
             yield Problem(message=f"CUDA_VISIBLE_DEVICES={raw!r}: entry {e!r} is not a GPU index or UUID; CUDA "
@@ -426,7 +286,7 @@ def current_device_matches(ctx: RankContext, group: Any) -> Iterator[Problem]:
     device = str(getattr(group, "device", "cpu"))
     if not device.startswith("cuda:"):
         return
-    p = current_device_problem(int(device.split(":", 1)[1]), torch_current_device(), ctx.local_rank)
+    p = current_device_problem(int(device.split(":", 1)[1]), gpu_facts.torch_current_device(), ctx.local_rank)
     if p is not None:
         yield p
 
@@ -442,7 +302,7 @@ def gpu_memory_free(ctx: RankContext) -> Iterator[Problem]:
     Fix: Look at `nvidia-smi` and end the processes listed (`kill <pid>`); on a shared host pick
     free GPUs with CUDA_VISIBLE_DEVICES.
     """
-    snap = snapshot(ctx)
+    snap = gpu_facts.snapshot(ctx)
     limit = _opt(ctx, "gpu_busy_mib")
     me = os.getpid()
     for g in snap.gpus:
@@ -461,7 +321,7 @@ def gpu_memory_free(ctx: RankContext) -> Iterator[Problem]:
                       "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in others]})
 
 
-@check("DDP506", category="gpu", severity="error", title="Uncorrectable ECC errors on a GPU")
+@check("DDP506", category="gpu", severity="error", title="Uncorrectable ECC errors on a GPU", severities=("warning",))
 def ecc_errors(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML counts uncorrectable (double-bit) ECC memory errors on this rank's GPU: since the
@@ -471,8 +331,10 @@ def ecc_errors(ctx: RankContext) -> Iterator[Problem]:
     memory is failing.
     Fix: Stop using the GPU: replace the instance (on SageMaker stop and restart the job), or have
     the host's administrator reset the GPU (`nvidia-smi -r`) and check it with `nvidia-smi -q -d ECC`.
+    Severity: error for uncorrectable errors since the driver loaded; a warning for errors only in
+    the GPU's lifetime count.
     """
-    for g in snapshot(ctx).gpus:
+    for g in gpu_facts.snapshot(ctx).gpus:
         ev = {"gpu": g.label, "volatile": _unknown_text(g.ecc_volatile), "aggregate": _unknown_text(g.ecc_aggregate)}
         if not is_unknown(g.ecc_volatile) and g.ecc_volatile > 0:
             yield Problem(message=f"{g.label}: {g.ecc_volatile} uncorrectable ECC error(s) since the driver "
@@ -482,7 +344,8 @@ def ecc_errors(ctx: RankContext) -> Iterator[Problem]:
                                   "life (none since the driver loaded)", severity="warning", evidence=ev)
 
 
-@check("DDP507", category="gpu", severity="error", title="GPU memory retirement or row remapping pending")
+@check("DDP507", category="gpu", severity="error", title="GPU memory retirement or row remapping pending",
+       severities=("info",))
 def memory_retirement(ctx: RankContext) -> Iterator[Problem]:
     """
     What: This rank's GPU has a page retirement or a row remapping pending (it takes effect only
@@ -493,15 +356,18 @@ def memory_retirement(ctx: RankContext) -> Iterator[Problem]:
     Fix: Reset the GPU (`nvidia-smi -r` with no process on it, or reboot / replace the instance);
     if remapping failed, replace the GPU. `nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT` shows the
     state.
+    Severity: error for a pending retirement or remapping, or a failed remapping; info for rows or
+    pages already retired with nothing pending.
     """
-    for g in snapshot(ctx).gpus:
+    for g in gpu_facts.snapshot(ctx).gpus:
         rr = g.remapped
         ev = {"gpu": g.label, "retired_double_bit": _unknown_text(g.retired_dbe),
               "retired_single_bit": _unknown_text(g.retired_sbe),
               "retired_pending": _unknown_text(g.retired_pending),
               "remapped_rows": None if is_unknown(rr) else rr.__dict__}
         if not is_unknown(rr) and rr.failure:
-            yield Problem(message=f"{g.label}: row remapping failed (uncorrectable rows {rr.uncorrectable})", evidence=ev)
+            yield Problem(message=f"{g.label}: row remapping failed (uncorrectable rows {rr.uncorrectable})",
+                          evidence=ev)
         elif (not is_unknown(rr) and rr.pending) or g.retired_pending is True:
             what = "row remapping" if not is_unknown(rr) and rr.pending else "page retirement"
             yield Problem(message=f"{g.label}: {what} pending until the GPU is reset", evidence=ev)
@@ -516,7 +382,7 @@ def memory_retirement(ctx: RankContext) -> Iterator[Problem]:
                               severity="info", evidence=ev)
 
 
-@check("DDP508", category="gpu", severity="warning", title="GPU clocks slowed down")
+@check("DDP508", category="gpu", severity="warning", title="GPU clocks slowed down", severities=("info",))
 def clocks_throttled(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML's current clock event reasons ("throttle reasons" before nvidia-ml-py 12) for this
@@ -527,8 +393,10 @@ def clocks_throttled(ctx: RankContext) -> Iterator[Problem]:
     the power supply or the board.
     Fix: Check `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`; on a cloud instance replace it; on
     your own hardware check airflow, fans and power cabling.
+    Severity: a warning for thermal, power-brake or other slowdowns; info for the software power
+    cap, normal under full load.
     """
-    for g in snapshot(ctx).gpus:
+    for g in gpu_facts.snapshot(ctx).gpus:
         if is_unknown(g.clock_mask):
             continue
         bad = [r for r in g.clock_reasons if r in SLOWDOWN_REASONS]
@@ -542,7 +410,8 @@ def clocks_throttled(ctx: RankContext) -> Iterator[Problem]:
                                "(`nvidia-smi -q -d POWER`).", evidence=ev)
 
 
-@check("DDP509", category="gpu", severity="warning", title="PCIe link below the device's maximum")
+@check("DDP509", category="gpu", severity="warning", title="PCIe link below the device's maximum",
+       severities=("info",))
 def pcie_link(ctx: RankContext) -> Iterator[Problem]:
     """
     What: This rank's GPU runs its PCIe link narrower than its maximum width (a warning), or at a
@@ -553,9 +422,11 @@ def pcie_link(ctx: RankContext) -> Iterator[Problem]:
     usually means a badly seated card or riser.
     Fix: Compare `nvidia-smi -q -d PCIE` (current vs max) under load; replace the instance, or on
     your own hardware reseat the GPU or riser.
+    Severity: a warning for a narrower link, and for a lower generation on a busy GPU (load at or
+    above pcie_load_pct); info for a lower generation on an idle GPU.
     """
     load_limit = _opt(ctx, "pcie_load_pct")
-    for g in snapshot(ctx).gpus:
+    for g in gpu_facts.snapshot(ctx).gpus:
         link = g.pcie
         if link is None:
             continue
@@ -576,7 +447,7 @@ def pcie_link(ctx: RankContext) -> Iterator[Problem]:
                 evidence=ev)
 
 
-@check("DDP510", category="gpu", severity="warning", title="NVLink links down")
+@check("DDP510", category="gpu", severity="warning", title="NVLink links down", severities=("error", "info"))
 def nvlink_down(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Some NVLink links of this rank's GPU are inactive while others are active, or every link
@@ -587,9 +458,13 @@ def nvlink_down(ctx: RankContext) -> Iterator[Problem]:
     at full speed.
     Fix: Check `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; on NVSwitch systems make sure
     nvidia-fabricmanager runs; otherwise replace the instance.
+    Severity: a warning when some links are down; error when all are down on an NVLink/NVSwitch
+    instance type (p3, p4d, p4de, p5); info when none is active elsewhere (no bridge fitted).
     """
-    nvlink_instance = _instance(ctx) in NVLINK_INSTANCES
-    for g in snapshot(ctx).gpus:
+    row = _instance_type(ctx)
+    # Instances whose GPUs are joined by NVLink / NVSwitch: a device with every link down is broken.
+    nvlink_instance = row is not None and row.nvlink is True
+    for g in gpu_facts.snapshot(ctx).gpus:
         states = g.nvlink
         if is_unknown(states) or not states:
             continue
@@ -608,7 +483,7 @@ def nvlink_down(ctx: RankContext) -> Iterator[Problem]:
                                   "bridge fitted?)", severity="info", evidence=ev)
 
 
-@check("DDP511", category="gpu", severity="error", title="Driver too old for torch's CUDA")
+@check("DDP511", category="gpu", severity="error", title="Driver too old for torch's CUDA", severities=("warning",))
 def driver_supports_cuda(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The CUDA version the driver supports (NVML nvmlSystemGetCudaDriverVersion) is older than
@@ -620,11 +495,13 @@ def driver_supports_cuda(ctx: RankContext) -> Iterator[Problem]:
     Fix: Upgrade the driver to one that supports torch's CUDA (see NVIDIA's CUDA compatibility
     table), or install the torch wheel for the driver's CUDA (e.g. `pip install torch --index-url
     https://download.pytorch.org/whl/cu121`).
+    Severity: error when the driver's CUDA major version is older than torch's; a warning for an
+    older minor version of the same major (minor-version compatibility).
     """
     if not _node_leader(ctx):
         return
-    tc = torch_cuda_version()
-    snap = snapshot(ctx)
+    tc = gpu_facts.torch_cuda_version()
+    snap = gpu_facts.snapshot(ctx)
     if not tc or not snap.ok or is_unknown(snap.cuda_driver_version):
         return
     try:
@@ -650,7 +527,7 @@ def persistence_mode(ctx: RankContext) -> Iterator[Problem]:
     the next start, adding seconds to each process start; harmless for one long job.
     Fix: `sudo nvidia-smi -pm 1` (or run nvidia-persistenced) on hosts you administer.
     """
-    for g in snapshot(ctx).gpus:
+    for g in gpu_facts.snapshot(ctx).gpus:
         if g.persistence is False:
             yield Problem(message=f"{g.label}: persistence mode is off", evidence={"gpu": g.label})
 
@@ -666,7 +543,7 @@ def unknown_fields(ctx: RankContext) -> Iterator[Problem]:
     Fix: Nothing to fix; for full coverage run on the host (or a container started with the NVIDIA
     container toolkit) with a data-center GPU.
     """
-    snap = snapshot(ctx)
+    snap = gpu_facts.snapshot(ctx)
     for ci, why in sorted(snap.unresolved.items()):
         yield Problem(message=f"cuda:{ci}: no NVML device found ({why}); its health is unknown",
                       evidence={"cuda_index": ci, "why": why})

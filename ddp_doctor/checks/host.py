@@ -115,7 +115,7 @@ def usable_cpus() -> int:
     return n
 
 
-@check("DDP602", category="host", severity="warning", title="More threads than CPUs")
+@check("DDP602", category="host", severity="warning", title="More threads than CPUs", severities=("info",))
 def cpu_oversubscription(ctx: RankContext) -> Iterator[Problem]:
     """
     What: OMP_NUM_THREADS x the ranks on this node exceeds the CPUs this process may use, or there
@@ -125,6 +125,8 @@ def cpu_oversubscription(ctx: RankContext) -> Iterator[Problem]:
     and data loading stalls.
     Fix: Set OMP_NUM_THREADS to at most CPUs / ranks per node (torchrun sets 1 when unset), e.g.
     `OMP_NUM_THREADS=$(( $(nproc) / 8 ))` for 8 ranks.
+    Severity: a warning when the threads (or the ranks) outnumber the CPUs; info when
+    OMP_NUM_THREADS is unset with several ranks, which may but need not oversubscribe.
     """
     if not _leader(ctx):
         return
@@ -206,7 +208,7 @@ def disk_free(ctx: RankContext) -> Iterator[Problem]:
         free = st.f_bavail * st.f_frsize
         if free < limit:
             low[dev] = (where, free, st.f_blocks * st.f_frsize, seen[dev])
-    for dev, (where, free, total, names) in low.items():
+    for _dev, (where, free, total, names) in low.items():
         yield Problem(message=f"{_size(free)} free of {_size(total)} on the file system of {', '.join(names)}; "
                               f"expected at least {_size(limit)}",
                       evidence={"paths": names, "mount_probe": where, "free_bytes": free, "total_bytes": total,

@@ -37,6 +37,18 @@ RANK_LOST = declare(
     memory or the job was cancelled.
     """)
 
+PROBE_RECORD_LOST = declare(
+    "DDP006", category="internal", severity="warning", title="A rank's training probe record is missing",
+    doc="""
+    What: After training, rank 0 waited for every rank's in-training probe record (`ddp-doctor run`)
+    and some ranks did not hand theirs in before the gather timed out. (Earlier versions reported
+    this as DDP003 downgraded to a warning.)
+    Why: The training may well have finished on those ranks; only the probes' view of them is
+    missing, so the rules that compare ranks (parameters, buffers, data waits) ran without them.
+    Fix: Check that those ranks reached the end of the script (their stderr); a rank that is still
+    busy long after rank 0 finished (uneven data, a final save on one rank) is also worth a look.
+    """)
+
 INVALID_USAGE = declare(
     "DDP004", category="internal", severity="error", title="ddp-doctor was called wrongly",
     doc="""

@@ -56,7 +56,8 @@ def _cvd(ctx: RankContext) -> str:
     return "CUDA_VISIBLE_DEVICES is unset" if v is None else f"CUDA_VISIBLE_DEVICES={v!r}"
 
 
-@check("DDP101", category="launcher_env", severity="error", title="Rank variables missing or not integers")
+@check("DDP101", category="launcher_env", severity="error", title="Rank variables missing or not integers",
+       severities=("warning",))
 def rank_variables_present(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The launcher that started this process (torchrun, mpirun, MPICH, srun, or one that sets
@@ -68,6 +69,9 @@ def rank_variables_present(ctx: RankContext) -> Iterator[Problem]:
     Fix: Start the job with a launcher that sets them all (`torchrun --nnodes N --nproc-per-node M
     train.py`), or export RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE as whole numbers for
     every process.
+    Severity: error for a variable the launcher always sets; a warning for one that MPICH
+    (LOCAL_RANK, LOCAL_WORLD_SIZE) or a plain environment launch (LOCAL_RANK) may leave out, since a
+    script can do without it.
     """
     name = ctx.launcher.name
     required = REQUIRED.get(name)
@@ -124,7 +128,8 @@ def rank_values_in_range(ctx: RankContext) -> Iterator[Problem]:
                           evidence={**ev, "node_rank": nr, "nnodes": nn})
 
 
-@check("DDP103", category="launcher_env", severity="error", title="Rank layout does not add up")
+@check("DDP103", category="launcher_env", severity="error", title="Rank layout does not add up",
+       severities=("warning",))
 def rank_layout_consistent(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Under torchrun, RANK differs from GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK, or WORLD_SIZE
@@ -135,6 +140,8 @@ def rank_layout_consistent(ctx: RankContext) -> Iterator[Problem]:
     hangs until its timeout.
     Fix: Start every node with the same `torchrun --nnodes N --nproc-per-node M` and a distinct
     `--node-rank` (0..N-1); do not export RANK or WORLD_SIZE yourself on top of a launcher.
+    Severity: error under srun and the MPI launchers; a warning under torchrun, which allows nodes
+    with different --nproc-per-node (rare, but not wrong by itself).
     """
     name = ctx.launcher.name
     r, lr, ws, lws, nr, nn = (ctx.rank, ctx.local_rank, ctx.world_size, ctx.local_world_size,
@@ -164,7 +171,7 @@ def rank_layout_consistent(ctx: RankContext) -> Iterator[Problem]:
             evidence=ev)
 
 
-@check("DDP104", category="launcher_env", severity="error", title="MASTER_ADDR not set")
+@check("DDP104", category="launcher_env", severity="error", title="MASTER_ADDR not set", severities=("info",))
 def master_addr_present(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The job has more than one rank but MASTER_ADDR is not set, under a launcher that does not
@@ -174,6 +181,9 @@ def master_addr_present(ctx: RankContext) -> Iterator[Problem]:
     set".
     Fix: Export MASTER_ADDR=<host of rank 0> and MASTER_PORT=<free port> to every rank, e.g.
     `mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=29500 ...`.
+    Severity: error when the ranks span several nodes; info when every rank runs on this node under
+    a launcher (not a plain environment launch), where the rendezvous falls back to 127.0.0.1 and
+    works.
     """
     name = ctx.launcher.name
     ws = ctx.world_size
@@ -202,7 +212,8 @@ def master_addr_present(ctx: RankContext) -> Iterator[Problem]:
         hint=hints[name], evidence=ev)
 
 
-@check("DDP105", category="launcher_env", severity="error", title="MASTER_PORT not a usable port")
+@check("DDP105", category="launcher_env", severity="error", title="MASTER_PORT not a usable port",
+       severities=("warning",))
 def master_port_valid(ctx: RankContext) -> Iterator[Problem]:
     """
     What: MASTER_PORT is not a whole number between 1 and 65535, or is a privileged port (below 1024).
@@ -210,6 +221,8 @@ def master_port_valid(ctx: RankContext) -> Iterator[Problem]:
     below 1024 needs root to bind and may belong to a system service (22 is ssh).
     Fix: Use a free port between 1024 and 65535, e.g. `torchrun --master-port 29500` or
     `export MASTER_PORT=29500`.
+    Severity: error for a port outside 1..65535; a warning for a privileged port (below 1024), which
+    works only when the rank runs as root.
     """
     bad = ctx.launcher.invalid.get("MASTER_PORT")
     if bad is not None:
@@ -266,7 +279,7 @@ def _sm_hosts(ctx: RankContext) -> list[str]:
 
 
 @check("DDP107", category="launcher_env", severity="error",
-       title="Single process in a distributed SageMaker job")
+       title="Single process in a distributed SageMaker job", severities=("warning",))
 def sagemaker_without_launcher(ctx: RankContext) -> Iterator[Problem]:
     """
     What: This process was started without any launcher (no RANK, WORLD_SIZE or MPI variables) in a
@@ -275,6 +288,8 @@ def sagemaker_without_launcher(ctx: RankContext) -> Iterator[Problem]:
     host trains its own independent copy and all GPUs but one per host sit idle.
     Fix: Add `distribution={"torch_distributed": {"enabled": True}}` to the PyTorch estimator, so the
     toolkit starts torchrun with one process per GPU on every host.
+    Severity: error on a multi-host job (every host trains its own copy); a warning on a single host
+    with several GPUs (the job runs, with GPUs idle).
     """
     sm = ctx.sagemaker
     if ctx.launcher.name != "none" or sm is None:
@@ -322,7 +337,8 @@ def launcher_matches_distribution(ctx: RankContext) -> Iterator[Problem]:
         evidence={"distribution": sm.distribution, "expected": sm.expected_launcher, "found": found})
 
 
-@check("DDP109", category="launcher_env", severity="error", title="More local ranks than visible GPUs")
+@check("DDP109", category="launcher_env", severity="error", title="More local ranks than visible GPUs",
+       severities=("warning",))
 def local_ranks_fit_gpus(ctx: RankContext) -> Iterator[Problem]:
     """
     What: With a GPU backend (nccl, smddp), this node runs more ranks than it has visible GPUs, or
@@ -331,6 +347,9 @@ def local_ranks_fit_gpus(ctx: RankContext) -> Iterator[Problem]:
     detected"), and `cuda:LOCAL_RANK` beyond the visible count raises "invalid device ordinal".
     Fix: Start one process per visible GPU (`torchrun --nproc-per-node <GPUs>`), or make more GPUs
     visible (check CUDA_VISIBLE_DEVICES).
+    Severity: error when the local ranks outnumber the GPUs this rank sees; a warning when
+    CUDA_VISIBLE_DEVICES gives this rank one GPU while the node runs several ranks, which is right
+    only if every rank got a different one (a cross-rank question).
     """
     gpus = ctx.host.visible_gpus
     lr, lws = ctx.local_rank, ctx.local_world_size

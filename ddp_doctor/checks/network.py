@@ -135,7 +135,8 @@ def _missing_problem(variable: str, value: str, missing: list[str], present: tup
     if not missing:
         what = "matches no interface"
     else:
-        what = f"names {', '.join(repr(m) for m in missing)}, which " + ("does" if len(missing) == 1 else "do") + " not exist"
+        what = (f"names {', '.join(repr(m) for m in missing)}, which "
+                + ("does" if len(missing) == 1 else "do") + " not exist")
     return Problem(
         message=f"{variable}={value!r} {what} on this host; interfaces present: {', '.join(present)}.{note}",
         severity=severity,
@@ -143,7 +144,8 @@ def _missing_problem(variable: str, value: str, missing: list[str], present: tup
     )
 
 
-@check("DDP301", category="network", severity="error", title="Named network interface does not exist")
+@check("DDP301", category="network", severity="error", title="Named network interface does not exist",
+       severities=("warning",))
 def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The interfaces named by NCCL_SOCKET_IFNAME (comma-separated prefixes; `=name` is an
@@ -154,6 +156,9 @@ def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
     interfaces differently (eth0, ens5, enp...), so a value copied from another setup breaks here.
     Fix: Set the variable to an interface this host has (`ip -brief link` lists them), or unset it
     and let the library choose.
+    Severity: error when the backend in use reads the variable; a warning when it names a missing
+    interface that only another backend would read, or for SageMaker's own interface name (passed on
+    as NCCL_SOCKET_IFNAME, which is checked in its own right).
     """
     present = ctx.host.interfaces
     if not present:
@@ -177,7 +182,7 @@ def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
 
 
 @check("DDP302", category="network", severity="warning",
-       title="NCCL_SOCKET_IFNAME excludes every interface but loopback")
+       title="NCCL_SOCKET_IFNAME excludes every interface but loopback", severities=("error",))
 def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NCCL_SOCKET_IFNAME is an exclusion list (`^docker,lo`) that leaves NCCL only the
@@ -185,6 +190,8 @@ def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
     Why: With only `lo`, NCCL binds to 127.0.0.1 and ranks on other nodes cannot connect: a
     multi-node job hangs at its first collective. With nothing left, NCCL fails at init.
     Fix: Exclude fewer interfaces, or name the interface to use (NCCL_SOCKET_IFNAME=eth0).
+    Severity: a warning when only loopback is left (a multi-node job hangs); error when nothing is
+    left (NCCL fails at init).
     """
     nccl = (ctx.env.get("NCCL_SOCKET_IFNAME") or "").strip()
     present = ctx.host.interfaces

@@ -14,14 +14,14 @@ from ddp_doctor.context import RankContext
 from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
+from ddp_doctor.sagemaker.instances import (
+    EFA_INSTANCES,
+    EFA_RDMA_INSTANCES,
+    SMDDP_INSTANCES,
+    SMDDP_OLDER_INSTANCES,
+)
 
-# SMDDP's supported instance types (DG); the older ones only with older library versions.
-SMDDP_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge")
-SMDDP_OLDER_INSTANCES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge")
-# The toolkit's lists: FI_PROVIDER=efa on the first, FI_EFA_USE_DEVICE_RDMA=1 also on the second.
-EFA_INSTANCES = ("ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge",
-                 "ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.trn1.32xlarge")
-EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
+# SMDDP_INSTANCES / EFA_INSTANCES & co. come from the one instance table (sagemaker/instances.py).
 SMDDP_DISTRIBUTIONS = ("smdistributed", "pytorchddp")
 RAW_LIMIT = 200  # characters of a raw value quoted in a message
 
@@ -104,7 +104,8 @@ CONFIG_HINTS = {
 JSON_OBJECT_HINT = "The toolkit writes {name} as a JSON object; code that overrides it must write json.dumps(a_dict)."
 
 
-@check("DDP201", category="topology", severity="error", title="SageMaker configuration unreadable")
+@check("DDP201", category="topology", severity="error", title="SageMaker configuration unreadable",
+       severities=("warning",))
 def sagemaker_config_readable(ctx: RankContext) -> Iterator[Problem]:
     """
     What: A SageMaker variable or config file could not be read as what SageMaker writes: SM_HOSTS
@@ -115,6 +116,8 @@ def sagemaker_config_readable(ctx: RankContext) -> Iterator[Problem]:
     wrong world.
     Fix: Parse SM_* values as JSON (`json.loads(os.environ["SM_HOSTS"])` is a list), and do not
     override the variables or files SageMaker provides.
+    Severity: error for a file or SM_* variable that is unreadable or malformed; a warning when only
+    resourceconfig.json is missing (SM_* variables still describe the job).
     """
     sm = ctx.sagemaker
     if sm is None:
@@ -154,7 +157,8 @@ def current_host_listed(ctx: RankContext) -> Iterator[Problem]:
                       evidence={"current_host": rc_host, "hosts": rc_hosts})
 
 
-@check("DDP203", category="launcher_env", severity="error", title="SM_* variables disagree with resourceconfig.json")
+@check("DDP203", category="launcher_env", severity="error", title="SM_* variables disagree with resourceconfig.json",
+       severities=("warning",))
 def sm_variables_match_config(ctx: RankContext) -> Iterator[Problem]:
     """
     What: SM_HOSTS holds other hosts than resourceconfig.json's hosts, or SM_CURRENT_HOST differs
@@ -164,6 +168,9 @@ def sm_variables_match_config(ctx: RankContext) -> Iterator[Problem]:
     Under mpirun every rank sees the master's SM_CURRENT_HOST (sagemaker-training-toolkit#158).
     Fix: Read this host from /opt/ml/input/config/resourceconfig.json (current_host) rather than
     SM_CURRENT_HOST, and do not override SM_HOSTS.
+    Severity: error when the host lists differ; a warning when only SM_CURRENT_HOST differs under
+    mpirun, which every rank inherits from the master (a known toolkit quirk; the file's value is
+    used).
     """
     sm = ctx.sagemaker
     if sm is None:
@@ -187,7 +194,8 @@ def sm_variables_match_config(ctx: RankContext) -> Iterator[Problem]:
                 evidence={"SM_CURRENT_HOST": sm.current_host, "resourceconfig_current_host": rc_host})
 
 
-@check("DDP204", category="topology", severity="error", title="Host list has duplicates or is unsorted")
+@check("DDP204", category="topology", severity="error", title="Host list has duplicates or is unsorted",
+       severities=("warning",))
 def hosts_unique_sorted(ctx: RankContext) -> Iterator[Problem]:
     """
     What: resourceconfig.json's hosts (or SM_HOSTS, without the file) name a host twice, or are not
@@ -197,6 +205,7 @@ def hosts_unique_sorted(ctx: RankContext) -> Iterator[Problem]:
     describe the cluster the job runs on.
     Fix: Do not edit resourceconfig.json or SM_HOSTS; in a local emulation write hosts once each,
     sorted as strings.
+    Severity: error when a host is listed twice; a warning when the hosts are only unsorted.
     """
     sm = ctx.sagemaker
     if sm is None:
@@ -278,7 +287,8 @@ def master_not_first_sorted(ctx: RankContext) -> Iterator[Problem]:
 
 # -- the launcher against the cluster --------------------------------------------------------
 
-@check("DDP207", category="launcher_env", severity="error", title="MASTER_ADDR is not the SageMaker master")
+@check("DDP207", category="launcher_env", severity="error", title="MASTER_ADDR is not the SageMaker master",
+       severities=("warning",))
 def master_addr_is_sagemaker_master(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On a multi-host job started by torchrun (or a launcher setting RANK/WORLD_SIZE),
@@ -289,6 +299,8 @@ def master_addr_is_sagemaker_master(ctx: RankContext) -> Iterator[Problem]:
     master is the first host of the instance groups, which is not necessarily algo-1.
     Fix: Let the toolkit start torchrun (`distribution={"torch_distributed": {"enabled": True}}`), or
     pass `--master_addr` = `json.loads(os.environ["SM_TRAINING_ENV"])["master_hostname"]`.
+    Severity: error when SageMaker's toolkit started torchrun (its MASTER_ADDR must be the master);
+    a warning under a launcher of your own, which may be self-consistent.
     """
     sm = ctx.sagemaker
     if sm is None or ctx.launcher.name not in ("torchrun", "env") or not _multi_host(sm) or not _takes_part(sm):
@@ -338,7 +350,8 @@ def master_port_is_toolkit_port(ctx: RankContext) -> Iterator[Problem]:
                   evidence={"MASTER_PORT": ctx.master_port, "toolkit_port": TORCHRUN_PORT})
 
 
-@check("DDP209", category="launcher_env", severity="error", title="Node rank is not this host's SageMaker position")
+@check("DDP209", category="launcher_env", severity="error", title="Node rank is not this host's SageMaker position",
+       severities=("warning",))
 def node_rank_matches_host_order(ctx: RankContext) -> Iterator[Problem]:
     """
     What: torchrun's GROUP_RANK (its --node_rank) differs from this host's index in the distribution
@@ -348,6 +361,8 @@ def node_rank_matches_host_order(ctx: RankContext) -> Iterator[Problem]:
     MASTER_ADDR, and the rendezvous hangs.
     Fix: Let the toolkit start torchrun (`distribution={"torch_distributed": {"enabled": True}}`), or
     pass `--node_rank` = distribution_hosts.index(current_host) from SM_TRAINING_ENV.
+    Severity: error when SageMaker's toolkit started torchrun; a warning under a torchrun of your
+    own, whose dynamic (c10d) rendezvous numbers nodes in join order.
     """
     sm = ctx.sagemaker
     if sm is None or ctx.launcher.name != "torchrun" or not _multi_host(sm):
@@ -368,7 +383,7 @@ def node_rank_matches_host_order(ctx: RankContext) -> Iterator[Problem]:
 
 
 @check("DDP210", category="launcher_env", severity="error",
-       title="World size does not match SageMaker hosts x processes per host")
+       title="World size does not match SageMaker hosts x processes per host", severities=("warning",))
 def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The launcher's world size differs from the number of distribution hosts x processes per
@@ -378,6 +393,8 @@ def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
     hosts idle (each host may even train alone), a larger one waits for ranks that never start.
     Fix: Let the estimator's distribution start the ranks, or start `torchrun --nnodes <hosts>
     --nproc-per-node <GPUs per host>` on every host (`mpirun -np <hosts x GPUs>` for MPI).
+    Severity: error with a SageMaker distribution enabled; a warning with distribution none, where
+    the launcher is your own and the layout may be intended.
     """
     sm = ctx.sagemaker
     if sm is None or ctx.launcher.name not in ("torchrun", "env", "mpirun") or not _takes_part(sm):
@@ -410,7 +427,8 @@ def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
             severity=severity, hint=hint, evidence=ev)
 
 
-@check("DDP211", category="topology", severity="error", title="SM_NUM_GPUS differs from the GPUs visible")
+@check("DDP211", category="topology", severity="error", title="SM_NUM_GPUS differs from the GPUs visible",
+       severities=("warning",))
 def sagemaker_gpus_visible(ctx: RankContext) -> Iterator[Problem]:
     """
     What: SM_NUM_GPUS (what nvidia-smi listed when the container started) differs from the GPUs
@@ -420,6 +438,8 @@ def sagemaker_gpus_visible(ctx: RankContext) -> Iterator[Problem]:
     has usually failed.
     Fix: Check `nvidia-smi` and that torch is a CUDA build (torch.version.cuda); do not narrow
     CUDA_VISIBLE_DEVICES in the entry point; replace the instance if a GPU has dropped off.
+    Severity: error when GPUs are missing from the host; a warning when all are there but
+    CUDA_VISIBLE_DEVICES narrows what this rank sees (maybe a deliberate one-GPU-per-rank binding).
     """
     sm = ctx.sagemaker
     if sm is None or sm.num_gpus is None:
@@ -444,7 +464,8 @@ def sagemaker_gpus_visible(ctx: RankContext) -> Iterator[Problem]:
                       evidence={**ev, "local_rank": lr})
 
 
-@check("DDP212", category="launcher_env", severity="error", title="smdistributed launch environment incomplete")
+@check("DDP212", category="launcher_env", severity="error", title="smdistributed launch environment incomplete",
+       severities=("warning",))
 def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Under SageMaker's smdistributed data parallel (mpirun + smddprun), variables it relies on
@@ -457,6 +478,10 @@ def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
     Fix: Let the estimator start the ranks (`distribution={"smdistributed": {"dataparallel":
     {"enabled": True}}}`) instead of calling mpirun or smddprun yourself, in a SageMaker PyTorch
     training image that ships smdistributed.
+    Severity: error when SMDATAPARALLEL_SERVER_ADDR is missing or wrong, or smdistributed is not
+    importable; a warning for the variables Hugging Face Trainer and the toolkit expect (LOCAL_RANK,
+    SMDATAPARALLEL_LOCAL_RANK, USE_HOMOGENEOUS/SINGLENODE, the server port), without which the job
+    may still run.
     """
     sm = ctx.sagemaker
     if sm is None or sm.distribution not in SMDDP_DISTRIBUTIONS or ctx.launcher.name != "mpirun":
@@ -488,7 +513,8 @@ def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
                       evidence={"available": list(ctx.host.backends)})
 
 
-@check("DDP213", category="topology", severity="error", title="Instance type not supported by smdistributed")
+@check("DDP213", category="topology", severity="error", title="Instance type not supported by smdistributed",
+       severities=("warning",))
 def smddp_instance_type(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The smdistributed data parallel distribution runs on an instance type the library does not
@@ -498,6 +524,8 @@ def smddp_instance_type(ctx: RankContext) -> Iterator[Problem]:
     or the SDK refuses to start.
     Fix: Use ml.p4d.24xlarge or ml.p4de.24xlarge, or switch to `distribution={"torch_distributed":
     {"enabled": True}}` (NCCL) on other GPU instances.
+    Severity: error on an instance type smdistributed does not support; a warning on one only older
+    versions support (ml.p3.16xlarge, ml.p3dn.24xlarge).
     """
     sm = ctx.sagemaker
     if sm is None or sm.distribution != "smdistributed" or not isinstance(sm.instance_type, str):
@@ -531,7 +559,8 @@ def host_outside_distribution(ctx: RankContext) -> Iterator[Problem]:
                             "distribution_groups": sm.distribution_groups})
 
 
-@check("DDP215", category="launcher_env", severity="warning", title="EFA not configured for NCCL")
+@check("DDP215", category="launcher_env", severity="warning", title="EFA not configured for NCCL",
+       severities=("info",))
 def efa_environment(ctx: RankContext) -> Iterator[Problem]:
     """
     What: A multi-host GPU job on an EFA instance type lacks the variables the SageMaker toolkit
@@ -541,6 +570,8 @@ def efa_environment(ctx: RankContext) -> Iterator[Problem]:
     not EFA through the aws-ofi-nccl plugin.
     Fix: Export FI_PROVIDER=efa, NCCL_PROTO=simple and (p4d/p4de) FI_EFA_USE_DEVICE_RDMA=1 before
     the ranks start, e.g. in the estimator's `environment={...}`, when you launch ranks yourself.
+    Severity: a warning for an EFA setting NCCL needs; info for NCCL_IB_DISABLE=1, which does not
+    affect EFA.
     """
     sm = ctx.sagemaker
     if (sm is None or sm.instance_type not in EFA_INSTANCES or not _multi_host(sm)

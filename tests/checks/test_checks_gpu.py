@@ -8,12 +8,13 @@ import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env
 from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
 
+from ddp_doctor import checks as catalogue
 from ddp_doctor import registry, runner
-from ddp_doctor.checks import gpu
+from ddp_doctor.context import Group
+from ddp_doctor.facts import gpus as gpu_facts
 from ddp_doctor.facts import nvml
-from ddp_doctor.preflight_run.group import Group
 
-GPU_IDS = sorted(c.id for c in registry.load_catalogue().values() if c.category == "gpu")
+GPU_IDS = sorted(c.id for c in catalogue.load_catalogue().values() if c.category == "gpu")
 LOCAL_IDS = [i for i in GPU_IDS if registry.REGISTRY[i].stage == "local"]
 
 
@@ -21,9 +22,9 @@ LOCAL_IDS = [i for i in GPU_IDS if registry.REGISTRY[i].stage == "local"]
 def host(monkeypatch):
     """Install a fake NVML (default: healthy 8-GPU p4d) and torch seams; returns an installer."""
     state = {"cuda": "12.1", "current": None, "uuid": {}}
-    monkeypatch.setattr(gpu, "torch_cuda_version", lambda: state["cuda"])
-    monkeypatch.setattr(gpu, "torch_current_device", lambda: state["current"])
-    monkeypatch.setattr(gpu, "torch_device_uuid", lambda i: state["uuid"].get(i))
+    monkeypatch.setattr(gpu_facts, "torch_cuda_version", lambda: state["cuda"])
+    monkeypatch.setattr(gpu_facts, "torch_current_device", lambda: state["current"])
+    monkeypatch.setattr(gpu_facts, "torch_device_uuid", lambda i: state["uuid"].get(i))
 
     def install(fake: FakeNVML | None = None, **torch_state):
         fake = fake if fake is not None else p4d_host()
@@ -40,7 +41,7 @@ def ctx_for(rank=0, world=8, lws=None, gpus=8, backend="nccl", env=None, **kw):
 
 
 def run(check_id, ctx, *args):
-    return runner.run_entry(registry.get(check_id), (ctx, *args), ctx.rank)
+    return runner.run_entry(catalogue.get(check_id), (ctx, *args), ctx.rank)
 
 
 def run_all(ctx):
@@ -60,7 +61,7 @@ def test_ids_and_docs():
     assert GPU_IDS[0] == "DDP500" and all("DDP500" <= i <= "DDP599" for i in GPU_IDS)
     for i in GPU_IDS:
         c = registry.REGISTRY[i]
-        assert set(c.sections) == {"What", "Why", "Fix"}, i
+        assert set(c.sections) - {"Severity"} == {"What", "Why", "Fix"}, i
 
 
 def test_healthy_p4d_has_no_findings(host):
@@ -102,8 +103,9 @@ def test_cpu_host_nccl_left_to_ddp106(host):
 
 def test_gpus_counted_but_torch_sees_none(host):
     host(p4d_host(), cuda=None)
-    f = run("DDP500", ctx_for(0, world=2, gpus=0, backend="gloo"))
+    f = run("DDP515", ctx_for(0, world=2, gpus=0, backend="gloo"))
     assert f[0].severity == "warning" and "NVML counts 8" in f[0].message and "None" in f[0].message
+    assert run("DDP500", ctx_for(0, world=2, gpus=0, backend="gloo")) == []  # no longer DDP500's
 
 
 def test_driver_not_loaded_with_nccl_is_error(host):
@@ -129,9 +131,10 @@ def test_gpu_missing_on_p4d(host):
 
 def test_fewer_ranks_than_gpus_is_info(host):
     host()
-    f = run("DDP502", ctx_for(0, world=2))
+    f = run("DDP514", ctx_for(0, world=2))
     assert len(f) == 1 and f[0].severity == "info" and "6 GPU(s) idle" in f[0].message
-    assert run("DDP502", ctx_for(1, world=2)) == []  # node-wide: local rank 0 reports
+    assert run("DDP514", ctx_for(1, world=2)) == []  # node-wide: local rank 0 reports
+    assert run("DDP502", ctx_for(0, world=2)) == []  # idle GPUs are no longer DDP502's
 
 
 # -- DDP503: CUDA_VISIBLE_DEVICES ------------------------------------------------------------------
@@ -324,10 +327,10 @@ def test_real_gpu_nvml_and_torch_agree():
         assert s.ok, s.error
         assert s.device_count() >= torch.cuda.device_count()
     ctx = make_ctx(torchrun_env(rank=0, world_size=1), gpus=torch.cuda.device_count(), backend="nccl")
-    snap = gpu.read_snapshot(ctx)
+    snap = gpu_facts.read_snapshot(ctx)
     assert snap.gpus and not snap.unresolved, snap.unresolved  # cuda:0 found in NVML by UUID
     torch.cuda.set_device(0)
-    assert gpu.torch_current_device() == 0
+    assert gpu_facts.torch_current_device() == 0
     assert run("DDP504", ctx, Group(0, 1, "nccl", "cuda:0", 10.0)) == []
     findings = run_all(ctx)
     assert not only(findings, "DDP001") and not only(findings, "DDP002"), findings

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import DDP, Result, clean_env, load_json, run
 
-from ddp_doctor import registry
+from ddp_doctor import checks as catalogue
 from ddp_doctor.checks.signatures import SIGNATURES, classify
 from ddp_doctor.training.run.diagnose import training_findings
 
@@ -127,11 +127,11 @@ UNRELATED = ["ValueError: bad batch on rank 1\n", "ZeroDivisionError: division b
 # ------------------------------------------------------------------------------ catalogue tests
 
 def test_every_signature_is_in_the_registry_with_what_why_fix():
-    catalogue = registry.load_catalogue()
+    loaded = catalogue.load_catalogue()
     ids = [s.entry.id for s in SIGNATURES]
     assert len(ids) >= 14 and len(set(ids)) == len(ids)
     for sig in SIGNATURES:
-        entry = catalogue[sig.entry.id]
+        entry = loaded[sig.entry.id]
         assert entry is sig.entry and entry.category == "training_failure" and entry.stage == "event"
         assert int(entry.id[3:]) >= 820
         assert set(entry.sections) >= {"What", "Why", "Fix"} and all(entry.sections[k] for k in
