@@ -20,14 +20,16 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
               backend: str | None = None, exit_on_failure: bool = True) -> dict[str, Any]:
     """Run this rank's preflight; returns the report (on the reporting rank the merged one, on the
     others the verdict). Prints nothing when all is well; the report text goes to stderr otherwise."""
+    from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
     from ddp_doctor.context import current_context
+    from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight
-    from ddp_doctor.report.build import EXIT_FAILED, exit_code
+    from ddp_doctor.report.build import exit_code
     from ddp_doctor.report.publish import Output
 
     sel, skp = registry.parse_selectors(select), registry.parse_selectors(skip)
-    bad = registry.unknown_selectors(sel + skp)
+    bad = catalogue.unknown_selectors(sel + skp)
     if bad:
         raise ValueError(f"select/skip: {', '.join(bad)} match no check ID, ID prefix or category")
     opts = PreflightOptions(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_doctor import checks as catalogue
 from ddp_doctor import registry
 from ddp_doctor.checks import internal as events
 from ddp_doctor.findings import Finding, Problem
@@ -48,7 +49,7 @@ def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str 
 def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: list[str] | None = None,
               skip: list[str] | None = None, phase: str = "preflight") -> list[Finding]:
     findings: list[Finding] = []
-    entries = registry.checks_for(stage, select, skip)
+    entries = catalogue.checks_for(stage, select, skip)
     if stage == "local":
         for module, why in sorted(registry.LOAD_ERRORS.items()):
             findings.append(events.event_finding(

@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from ddp_doctor import checks as catalogue
 from ddp_doctor import registry, runner
 from ddp_doctor.context import RankContext, build_context
 from ddp_doctor.facts.host import HostFacts
@@ -21,7 +22,7 @@ DOC = """
 
 @pytest.fixture
 def reg(monkeypatch: pytest.MonkeyPatch) -> dict[str, registry.Check]:
-    registry.load_catalogue()
+    catalogue.load_catalogue()
     scratch = dict(registry.REGISTRY)
     monkeypatch.setattr(registry, "REGISTRY", scratch)
     monkeypatch.setattr(registry, "LOAD_ERRORS", {})

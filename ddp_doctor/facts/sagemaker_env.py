@@ -123,7 +123,8 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     if isinstance(hosts_raw, Invalid):
         errors["SM_HOSTS"] = f"SM_HOSTS={hosts_raw.raw!r} is {hosts_raw.why}; it must be a JSON list of host names"
     elif hosts_raw is not None and hosts is None:
-        errors["SM_HOSTS"] = f"SM_HOSTS={env.get('SM_HOSTS')!r} is a JSON {type(hosts_raw).__name__}, not a list of host names"
+        errors["SM_HOSTS"] = (f"SM_HOSTS={env.get('SM_HOSTS')!r} is a JSON {type(hosts_raw).__name__}, "
+                              "not a list of host names")
 
     num_gpus = env_int(env, "SM_NUM_GPUS")
     if isinstance(num_gpus, Invalid):

@@ -21,6 +21,7 @@ from ddp_doctor import runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.context import Group, RankContext, current_context
+from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.preflight_run import rendezvous
@@ -286,7 +287,7 @@ def run_preflight_rank(opts: PreflightOptions) -> int:
         detail = traceback.format_exc() if os.environ.get("DDP_DOCTOR_DEBUG") else ""
         sys.stderr.write(redact_text(f"ddp-doctor: internal error: {type(e).__name__}: {e}\n"
                                      "(set DDP_DOCTOR_DEBUG=1 for the traceback)\n" + detail))
-        return reportlib.EXIT_INTERNAL
+        return EXIT_INTERNAL
     if os.environ.get(LAUNCH_DIR_ENV):
-        return reportlib.EXIT_OK  # the parent that launched us decides the exit code
-    return reportlib.EXIT_INTERNAL if pf.failed else reportlib.exit_code(rep)
+        return EXIT_OK  # the parent that launched us decides the exit code
+    return EXIT_INTERNAL if pf.failed else reportlib.exit_code(rep)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
 from ddp_doctor.findings import Finding, severity_rank
 from ddp_doctor.version import __version__
 
 SCHEMA = "ddp-doctor.report"
 SCHEMA_VERSION = 1
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 
 
 def merge_findings(findings: Iterable[Finding]) -> list[Finding]:

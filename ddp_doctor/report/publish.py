@@ -70,18 +70,21 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
 
 
 def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,
-            suffix: str = "", stream: Any = None, prefix: str = "") -> str | None:
-    """The one way a finished report leaves ddp-doctor: write it to its file (--report,
-    DDP_DOCTOR_REPORT, or the default), warn when that failed, show it as `out` asks, and upload it
-    when S3 is asked for. Returns the path written, None when it could not be written."""
+            write: bool = True, suffix: str = "", stream: Any = None, prefix: str = "") -> str | None:
+    """The one way a finished report leaves ddp-doctor: write it to its file (`path`, else --report,
+    DDP_DOCTOR_REPORT or the default; `write=False` writes only a path that was asked for), warn
+    when that failed, show it as `out` asks, and upload it when S3 is asked for. Returns the path
+    written, None when none was."""
     env = os.environ if env is None else env
-    path = path or out.path(env)
-    err = sinks.write_report_file(rep, path)
-    if err:
-        warn(err)
-    show(rep, out, None if err else path, stream=stream, prefix=prefix)
+    path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
+    if path:
+        err = sinks.write_report_file(rep, path)
+        if err:
+            warn(err)
+            path = None
+    show(rep, out, path, stream=stream, prefix=prefix)
     upload_report(rep, out, env, suffix=suffix)
-    return None if err else path
+    return path
 
 
 def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:

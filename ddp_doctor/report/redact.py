@@ -37,7 +37,8 @@ def is_secret_name(name: str) -> bool:
 _NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,127}"
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # NAME=value, NAME: value in JSON/YAML-ish text ("HF_TOKEN": "hf_..."), --name=value, -x NAME=value
-    (re.compile(rf"(?<![A-Za-z0-9_.])(?P<name>{_NAME})(?P<sep>[\"']?\s*(?:=|:)\s*[\"']?)(?P<value>[^\s\"',;&}}\]]+)"), "pair"),
+    (re.compile(rf"(?<![A-Za-z0-9_.])(?P<name>{_NAME})(?P<sep>[\"']?\s*(?:=|:)\s*[\"']?)"
+                rf"(?P<value>[^\s\"',;&}}\]]+)"), "pair"),
     # --hf-token VALUE (a command-line option followed by its value)
     (re.compile(rf"(?P<name>--{_NAME})(?P<sep>\s+)(?P<value>[^\s\"'-][^\s\"']*)"), "pair"),
     # AWS access key ids

@@ -248,5 +248,5 @@ def test_planted_secret_never_reaches_any_file(tmp_path: Path, monkeypatch: pyte
 
 
 def test_sinks_module_does_not_import_torch() -> None:
-    code = "import sys, ddp_doctor.report.sinks, ddp_doctor.cli.env_command; assert 'torch' not in sys.modules"
+    code = "import sys, ddp_doctor.report.sinks, ddp_doctor.cli.env_summary; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

@@ -1,0 +1,217 @@
+"""The "never" rules of the design (docs/architecture.md), enforced on the import graph.
+
+Data flows one way: context -> checks -> findings -> report -> sinks. The graph counts every
+import statement in ddp_doctor, those inside functions too (a lazy import is still a dependency).
+Each failure names the rule it breaks and the import that breaks it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "ddp_doctor"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in the file; `from pkg import mod` names the module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                full = f"{mod}.{a.name}"
+                out.append((full if full in MODULES else mod, node.lineno))
+    return out
+
+
+GRAPH: dict[str, list[tuple[str, int]]] = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _internal_edges(module: str) -> list[tuple[str, int]]:
+    return [(t, line) for t, line in GRAPH[module] if t in MODULES and t != module]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _violations(sources: list[str], forbidden: list[str], allowed: tuple[str, ...] = ()) -> list[str]:
+    bad = []
+    for src in MODULES:
+        if not any(_under(src, s) for s in sources):
+            continue
+        for target, line in GRAPH[src]:
+            if any(_under(target, f) for f in forbidden) and not any(_under(target, a) for a in allowed):
+                bad.append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {target}")
+    return bad
+
+
+RULES = [
+    ("checks never import the CLI, the report/sinks, the training wrapper, the preflight machinery, "
+     "the runner or pytest",
+     ["ddp_doctor.checks"],
+     ["ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.training.run", "ddp_doctor.preflight_run",
+      "ddp_doctor.runner", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "pytest", "_pytest"], ()),
+    ("the context and the facts know nothing of checks, the CLI, the report, the runner or training",
+     ["ddp_doctor.context", "ddp_doctor.facts"],
+     ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report",
+      "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.comm",
+      "pytest", "_pytest"], ()),
+    ("the report never runs checks (no runner, no catalogue, no preflight, no training wrapper, no CLI)",
+     ["ddp_doctor.report"],
+     ["ddp_doctor.runner", "ddp_doctor.checks", "ddp_doctor.preflight_run", "ddp_doctor.training",
+      "ddp_doctor.cli", "ddp_doctor.api", "ddp_doctor.pytest_plugin"], ()),
+    ("findings and the registry are the bottom of the pipeline: they import no other stage",
+     ["ddp_doctor.findings", "ddp_doctor.registry", "ddp_doctor.time_limit", "ddp_doctor.version",
+      "ddp_doctor.exit_codes"],
+     ["ddp_doctor.checks", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.context",
+      "ddp_doctor.facts", "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.comm",
+      "ddp_doctor.sagemaker", "ddp_doctor.pytest_plugin"], ()),
+    ("nothing but the CLI imports the CLI",
+     [m for m in ("ddp_doctor.checks", "ddp_doctor.context", "ddp_doctor.facts", "ddp_doctor.report",
+                  "ddp_doctor.preflight_run", "ddp_doctor.comm", "ddp_doctor.sagemaker", "ddp_doctor.training",
+                  "ddp_doctor.pytest_plugin", "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.registry")],
+     ["ddp_doctor.cli"], ()),
+]
+
+
+@pytest.mark.parametrize("rule,sources,forbidden,allowed", RULES, ids=[r[0][:40] for r in RULES])
+def test_never_rules(rule: str, sources: list[str], forbidden: list[str], allowed: tuple[str, ...]) -> None:
+    bad = _violations(sources, forbidden, allowed)
+    assert not bad, f"rule broken: {rule}\n" + "\n".join(bad)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w, _ in _internal_edges(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in MODULES:
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_circles() -> None:
+    cycles = _cycles()
+    assert not cycles, "rule broken: no import circles among ddp_doctor modules\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_nothing_imports_the_package_itself() -> None:
+    """ddp_doctor/__init__.py is the public API (lazy); parts import the module they need, so that
+    importing any part never pulls in the API and no circle runs through the package."""
+    bad = [f"{MODULES[m].relative_to(PKG.parent)}:{line}" for m in MODULES if m != "ddp_doctor"
+           for t, line in GRAPH[m] if t == "ddp_doctor"]
+    assert not bad, "rule broken: nothing imports the package ddp_doctor itself\n" + "\n".join(bad)
+
+
+def _string_module_loads() -> list[str]:
+    bad = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+                    in ("import_module", "__import__") and node.args
+                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("ddp_doctor")):
+                bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno} loads {node.args[0].value!r}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith("ddp_doctor.checks."):
+                bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno} names {node.value!r} as a string")
+    return bad
+
+
+def test_catalogue_modules_are_imported_explicitly() -> None:
+    """Every module under checks/ is imported by name in ddp_doctor.checks.load_catalogue (so the
+    catalogue is visible to readers and tools); none is loaded from a string."""
+    assert not _string_module_loads(), "rule broken: no catalogue module loaded by string\n" + "\n".join(
+        _string_module_loads())
+    loader = {t for t, _ in GRAPH["ddp_doctor.checks"]}
+    missing = [m for m in MODULES if m.startswith("ddp_doctor.checks.") and m not in loader]
+    assert not missing, ("rule broken: every catalogue module is imported in ddp_doctor/checks/__init__.py\n"
+                         + "\n".join(missing))
+
+
+def _declarations() -> list[tuple[str, str, int]]:
+    out = []
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                    "check", "declare") and node.args and isinstance(node.args[0], ast.Constant) \
+                    and str(node.args[0].value).startswith("DDP"):
+                out.append((str(node.args[0].value), m, node.lineno))
+    return out
+
+
+def test_every_check_id_is_declared_under_checks() -> None:
+    decl = _declarations()
+    assert len(decl) > 100  # the scan sees the catalogue (it would pass vacuously on an empty one)
+    bad = [f"{MODULES[m].relative_to(PKG.parent)}:{line} declares {cid}" for cid, m, line in decl
+           if not m.startswith("ddp_doctor.checks.")]
+    assert not bad, "rule broken: every check ID is declared under ddp_doctor/checks/\n" + "\n".join(bad)
+
+
+def test_the_rules_see_a_violation() -> None:
+    """The rules are not vacuous: a check importing the CLI is caught (on a copy of the graph)."""
+    src = "ddp_doctor.checks.host"
+    saved = GRAPH[src]
+    try:
+        GRAPH[src] = [*saved, ("ddp_doctor.cli.preflight", 1)]
+        assert _violations(["ddp_doctor.checks"], ["ddp_doctor.cli"]) == ["ddp_doctor/checks/host.py:1 imports "
+                                                                           "ddp_doctor.cli.preflight"]
+    finally:
+        GRAPH[src] = saved
+
+
+def test_top_level_stays_small() -> None:
+    top = sorted(p.name for p in PKG.glob("*.py") if not p.name.startswith("__"))
+    assert len(top) <= 11, f"{len(top)} modules directly in ddp_doctor/ ({', '.join(top)}): group them by stage"
