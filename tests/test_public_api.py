@@ -26,3 +26,22 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "no_such_thing" in str(e)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_preflight_stays_the_function_once_its_machinery_is_imported():
+    # The API's own imports must not shadow it: a submodule named `preflight` would replace the
+    # package attribute, and a second `ddp_doctor.preflight()` call would hit a module.
+    code = ("import ddp_doctor, ddp_doctor.api, ddp_doctor.preflight_run.rank; "
+            "assert callable(ddp_doctor.preflight), ddp_doctor.preflight; "
+            "from ddp_doctor import preflight; assert callable(preflight)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_old_entrypoint_paths_still_import():
+    code = ("from ddp_doctor.training import DoctorCallback, DoctorLightningCallback; "
+            "from ddp_doctor.training.callback import DoctorCallback as A; "
+            "from ddp_doctor.training.lightning import DoctorLightningCallback as B; "
+            "import ddp_doctor.training.hf_trainer, ddp_doctor.training.plain_loop; "
+            "from ddp_doctor import check_sampler; from ddp_doctor.sagemaker import check_job; "
+            "assert DoctorCallback is A and DoctorLightningCallback is B")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -93,19 +93,13 @@ class ProbeSession:
         from ddp_doctor.checks.training_probes import probe_findings
         from ddp_doctor.context import current_context
         from ddp_doctor.report import build as reportlib
-        from ddp_doctor.report import sinks
-        from ddp_doctor.report.publish import Output, show, warn
+        from ddp_doctor.report.publish import Output, publish
         findings = probe_findings(records)
         if missing:
             findings.append(_missing_finding(missing, self.gather_timeout))
         rep = reportlib.build_report(world=reportlib.world_of(current_context()), ranks=[], findings=findings,
                                      phase="training")
-        out = Output(report_path=self.report_path, only_if_not_pass=True, stderr=True)
-        path = out.path()
-        err = sinks.write_report_file(rep, path)
-        if err:
-            warn(err)
-        show(rep, out, None if err else path)
+        publish(rep, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True))
         return rep
 
 
