@@ -10,22 +10,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers.source_scan import PKG, declarations, modules
 
-PKG = Path(__file__).resolve().parents[1] / "ddp_doctor"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
-
-
-MODULES = _modules()
+MODULES = modules()
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, int]]:
@@ -181,19 +168,8 @@ def test_catalogue_modules_are_imported_explicitly() -> None:
                          + "\n".join(missing))
 
 
-def _declarations() -> list[tuple[str, str, int]]:
-    out = []
-    for m, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
-                    "check", "declare") and node.args and isinstance(node.args[0], ast.Constant) \
-                    and str(node.args[0].value).startswith("DDP"):
-                out.append((str(node.args[0].value), m, node.lineno))
-    return out
-
-
 def test_every_check_id_is_declared_under_checks() -> None:
-    decl = _declarations()
+    decl = declarations()
     assert len(decl) > 100  # the scan sees the catalogue (it would pass vacuously on an empty one)
     bad = [f"{MODULES[m].relative_to(PKG.parent)}:{line} declares {cid}" for cid, m, line in decl
            if not m.startswith("ddp_doctor.checks.")]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from helpers.source_scan import declarations
 
 from ddp_doctor import checks as catalogue
 from ddp_doctor import registry, runner
@@ -65,13 +66,17 @@ def test_every_entry_is_well_formed() -> None:
             assert callable(entry.func) and entry.timeout > 0, cid
 
 
-def test_ids_unique_and_not_retired() -> None:
+def test_each_id_is_declared_once_and_registered_under_its_own_key() -> None:
+    decl = declarations()
+    places: dict[str, list[str]] = {}
+    for cid, module, line in decl:
+        places.setdefault(cid, []).append(f"{module}:{line}")
+    assert len(places) > 100  # the scan sees the catalogue
+    assert not {cid: p for cid, p in places.items() if len(p) > 1}, "an ID is declared more than once"
     cat = catalogue.load_catalogue()
-    ids = [c.id for c in cat.values()]
-    assert len(ids) == len(set(ids))
-    assert not set(ids) & set(registry.RETIRED)
-    for rid in registry.RETIRED:
-        assert re.fullmatch(r"DDP\d{3}", rid)
+    assert set(places) <= set(cat), "declared in the source but not registered by load_catalogue()"
+    assert all(key == entry.id for key, entry in cat.items())
+    assert not set(cat) & set(registry.RETIRED)
 
 
 def test_machinery_events_are_catalogued() -> None:

@@ -1,7 +1,7 @@
 """The one table of instance types: GPUs, GPU model, NVLink, EFA, SMDDP support, expected busbw.
 
 Every fact ddp-doctor knows about an EC2 / SageMaker instance type lives here; the host checks
-(checks/gpu.py, checks/sagemaker_env.py), the job checks (sagemaker/) and the bandwidth
+(checks/gpu.py, checks/sagemaker_launch.py), the job checks (sagemaker/) and the bandwidth
 expectations (comm/) read it through :func:`lookup` or the tuples derived below.
 
 A field is ``None`` where the project has no sourced fact: the checks then stay silent rather
