@@ -41,11 +41,12 @@ PEER_FAILED = declare(
 RANK_KILLED = declare(
     "DDP803", category="training_failure", severity="error", title="A rank ended without a Python error",
     doc="""
-    What: A rank process ended (killed by a signal, or a hard crash) without a Python exception.
-    Why: SIGKILL usually means the kernel's out-of-memory killer or a cancelled job; SIGSEGV or
-    SIGBUS a crash in native code (a DataLoader worker on a too-small /dev/shm raises SIGBUS).
-    Fix: Check the host's memory (dmesg for "Out of memory: Killed process"), /dev/shm size
-    (docker --shm-size), and the rank's stderr for a native crash report.
+    What: A rank process ended without a Python exception: killed by a signal that no handler can
+    see (SIGKILL, or SIGTERM from outside), or exited with a non-zero status through os._exit().
+    A crash in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) is DDP807, with its stack.
+    Why: SIGKILL usually means the kernel's out-of-memory killer or a cancelled job.
+    Fix: Check the host's memory (dmesg for "Out of memory: Killed process"; lower the batch size or
+    the DataLoader's num_workers / prefetch_factor), and whether something outside ended the job.
     """)
 
 ABORT_AT_EXIT = declare(
@@ -78,4 +79,20 @@ STUCK_AT_EXIT = declare(
     teardown can keep a finished rank alive, so the launcher waits and the job never completes.
     Fix: Call dist.destroy_process_group() at the end of training and make background threads
     daemons (or join them); if it persists, end the script with os._exit(status) after flushing.
+    """)
+
+
+NATIVE_CRASH = declare(
+    "DDP807", category="training_failure", severity="error", title="A rank crashed in native code",
+    doc="""
+    What: A rank died of a fatal signal raised in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, or
+    SIGABRT while its script was running). faulthandler wrote the Python stack of the crashing
+    thread to the run directory; the finding names the Python line that called into native code.
+    Why: There is no Python traceback for these: the process is gone, its peers then fail with
+    "Connection closed by peer" or time out, and those symptoms are what a log shows first.
+    Fix: Start from the line named. SIGSEGV: an extension or library built for another torch or
+    CUDA version, or memory used after it was freed; SIGBUS: /dev/shm too small for DataLoader
+    workers (docker --shm-size) or a memory-mapped file that shrank; SIGILL: a wheel built for a
+    newer CPU or GPU; SIGABRT: an uncaught C++ exception or NCCL's watchdog ending a timed-out
+    collective (the stderr lines just before the crash say which).
     """)

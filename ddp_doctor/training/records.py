@@ -2,7 +2,8 @@
 cannot deadlock the job): how the rank ended, its exception, its heartbeat and its stack.
 
 Layout of a run directory: rank-N.json (outcome), hb-N.json (heartbeat), stack-N.txt (stacks
-dumped on request), probe-PID.json (what the in-training probes of one process recorded).
+dumped on request), crash-N.txt (the Python stacks faulthandler wrote when a fatal signal hit the rank),
+probe-PID.json (what the in-training probes of one process recorded).
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def heartbeat_path(run_dir: str, rank: int) -> str:
 
 def stack_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"stack-{rank}.txt")
+
+
+def crash_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"crash-{rank}.txt")
 
 
 def probe_path(run_dir: str, pid: int) -> str:
@@ -68,12 +73,30 @@ def read_heartbeats(run_dir: str) -> dict[int, dict[str, Any]]:
     return _read_all(os.path.join(run_dir, "hb-*.json"))
 
 
-def read_stack(run_dir: str, rank: int) -> str | None:
+def _read_text(path: str) -> str | None:
     try:
-        with open(stack_path(run_dir, rank), encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except OSError:
         return None
+
+
+def read_stack(run_dir: str, rank: int) -> str | None:
+    return _read_text(stack_path(run_dir, rank))
+
+
+def read_crashes(run_dir: str) -> dict[int, tuple[str, float]]:
+    """rank -> (what faulthandler wrote, when), for the ranks whose crash file is not empty."""
+    out: dict[int, tuple[str, float]] = {}
+    for p in glob.glob(os.path.join(run_dir, "crash-*.txt")):
+        text = _read_text(p)
+        try:
+            rank, when = int(os.path.basename(p)[6:-4]), os.path.getmtime(p)
+        except (ValueError, OSError):
+            continue
+        if text and text.strip():
+            out[rank] = (text, when)
+    return out
 
 
 def read_probes(run_dir: str, since: float = 0.0) -> list[dict[str, Any]]:

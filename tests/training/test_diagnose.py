@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import sysconfig
 
 from ddp_doctor.training.run.diagnose import hang_finding, training_findings
 
@@ -91,3 +92,55 @@ def test_peer_terminated_by_the_launcher_after_its_script_ended_is_stuck_at_exit
                                        [0, 1])
     assert sorted((f.id, tuple(f.ranks)) for f in findings) == [("DDP806", (0,)), ("DDP806", (1,))]
     assert "SIGTERM" in findings[1].message and code == 0
+
+
+# faulthandler's text for a SIGSEGV in ctypes (this interpreter's stdlib) called from the user's line 10,
+# two threads
+# (CPython 3.11's format: "Current thread" first, then the other threads).
+STDLIB = sysconfig.get_paths()["stdlib"]
+SEGV_DUMP = f"""Fatal Python error: Segmentation fault
+
+Thread 0x00007f3a2d7fe640 (most recent call first):
+  File "{STDLIB}/threading.py", line 327 in wait
+  File "/site/ddp_doctor/training/run/watchdog.py", line 90 in _loop
+
+Current thread 0x00007f3a3c8b1740 (most recent call first):
+  File "{STDLIB}/ctypes/__init__.py", line 519 in string_at
+  File "/work/train.py", line 10 in step
+  File "/work/train.py", line 20 in <module>
+
+Extension modules: numpy.core._multiarray_umath, torch._C (total: 2)
+"""
+
+
+def test_crashing_frames_are_the_current_threads_innermost_first():
+    from ddp_doctor.training.run.diagnose import crashing_frames
+    assert crashing_frames(SEGV_DUMP) == [(f"{STDLIB}/ctypes/__init__.py", 519, "string_at"),
+                                          ("/work/train.py", 10, "step"), ("/work/train.py", 20, "<module>")]
+    one_thread = "Fatal Python error: Aborted\n\nStack (most recent call first):\n  File \"/w/a.py\", line 3 in f\n"
+    assert crashing_frames(one_thread) == [("/w/a.py", 3, "f")]
+    assert crashing_frames("") == []
+
+
+def test_native_crash_is_the_root_cause_with_the_users_line_and_a_hint_for_its_signal():
+    outcomes = {0: outcome(1, exc(30.0, "RuntimeError", "[gloo/transport/tcp/pair.cc:534] Connection closed by "
+                                                         "peer [127.0.0.1]:1234"))}
+    findings, code = training_findings(outcomes, {0: 1, 1: -signal.SIGSEGV}, [0, 1], {1: (SEGV_DUMP, 20.0)})
+    f = by_id(findings)
+    crash = f["DDP807"]
+    assert crash.ranks == [1] and crash.time == 20.0
+    assert "SIGSEGV" in crash.message and "/work/train.py:10 in step" in crash.message  # not ctypes' frame
+    assert "extensions" in crash.hint and "memory" not in crash.hint.lower()
+    assert "/work/train.py:20 in <module>" in crash.evidence["python_stack"]
+    assert f["DDP802"].evidence["consequence"]
+    assert code == 128 + signal.SIGSEGV
+
+
+def test_each_native_signal_has_its_own_hint_and_sigkill_is_not_a_native_crash():
+    from ddp_doctor.training.run.diagnose import NATIVE_HINTS, native_crash_finding
+    hints = {native_crash_finding(1, -s, SEGV_DUMP).hint for s in NATIVE_HINTS}
+    assert len(hints) == len(NATIVE_HINTS)
+    assert "/dev/shm" in native_crash_finding(1, -signal.SIGBUS, "").hint
+    assert "no Python frame" in native_crash_finding(1, -signal.SIGBUS, "").message
+    findings, _ = training_findings({}, {0: -signal.SIGKILL}, [0], {0: ("", 1.0)})
+    assert [x.id for x in findings] == ["DDP803"]

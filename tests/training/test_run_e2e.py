@@ -43,6 +43,22 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(tmp_path)
     assert "Root cause: DDP800" in res.stderr
 
 
+def test_a_native_crash_is_the_root_cause_with_its_python_line(tmp_path):
+    report = tmp_path / "r.json"
+    res = run([*DDP, "run", "--nproc-per-node", "2", "--timeout", "20", "--report", str(report),
+               script("rank1_segfaults.py")], clean_env(), str(tmp_path), timeout=120)
+    assert res.rc == 128 + 11, res.output  # the crashed rank's status, as a shell reports it
+    rep = load_json(str(report))
+    cause = rep["root_cause"]
+    crash_line = Path(script("rank1_segfaults.py")).read_text().splitlines().index(
+        "    ctypes.string_at(0)  # reads address 0: SIGSEGV inside native code") + 1
+    assert cause["id"] == "DDP807" and cause["ranks"] == [1], rep["findings"]
+    assert f"rank1_segfaults.py:{crash_line} in <module>" in cause["message"] and "SIGSEGV" in cause["message"]
+    assert "string_at" in cause["evidence"]["python_stack"]
+    rank0 = [f for f in rep["findings"] if f["ranks"] == [0] and f["severity"] == "error"]
+    assert rank0 and all(f["evidence"].get("consequence") for f in rank0), rank0
+
+
 def test_a_hang_is_reported_with_stacks_within_the_bound(tmp_path):
     report = tmp_path / "r.json"
     res = run([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", str(report),

@@ -258,7 +258,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             more, _ = training_findings(outcomes, {}, ranks)
             findings += more
         else:
-            more, code = training_findings(outcomes, exits, ranks)
+            more, code = training_findings(outcomes, exits, ranks, records.read_crashes(run_dir))
             findings += more
             if code == 0 and agent_code and not outcomes:
                 code = agent_code  # the launcher itself failed

@@ -14,8 +14,28 @@ from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import classify
 from ddp_doctor.findings import Finding
+from ddp_doctor.training.frames import not_user_code_dirs
 
 MESSAGE_LIMIT = 600
+# Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.
+NATIVE_SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error",
+                  signal.SIGILL: "illegal instruction", signal.SIGFPE: "floating-point exception",
+                  signal.SIGABRT: "abort"}
+NATIVE_HINTS = {
+    signal.SIGSEGV: "A segmentation fault in native code: check that compiled extensions (and libraries "
+                    "such as apex, flash-attn, bitsandbytes) were built for this torch and CUDA version, and "
+                    "reproduce on one rank with `python -X faulthandler` at the line named.",
+    signal.SIGBUS: "A bus error: most often /dev/shm is too small for DataLoader workers (docker "
+                   "--shm-size, or num_workers=0 to confirm), or a memory-mapped file shrank under the job.",
+    signal.SIGILL: "An instruction this machine lacks: a wheel or extension built for a newer CPU (AVX-512) "
+                   "or GPU architecture; install builds that match this instance type.",
+    signal.SIGFPE: "An arithmetic fault in native code (an integer division by zero in an extension): "
+                   "check the shapes and sizes passed at the line named.",
+    signal.SIGABRT: "Native code called abort(): an uncaught C++ exception ('terminate called after "
+                    "throwing'), a failed internal assertion, or NCCL's watchdog ending a timed-out "
+                    "collective; the rank's last stderr lines before the crash say which.",
+}
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 
 
 def _short(text: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -65,12 +85,50 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
                        evidence=evidence, phase="training")
 
 
-def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int]
-                      ) -> tuple[list[Finding], int]:
+def crashing_frames(dump: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the thread that took the fatal signal, innermost first, from
+    faulthandler's text ("Current thread ..." with all threads, "Stack ..." with one)."""
+    frames: list[tuple[str, int, str]] = []
+    inside = False
+    for line in dump.splitlines():
+        if line.startswith(("Current thread", "Stack (most recent call first)")):
+            inside, frames = True, []
+            continue
+        if inside:
+            m = _FRAME.match(line)
+            if not m:
+                if frames:
+                    break
+                continue
+            frames.append((m["file"], int(m["line"]), m["func"]))
+    return frames
+
+
+def native_crash_finding(rank: int, code: int, dump: str, when: float | None = None) -> Finding:
+    """A rank killed by a fatal signal in native code, with the Python line that called into it."""
+    sig = signal.Signals(-code)
+    frames = crashing_frames(dump)
+    skip = not_user_code_dirs()
+    user = next((f for f in frames if not f[0].startswith(skip)), frames[0] if frames else None)
+    where = f" at {user[0]}:{user[1]} in {user[2]}" if user else " (no Python frame was recorded)"
+    stack = "\n".join(f"  {f}:{ln} in {fn}" for f, ln, fn in frames)
+    finding = event_finding(
+        failures.NATIVE_CRASH, f"rank {rank} crashed with {sig.name} ({NATIVE_SIGNALS[sig]}) in native "
+        f"code{where}", rank=rank, hint=NATIVE_HINTS[sig], phase="training",
+        evidence={"exit_status": code, "signal": sig.name, "python_stack": stack, "faulthandler": dump[-4000:]})
+    if when is not None:
+        finding.time = when
+    return finding
+
+
+def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int],
+                      crashes: dict[int, tuple[str, float]] | None = None) -> tuple[list[Finding], int]:
     """Findings and the job's exit code (the root-cause rank's own code; 0 when all ended well).
 
     `outcomes`: rank -> record written by the rank when the script ended; `exits`: rank -> exit
-    status the launcher saw (negative: killed by that signal), for ranks that did not end with 0."""
+    status the launcher saw (negative: killed by that signal), for ranks that did not end with 0;
+    `crashes`: rank -> (faulthandler's dump, its time) for ranks that took a fatal signal."""
+    crashes = crashes or {}
     findings: list[Finding] = []
     failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
                      if o.get("exception")), key=lambda x: x[0])
@@ -112,6 +170,9 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
                 f"rank failed", rank=r, evidence={"exit_status": code, "consequence": True},
                 phase="training"))
+        elif o is None and -code in NATIVE_SIGNALS:
+            dump, when = crashes.get(r, ("", None))
+            findings.append(native_crash_finding(r, code, dump, when))
         elif o is None and code < 0:
             findings.append(event_finding(
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "

@@ -96,6 +96,7 @@ def run_training_rank(opts: RunOptions) -> int:
     watch.phase = "training"
     watch.last_progress = time.time()
     probe = _install_probes(run_dir)
+    _record_fatal_signals(run_dir, rank)
     outcome = run_target(opts.target)
     watch.phase = "teardown"
     if probe is not None:
@@ -108,6 +109,22 @@ def run_training_rank(opts: RunOptions) -> int:
     if own_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return outcome.exit_code
+
+
+_fatal_signal_file: Any = None  # open for the life of the process: faulthandler writes to it
+
+
+def _record_fatal_signals(run_dir: str, rank: int) -> None:
+    """faulthandler writes the Python stack of every thread to crash-RANK.txt when a fatal signal
+    (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) hits the rank, then the signal ends it as before: a
+    crash in native code leaves no Python traceback otherwise."""
+    global _fatal_signal_file
+    import faulthandler
+    try:
+        _fatal_signal_file = open(records.crash_path(run_dir, rank), "w", encoding="utf-8")  # noqa: SIM115
+        faulthandler.enable(file=_fatal_signal_file, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        pass
 
 
 def _install_probes(run_dir: str) -> Any:
