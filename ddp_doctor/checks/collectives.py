@@ -1,0 +1,356 @@
+"""The collective ledger (DDP890-DDP899): every rank's record of the collectives it issued, lined up.
+
+Each rank's ledger is a dict (the `ledger-RANK.json` the collector writes from torch's flight
+recorder): {"rank", "pid", "time", "source", "position", "steps", "where", "entries": [...]}, where
+`entries` are flight recorder entries as torch dumps them (`collective_seq_id`, `profiling_name`,
+`input_sizes`, `input_dtypes`, `process_group`, `retired`, ...). :func:`ledger_findings` is a pure
+function of those ledgers: per process group it lines the ranks up by collective sequence number
+and reports the first place where they disagree. It decides from what the ranks did (ops, sizes,
+sequence numbers, where each rank was), never from a script's text, and says nothing about a rank
+whose ledger is empty or missing.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.registry import declare
+
+COLLECTIVE_MISMATCH = declare(
+    "DDP890", category="training_failure", severity="error", title="Ranks issued different collectives",
+    doc="""
+    What: At the same call number of a process group, the ranks issued different collectives (a
+    different operation, or tensors of different sizes or dtypes), as torch's flight recorder
+    logged them on each rank. The finding names the call number, what each rank issued and where.
+    Why: Collectives are matched by order, not by name: when rank 0's 12th call is an all_reduce of
+    3 floats and rank 1's is one of 4 floats (or a broadcast), the ranks exchange the wrong data,
+    fail with a size error, or block until the collective timeout. Every later call is shifted too.
+    Fix: Make every rank issue the same collectives in the same order with the same shapes: no
+    rank-dependent collective (an extra all_reduce for logging on rank 0 only, a metric reduced on
+    some ranks), and tensors whose shape does not depend on the rank's data (pad, or all_gather the
+    sizes first).
+    """)
+
+RANK_ELSEWHERE = declare(
+    "DDP891", category="training_failure", severity="error",
+    title="Ranks wait in a collective that another rank never issued",
+    doc="""
+    What: Some ranks issued a collective and wait in it, while the rank(s) named never issued it:
+    they are still running elsewhere in the script (the finding says where, from their stack).
+    The named ranks are the cause; the waiting ranks are a consequence.
+    Why: A collective completes only when every rank of its process group enters it. A rank that
+    skipped it (a rank-dependent branch or early `continue`), or that is busy elsewhere (saving a
+    checkpoint, evaluating, stuck in data loading), leaves the others blocked until the collective
+    timeout (30 minutes by default), and the job looks hung.
+    Fix: Look at where the named rank is: make every rank reach the same collectives (no collective
+    inside `if rank == 0:`; a checkpoint save or evaluation on one rank must issue no collective,
+    and the others should meet it at a barrier afterwards only if it will get there), and bound
+    slow work such as data loading.
+    """)
+
+UNEVEN_INPUTS = declare(
+    "DDP892", category="training_failure", severity="error",
+    title="A rank left the training loop while others wait (uneven inputs)",
+    doc="""
+    What: A rank finished its training loop (or destroyed its process group) while the other ranks
+    still wait in a collective it never issued, typically the gradient all_reduce of one more
+    step. The finding gives the steps each rank ran where they were recorded.
+    Why: DDP synchronises gradients on every backward: when ranks get different numbers of batches
+    (a dataset not split evenly, a sampler without drop_last, an iterable dataset), the rank with
+    fewer batches leaves the loop and the others block in their extra step until the timeout.
+    Fix: Give every rank the same number of batches: DistributedSampler(drop_last=True) or a
+    dataset length divisible by the world size, or wrap the loop in
+    torch.distributed.algorithms.Join([model]) so that ranks that run out shadow the others.
+    """)
+
+# Collectives whose inputs legitimately differ between ranks (scatter's source holds the list,
+# all_to_all splits unevenly): only the operation is compared for these.
+_UNEVEN_INPUT_OPS = frozenset({"scatter", "all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
+_LEFT_POSITIONS = frozenset({"finished", "destroyed"})
+_LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
+
+
+# ------------------------------------------------------------------------------------ reading
+
+def _op(entry: dict[str, Any]) -> str:
+    name = str(entry.get("profiling_name") or "?")
+    return name.rsplit(":", 1)[-1]
+
+
+def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:
+    op = _op(entry)
+    if op in _UNEVEN_INPUT_OPS:
+        return (op,)
+    sizes = tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in entry.get("input_sizes") or ())
+    dtypes = tuple(str(d) for d in entry.get("input_dtypes") or ())
+    return (op, sizes, dtypes)
+
+
+def _tensors(entry: dict[str, Any]) -> str:
+    dtypes = list(entry.get("input_dtypes") or ())
+    sizes = list(entry.get("input_sizes") or ())
+    parts = []
+    for i in range(max(len(dtypes), len(sizes))):
+        dtype = dtypes[i] if i < len(dtypes) else "?"
+        size = sizes[i] if i < len(sizes) else []
+        dims = ", ".join(str(d) for d in size) if isinstance(size, (list, tuple)) else str(size)
+        parts.append(f"{dtype}[{dims}]")
+    return ", ".join(parts)
+
+
+def _site(entry: dict[str, Any]) -> str | None:
+    """The user's line that issued the collective: the collector's `user_site`, else the innermost
+    recorded frame outside torch and installed packages."""
+    site = entry.get("user_site")
+    if site:
+        return str(site)
+    for frame in entry.get("frames") or ():
+        if not isinstance(frame, dict):
+            continue
+        filename = str(frame.get("filename") or "")
+        if not filename or filename.startswith("<") or any(m in filename for m in _LIBRARY_MARKERS):
+            continue
+        line = frame.get("line")
+        return f"{os.path.basename(filename)}:{line}" if line is not None else os.path.basename(filename)
+    return None
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    text = _op(entry)
+    tensors = _tensors(entry) if _op(entry) not in _UNEVEN_INPUT_OPS else ""
+    if tensors:
+        text += f" {tensors}"
+    site = _site(entry)
+    return f"{text} at {site}" if site else text
+
+
+def _entry_evidence(entry: dict[str, Any]) -> dict[str, Any]:
+    keys = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "output_sizes",
+            "output_dtypes", "state", "retired", "time_created_ns", "record_id", "user_site")
+    out = {k: entry[k] for k in keys if k in entry}
+    site = _site(entry)
+    if site:
+        out["site"] = site
+    return out
+
+
+def _pg_key(entry: dict[str, Any]) -> tuple[str, str]:
+    pg = entry.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg:
+        return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    return str(entry.get("pg_id", "?")), ""
+
+
+def _seq(entry: dict[str, Any]) -> int | None:
+    try:
+        seq = int(entry.get("collective_seq_id"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return seq if seq > 0 else None
+
+
+def _is_complete(entries: list[dict[str, Any]]) -> bool:
+    """The recorder kept everything from the first record on (its ring buffer never wrapped)."""
+    return any(e.get("record_id") == 0 for e in entries)
+
+
+class _Rank:
+    """One rank's view of one process group: its calls by sequence number."""
+
+    def __init__(self, rank: int, ledger: dict[str, Any], calls: dict[int, dict[str, Any]]):
+        self.rank = rank
+        self.ledger = ledger
+        self.calls = calls
+        self.last = max(calls) if calls else 0
+        self.waiting = any(not e.get("retired", True) for e in calls.values())  # in this group
+        dumped = ledger.get("time")
+        self.dumped_ns = int(float(dumped) * 1e9) if isinstance(dumped, (int, float)) else None
+
+    def dumped_before(self, entry: dict[str, Any]) -> bool:
+        """This rank, still running, wrote its ledger before `entry` (another rank's call) was even
+        issued: it may have issued the same call since. (A rank that finished, destroyed its group
+        or hung wrote its final record.)"""
+        if self.ledger.get("position") not in (None, "running"):
+            return False
+        created = entry.get("time_created_ns")
+        return self.dumped_ns is not None and isinstance(created, int) and 0 < self.dumped_ns < created
+
+
+def _waiting_elsewhere(ledger: dict[str, Any], pg: str) -> dict[str, Any] | None:
+    """The collective of another process group this rank waits in, if any."""
+    for e in reversed(_entries(ledger)):
+        if not e.get("retired", True) and not e.get("is_p2p") and _pg_key(e)[0] != pg and _seq(e):
+            return e
+    return None
+
+
+def _entries(ledger: dict[str, Any]) -> list[dict[str, Any]]:
+    entries = ledger.get("entries")
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+# ------------------------------------------------------------------------------------ judging
+
+def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | None = None) -> list[Finding]:
+    """Line every rank's ledger up, per process group, by collective sequence number; report the
+    first disagreement of each group (DDP890 mismatch, DDP891 a rank elsewhere while others wait,
+    DDP892 a rank that left the loop while others wait). Ranks with an empty or missing ledger
+    are not judged. `world_size`, when given, bounds the ranks considered."""
+    usable: dict[int, dict[str, Any]] = {}
+    for rank, ledger in sorted(ledgers.items(), key=lambda kv: int(kv[0])):
+        r = int(rank)
+        if world_size is not None and not 0 <= r < world_size:
+            continue
+        if isinstance(ledger, dict) and _entries(ledger):
+            usable[r] = ledger
+
+    groups: dict[str, str] = {}
+    per_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    for r, ledger in usable.items():
+        for e in _entries(ledger):
+            seq = _seq(e)
+            if e.get("is_p2p") or seq is None:
+                continue
+            pg, name = _pg_key(e)
+            groups.setdefault(pg, name)
+            per_group.setdefault(pg, {}).setdefault(r, {})[seq] = e
+    # Every rank belongs to the default group: a rank whose whole record is kept and holds no call
+    # of it issued none (others may wait for it there).
+    if "0" in per_group:
+        for r, ledger in usable.items():
+            if r not in per_group["0"] and _is_complete(_entries(ledger)):
+                per_group["0"][r] = {}
+
+    findings: list[Finding] = []
+    for pg in sorted(per_group, key=lambda p: (not p.isdigit(), int(p) if p.isdigit() else 0, p)):
+        ranks = [_Rank(r, usable[r], calls) for r, calls in sorted(per_group[pg].items())]
+        if len(ranks) < 2:
+            continue
+        findings.extend(_align(pg, groups.get(pg, ""), ranks))
+    return findings
+
+
+def _group_label(pg: str, name: str) -> str:
+    return f"process group {pg} ({name})" if name and name != "undefined" else f"process group {pg}"
+
+
+def _align(pg: str, name: str, ranks: list[_Rank]) -> list[Finding]:
+    label = _group_label(pg, name)
+    seqs = sorted({s for r in ranks for s in r.calls})
+    for n in seqs:
+        present = {r.rank: r.calls[n] for r in ranks if n in r.calls}
+        by_sig: dict[tuple[Any, ...], list[int]] = {}
+        for rank, entry in present.items():
+            by_sig.setdefault(_signature(entry), []).append(rank)
+        if len(by_sig) > 1:
+            return [_mismatch(pg, name, label, n, present, by_sig, ranks)]
+        waiting = [r for r in ranks if n in r.calls and not r.calls[n].get("retired", True)]
+        # Ranks that never issued call n and are not themselves waiting in this group. A rank whose
+        # recorder lost its early calls holds later ones (last >= n) and is not judged; nor is one
+        # still running whose ledger was written before the others issued call n (it was only
+        # earlier in time).
+        behind = [r for r in ranks if r.last < n and not r.waiting
+                  and not any(r.dumped_before(w.calls[n]) for w in waiting)]
+        if waiting and behind:
+            return _stuck(pg, name, label, n, waiting, behind)
+    return []
+
+
+def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[str, Any]],
+              by_sig: dict[tuple[Any, ...], list[int]], ranks: list[_Rank]) -> Finding:
+    groups = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs[0]))
+    # When one variant is held by more ranks than any other, the others are the odd ones out.
+    odd = [r for rs in groups[1:] for r in rs] if len(groups[0]) > len(groups[1]) else sorted(present)
+    parts = []
+    for rs in sorted(groups, key=lambda rs: rs[0]):
+        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {format_ranks(rs)}"
+        parts.append(f"{who} {_describe(present[rs[0]])}")
+    message = f"collectives differ at call #{n} of {label}: " + ", ".join(parts)
+    by_rank = {r.rank: r for r in ranks}
+    evidence = {
+        "process_group": {"id": pg, "name": name}, "collective_seq_id": n,
+        "ranks": {str(rank): {"entry": _entry_evidence(e), **_whereabouts(by_rank[rank].ledger),
+                              "odd": rank in odd}
+                  for rank, e in sorted(present.items())},
+    }
+    return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=sorted(odd), evidence=evidence,
+                         phase="training")
+
+
+def _whereabouts(ledger: dict[str, Any]) -> dict[str, Any]:
+    return {k: ledger[k] for k in ("position", "steps", "where") if ledger.get(k) is not None}
+
+
+def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind: list[_Rank]) -> list[Finding]:
+    entry = waiting[0].calls[n]
+    op = _op(entry)
+    wait_ranks = [r.rank for r in waiting]
+    who_waits = f"rank {wait_ranks[0]} waits" if len(wait_ranks) == 1 else f"ranks {format_ranks(wait_ranks)} wait"
+    site = _site(entry)
+    waits_text = f"{who_waits} in {op} #{n} of {label}" + (f" (issued at {site})" if site else "")
+    waiting_evidence = {str(r.rank): {"entry": _entry_evidence(r.calls[n]), **_whereabouts(r.ledger),
+                                      "waiting": True, "consequence": True} for r in waiting}
+
+    left = [r for r in behind if r.ledger.get("position") in _LEFT_POSITIONS]
+    failed = [r for r in behind if r.ledger.get("position") == "failed"]
+    elsewhere = [r for r in behind if r not in left and r not in failed]
+    findings: list[Finding] = []
+    base = {"process_group": {"id": pg, "name": name}, "collective_seq_id": n}
+
+    if left:
+        steps_known = all(isinstance(r.ledger.get("steps"), int) for r in left + waiting)
+        descr = []
+        for r in left:
+            how = "finished" if r.ledger.get("position") == "finished" else "destroyed its process group"
+            ran = f"ran {r.ledger['steps']} steps and " if steps_known else ""
+            descr.append(f"rank {r.rank} {ran}{how} after {r.last} collectives of {label}")
+        done = ""
+        if steps_known:
+            counts = sorted({r.ledger["steps"] for r in waiting})
+            if len(counts) == 1:
+                done = f" ({counts[0]} steps done)"
+        who = f"rank {wait_ranks[0]}{done} waits" if len(wait_ranks) == 1 \
+            else f"ranks {format_ranks(wait_ranks)}{done} wait"
+        them = f"rank {left[0].rank}" if len(left) == 1 else f"ranks {format_ranks(r.rank for r in left)}"
+        message = "; ".join(descr) + f"; {who} in {op} #{n}" + (f" (issued at {site})" if site else "") \
+            + f", which {them} never issued"
+        evidence = {**base, "ranks": {
+            **{str(r.rank): {"issued": r.last, **_whereabouts(r.ledger),
+                             **({"last_entry": _entry_evidence(r.calls[r.last])} if r.last in r.calls else {})}
+               for r in left},
+            **waiting_evidence}}
+        if steps_known:
+            evidence["steps"] = {str(r.rank): r.ledger["steps"] for r in sorted(left + waiting, key=lambda r: r.rank)}
+        findings.append(event_finding(UNEVEN_INPUTS, message, rank=None, ranks=[r.rank for r in left],
+                                      evidence=evidence, phase="training"))
+
+    if elsewhere:
+        descr = []
+        for r in elsewhere:
+            other = _waiting_elsewhere(r.ledger, pg)
+            if other is not None:
+                opg, oname = _pg_key(other)
+                at = f"it waits in {_op(other)} #{_seq(other)} of {_group_label(opg, oname)}"
+                osite = _site(other)
+                if osite:
+                    at += f" at {osite}"
+            elif r.ledger.get("where"):
+                at = f"it is at {r.ledger['where']}"
+            else:
+                at = f"it is {r.ledger.get('position') or 'running'} (where is unknown)"
+            last = f"its last was #{r.last}" if r.last else "it issued none"
+            descr.append(f"rank {r.rank} never issued #{n} ({last}): {at}")
+        message = f"{waits_text}; " + "; ".join(descr)
+        evidence = {**base, "ranks": {
+            **{str(r.rank): {"issued": r.last, **_whereabouts(r.ledger),
+                             **({"waits_in": _entry_evidence(o)} if (o := _waiting_elsewhere(r.ledger, pg)) else {})}
+               for r in elsewhere},
+            **waiting_evidence}}
+        findings.append(event_finding(RANK_ELSEWHERE, message, rank=None, ranks=[r.rank for r in elsewhere],
+                                      evidence=evidence, phase="training"))
+    # A rank that failed is reported by its own exception (DDP800 and the signatures); the ranks
+    # waiting for it are a consequence of that, not a new finding here.
+    return findings
+
