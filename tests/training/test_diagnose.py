@@ -144,3 +144,13 @@ def test_each_native_signal_has_its_own_hint_and_sigkill_is_not_a_native_crash()
     assert "no Python frame" in native_crash_finding(1, -signal.SIGBUS, "").message
     findings, _ = training_findings({}, {0: -signal.SIGKILL}, [0], {0: ("", 1.0)})
     assert [x.id for x in findings] == ["DDP803"]
+
+
+def test_a_crashed_rank_sets_the_status_when_the_launcher_stopped_a_lower_rank_first():
+    # torchrun's agent may SIGTERM rank 0 before rank 0 records the peer's loss: rank 1's crash
+    # is still the job's status (seen on real ranks, tests/training/test_run_e2e.py).
+    findings, code = training_findings({}, {0: -signal.SIGTERM, 1: -signal.SIGSEGV}, [0, 1],
+                                       {1: (SEGV_DUMP, 20.0)})
+    assert code == 128 + signal.SIGSEGV
+    f = by_id(findings)
+    assert f["DDP807"].ranks == [1] and f["DDP802"].ranks == [0] and f["DDP802"].evidence["consequence"]

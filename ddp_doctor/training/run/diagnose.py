@@ -183,6 +183,11 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 f"(no Python error was recorded: os._exit() or a crash in native code)", rank=r,
                 evidence={"exit_status": code}, phase="training"))
     code = 0
+    # Ranks the launcher stopped because another rank failed are consequences: the job's status is
+    # the failing rank's, whichever rank number the launcher happened to stop first.
+    stopped = {r for r in ranks if outcomes.get(r) is None and exits.get(r) == -signal.SIGTERM
+               and _others_failed(r, outcomes, exits)}
+    ranks = [r for r in ranks if r not in stopped] + sorted(stopped)
     killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
     if first_rank is not None and not causes and killed:
         code = 128 - killed[0]  # only lost-peer symptoms raised: the killed rank is the cause
