@@ -42,7 +42,12 @@ def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str 
                 events.CHECK_CRASHED, f"{entry.id} yielded {type(p).__name__}, not a Problem",
                 rank=rank, evidence={"check": entry.id}, phase=phase))
             continue
-        out.append(entry.finding(p, rank, phase))
+        try:
+            out.append(entry.finding(p, rank, phase))
+        except ValueError as e:  # a severity the ID cannot carry: the check is wrong, the run goes on
+            out.append(events.event_finding(
+                events.CHECK_CRASHED, f"{entry.id} yielded a problem it cannot report: {e}",
+                rank=rank, evidence={"check": entry.id}, phase=phase))
     return out
 
 

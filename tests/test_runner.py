@@ -123,6 +123,17 @@ def test_non_problem_yield_becomes_ddp001(reg: dict[str, registry.Check], ctx: R
     assert findings[1].message == "real one"
 
 
+def test_problem_with_an_unknown_severity_becomes_ddp001(reg: dict[str, registry.Check], ctx: RankContext) -> None:
+    def typo(c: RankContext) -> Iterator[Any]:
+        yield Problem("bad", severity="warn")  # not error/warning/info
+        yield Problem("real one")
+
+    cid = add(reg, typo)
+    findings = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+    assert [f.id for f in findings] == ["DDP001", cid]
+    assert "'warn'" in findings[0].message and findings[1].message == "real one"
+
+
 def test_problem_overrides(reg: dict[str, registry.Check], ctx: RankContext) -> None:
     def overrides(c: RankContext) -> Iterator[Problem]:
         yield Problem("downgraded", severity="info")
