@@ -24,7 +24,7 @@ from ddp_doctor.findings import CATEGORIES, SEVERITIES, Finding, Problem
 #   group      - (ctx, group) -> problems; on every rank, once the process group exists
 #   cross_rank - (ctx, views) -> problems; on the reporting rank, over every rank's view
 #   event      - raised by the machinery (rendezvous, runner); documentation only
-#   job        - (JobContext) -> problems, client side (sagemaker_job.py)
+#   job        - (JobContext) -> problems, client side (checks/sagemaker_job.py, sagemaker_account.py)
 STAGES = ("local", "group", "cross_rank", "event", "job")
 ID_PATTERN = re.compile(r"^DDP\d{3}$")
 SECTIONS = ("What", "Why", "Fix")

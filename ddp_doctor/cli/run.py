@@ -11,7 +11,7 @@ HELP = "preflight, then run a training script in the same processes, watched"
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    # Only for --help: main hands everything after `run` over unparsed (see ddp_doctor.cli.main).
+    # Only for --help: main hands everything after `run` over unparsed (see main in ddp_doctor/cli/__init__.py).
     p.add_argument("argv", nargs=argparse.REMAINDER,
                    help="[torchrun options] [--report PATH] [--timeout S] [--hang-timeout S] "
                         "(SCRIPT | -m MODULE) [ARGS...]")

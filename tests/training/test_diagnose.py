@@ -1,4 +1,4 @@
-"""From rank records to findings and the job's exit status (training/diagnose.py)."""
+"""From rank records to findings and the job's exit status (ddp_doctor/training/run/diagnose.py)."""
 from __future__ import annotations
 
 import signal
