@@ -13,7 +13,7 @@ import socket
 from importlib import metadata
 from typing import Any, Callable, Mapping
 
-from ddp_doctor.facts import host as probes
+from ddp_doctor.facts import host as host_facts
 from ddp_doctor.facts import launchers
 from ddp_doctor.facts import sagemaker_env as sagemaker
 from ddp_doctor.report.redact import redact_env, redact_obj
@@ -96,7 +96,7 @@ def _sagemaker(env: Mapping[str, str]) -> dict[str, Any] | None:
 
 
 def _gpus(env: Mapping[str, str], torch_info: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"nvml_count": probes.nvml_gpu_count(),
+    out: dict[str, Any] = {"nvml_count": host_facts.nvml_gpu_count(),
                            "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES", "unset")}
     if isinstance(torch_info, dict) and torch_info.get("cuda_devices") is not None:
         out["torch_devices"] = torch_info["cuda_devices"]
