@@ -3,6 +3,10 @@
 #   1. the NCCL all_reduce sweep   (ddp-doctor bench-comm; or preflight --select communication)
 #   2. the NVML GPU checks         (ddp-doctor preflight --select gpu --verbose)
 #   3. the GPU-only tests          (python -m pytest -m gpu)
+#   4. the pytest plugin's session preflight with --ddp-expect-gpus
+#   5. the EFA / NCCL network checks with NCCL's INFO log captured (which network NCCL chose)
+#   6. the ledger's NCCL path: a 2-rank collective mismatch diagnosed from NCCL's dumps (>= 2 GPUs)
+#   4. NCCL's flight recorder dumps read by `ddp-doctor run` (2 GPUs or more; skipped otherwise)
 # and print what passed. Exit status: 0 all steps passed; 1 a step failed; 77 no GPU present
 # (nothing was tested). Reports go to $DDP_DOCTOR_SMOKE_OUT (default: a new temporary directory).
 # Usage: scripts/gpu-smoke.sh            (from anywhere; runs from the repository root)
@@ -45,13 +49,48 @@ fi
 step "NVML GPU checks (preflight --select gpu)" \
     "$PY" -m ddp_doctor preflight --select gpu --verbose --report "$OUT/gpu.json"
 step "GPU tests (pytest -m gpu)" "$PY" -m pytest -m gpu -q -rs
+# The pytest plugin's session preflight on this runner, expecting the GPUs torch sees.
+step "pytest plugin session preflight (--ddp-expect-gpus $torch_gpus)" \
+    "$PY" -m pytest -p no:cacheprovider --ddp-doctor --ddp-expect-gpus "$torch_gpus" -q tests/test_public_api.py
+# EFA and NCCL's network: the preflight with NCCL's INFO log for INIT,NET captured (DDP330-DDP335;
+# silent off EFA instances). Prints which network NCCL chose, for the issue note.
+efa_and_network() {
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$OUT/nccl-debug.%h.%p.log" \
+        "$PY" -m ddp_doctor preflight --select network --verbose --report "$OUT/network.json"
+    local rc=$?
+    echo "NCCL chose:"; grep -h -E "NET/|Using network" "$OUT"/nccl-debug.*.log 2>/dev/null | sort -u | head -5
+    return $rc
+}
+step "EFA / NCCL network checks (preflight --select network)" efa_and_network
+
+nccl_flight_recorder() {  # 2 NCCL ranks, one extra all_reduce on rank 0: the report names the cause from NCCL's dumps
+    local runs="$OUT/nccl-fr-runs"
+    mkdir -p "$runs"
+    timeout 600 "$PY" -m ddp_doctor run --nproc-per-node 2 --run-dir "$runs" --report "$OUT/nccl-fr.json" \
+        tests/run_scripts/nccl_mismatch.py
+    echo "ddp-doctor run exited $? (a failing job is expected); checking the report and the dumps"
+    "$PY" -c 'import glob, json, sys
+rep = json.load(open(sys.argv[1])); cause = (rep.get("root_cause") or {}).get("id")
+dumps = sorted(glob.glob(sys.argv[2] + "/ddp-doctor-run-*/nccl-fr-rank-*"))
+print("root cause:", cause, (rep.get("root_cause") or {}).get("message")); print("dumps:", dumps)
+sys.exit(0 if cause in ("DDP890", "DDP891") and dumps else 1)' "$OUT/nccl-fr.json" "$runs"
+}
+NCCL_FR_STEP="NCCL flight recorder dumps (2 ranks, run --report)"
+if [ "${torch_gpus:-0}" -ge 2 ]; then
+    step "$NCCL_FR_STEP" nccl_flight_recorder
+else
+    echo
+    echo "==> $NCCL_FR_STEP: skipped, needs 2 GPUs (torch sees $torch_gpus)"
+    NAMES+=("$NCCL_FR_STEP")
+    RESULTS+=("SKIPPED (needs 2 GPUs)")
+fi
 
 echo
 echo "gpu-smoke summary ($gpus GPU(s)):"
 failed=0
 for i in "${!NAMES[@]}"; do
     printf '  %-50s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"
-    [ "${RESULTS[$i]}" = "PASS" ] || failed=1
+    case "${RESULTS[$i]}" in PASS|SKIPPED*) ;; *) failed=1 ;; esac
 done
 echo "reports: $OUT"
 exit $failed

@@ -61,7 +61,8 @@ def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     to --comm-max-bytes, warm-up, timed iterations, algbw and busbw) and checks every size's
     result element by element against the exact sum of known per-rank values; with more than
     one node it also sweeps each node's ranks (intra-node) and the ranks sharing a local rank
-    (inter-node) apart. Figures go to measurements.all_reduce (_intra, _inter).
+    (inter-node) apart, all inter-node groups at once (their entries say how many: `sharing`).
+    Figures go to measurements.all_reduce (_intra, _inter).
     Why: A backend that connects but corrupts or drops data (a broken NCCL transport, a faulty
     GPU or NIC) makes training diverge silently instead of failing.
     Fix: Run `ddp-doctor bench-comm` to see which sizes fail; try NCCL_PROTO=simple and
@@ -79,10 +80,14 @@ def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
         lay = layout.layout(world, ctx)
         if len({node for node, _ in lay}) > 1:
             intra, inter = layout.split_comms(world, lay)
+            sharing = layout.concurrent_inter_groups(lay)
             for sub, name in ((intra, "all_reduce_intra"), (inter, "all_reduce_inter")):
                 got: list[dict[str, Any]] = []
                 if sub is not None:
                     got = sweep.sweep_all_reduce(sub, cfg, report if sub.rank == 0 else None)
+                    if sub.label == "inter-node":  # swept at once with the others: they share the NICs
+                        for e in got:
+                            e["sharing"] = sharing
                     group.measurements[name] = got
                     problems += wrong_result_problems("all_reduce(sum)", got, group.backend)
                 # the next sweep starts together on every rank (groups of one skip theirs)
@@ -121,15 +126,19 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
                     ) -> Problem | None:
     """The verdict on one sweep: a warning when busbw at the largest size is below min_fraction
     of what the instance type reaches, an info when it cannot be judged with NCCL on GPUs, and
-    nothing on CPU / gloo (no expectation exists there: report, don't judge)."""
+    nothing on CPU / gloo (no expectation exists there: report, don't judge).
+
+    An inter-node sweep whose entries carry `sharing` (k groups swept at once, DDP401) is judged
+    against its share of the node's figure E: E / max(k, GPUs of the type) (comm.expected)."""
     if not entries:
         return None
     big = max(entries, key=lambda e: e["bytes"])
     seen = f"{big['busbw_gbps']:.2f} GB/s busbw at {arithmetic.format_bytes(big['bytes'])} ({scope}, {backend})"
     if backend not in ("nccl", "smddp") or not device.startswith("cuda"):
         return None
-    expected = expected_bw.expected_busbw(instance_type, scope)
-    if expected is None:
+    sharing = big.get("sharing") if scope == "inter-node" else None
+    figures = expected_bw.expected_for(instance_type, scope, sharing)
+    if figures is None:
         return Problem(message=f"{seen}; instance type {instance_type or 'unknown'} has no expected "
                                f"figure, so it is reported, not judged (--instance-type names it)",
                        severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"],
@@ -138,14 +147,24 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
         return Problem(message=f"{seen}; not judged: the largest size is below "
                                f"{arithmetic.format_bytes(expected_bw.MIN_JUDGED_BYTES)} (--comm-max-bytes)",
                        severity="info", evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"]})
+    expected, node, divisor = figures
     if big["busbw_gbps"] >= min_fraction * expected:
         return None
     causes = expected_bw.likely_causes(scope, env, instance_type)
+    if divisor > 1:
+        k = int(sharing or 1)
+        at_once = (f", swept at once with {k - 1} other group(s) over each node's network (together "
+                   f"~{big['busbw_gbps'] * k:.1f} GB/s)" if k > 1 else "")
+        what = (f"{seen} in a group of {big.get('nranks', '?')} ranks{at_once}, is "
+                f"{big['busbw_gbps'] / expected:.0%} of its ~{expected:.3g} GB/s share (~{node:g} GB/s per "
+                f"{instance_type} node / {divisor})")
+    else:
+        what = f"{seen} is {big['busbw_gbps'] / expected:.0%} of the ~{expected:g} GB/s a healthy " \
+               f"{instance_type} reaches {scope}"
     return Problem(
-        message=f"{seen} is {big['busbw_gbps'] / expected:.0%} of the ~{expected:g} GB/s a healthy "
-                f"{instance_type} reaches {scope} (threshold {min_fraction:g}x). Likely causes: "
-                + "; ".join(causes),
+        message=f"{what} (threshold {min_fraction:g}x). Likely causes: " + "; ".join(causes),
         evidence={"scope": scope, "busbw_gbps": big["busbw_gbps"], "expected_gbps": expected,
+                  "node_expected_gbps": node, "share_divisor": divisor, "sharing": sharing,
                   "bytes": big["bytes"], "instance_type": instance_type, "min_fraction": min_fraction,
                   "causes": causes})
 
@@ -156,9 +175,11 @@ def bandwidth_expected(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Compares the all_reduce busbw at the largest size of the sweep (DDP401) with what a
     healthy instance of the job's type reaches (a built-in table of ml.p3/p3dn/p4d/p4de/p5/g5
-    figures), intra-node and inter-node apart; warns below --comm-min-fraction (default 0.5) of
-    it. The type comes from --instance-type or SageMaker. Unknown types are reported, not
-    judged; CPU / gloo runs are not judged.
+    figures from published nccl-tests runs), intra-node and inter-node apart; warns below
+    --comm-min-fraction (default 0.5) of it. The inter-node groups are swept at once and share
+    each node's network, so each is judged against its share: the node's figure / max(groups
+    swept at once, GPUs of the type). The type comes from --instance-type or SageMaker. Unknown
+    types are reported, not judged; CPU / gloo runs are not judged.
     Why: A job that runs at a fraction of the fabric's bandwidth trains, but slowly and
     expensively; the usual causes (EFA not in use, the wrong socket interface, peer-to-peer
     disabled) are settings, not hardware.

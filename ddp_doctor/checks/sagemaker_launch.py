@@ -1,7 +1,8 @@
-"""Local checks that the launch matches the cluster SageMaker built (DDP207-DDP213, DDP215): the
+"""Local checks that the launch matches the cluster SageMaker built (DDP207-DDP213): the
 launcher's rank layout (master = distribution_hosts[0], node rank = its index, hosts x processes
 per host), the toolkit's master port, SM_NUM_GPUS against the GPUs visible, the smdistributed
-environment and instance type, and the EFA variables NCCL needs. The cluster itself is read with
+environment and instance type. The EFA variables NCCL needs (DDP215) are checked on any launcher
+in checks/efa.py, with the other EFA checks. The cluster itself is read with
 the helpers of checks/sagemaker_config.py, whose checks make sure it agrees with itself.
 
 Every check does nothing outside SageMaker (ctx.sagemaker is None). Facts follow
@@ -17,14 +18,9 @@ from ddp_doctor.context import RankContext
 from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.sagemaker.instances import (
-    EFA_INSTANCES,
-    EFA_RDMA_INSTANCES,
-    SMDDP_INSTANCES,
-    SMDDP_OLDER_INSTANCES,
-)
+from ddp_doctor.sagemaker.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
 
-# SMDDP_INSTANCES / EFA_INSTANCES & co. come from the one instance table (sagemaker/instances.py).
+# SMDDP_INSTANCES & co. come from the one instance table (sagemaker/instances.py).
 SMDDP_DISTRIBUTIONS = ("smdistributed", "pytorchddp")
 
 
@@ -313,38 +309,3 @@ def smddp_instance_type(ctx: RankContext) -> Iterator[Problem]:
     elif it not in SMDDP_INSTANCES:
         yield Problem(message=f"instance type {it} is not supported by smdistributed data parallel "
                               f"(supported: {', '.join(SMDDP_INSTANCES)})", evidence=ev)
-
-
-
-@check("DDP215", category="launcher_env", severity="warning", title="EFA not configured for NCCL",
-       severities=("info",))
-def efa_environment(ctx: RankContext) -> Iterator[Problem]:
-    """
-    What: A multi-host GPU job on an EFA instance type lacks the variables the SageMaker toolkit
-    sets for EFA: FI_PROVIDER=efa, NCCL_PROTO=simple, and FI_EFA_USE_DEVICE_RDMA=1 on p4d/p4de.
-    Why: Without them NCCL may fall back to TCP sockets and run at a fraction of the network's
-    bandwidth (sagemaker-training-toolkit#240). NCCL_IB_DISABLE=1 only turns off InfiniBand verbs,
-    not EFA through the aws-ofi-nccl plugin.
-    Fix: Export FI_PROVIDER=efa, NCCL_PROTO=simple and (p4d/p4de) FI_EFA_USE_DEVICE_RDMA=1 before
-    the ranks start, e.g. in the estimator's `environment={...}`, when you launch ranks yourself.
-    Severity: a warning for an EFA setting NCCL needs; info for NCCL_IB_DISABLE=1, which does not
-    affect EFA.
-    """
-    sm = ctx.sagemaker
-    if (sm is None or sm.instance_type not in EFA_INSTANCES or not multi_host(sm)
-            or ctx.backend not in ("nccl", "smddp")):
-        return
-    env, it = ctx.env, sm.instance_type
-    ev = {"instance_type": it, **{k: env.get(k) for k in
-                                  ("FI_PROVIDER", "NCCL_PROTO", "FI_EFA_USE_DEVICE_RDMA", "NCCL_IB_DISABLE")}}
-    if env.get("FI_PROVIDER") != "efa":
-        yield Problem(message=f"{_show(env, 'FI_PROVIDER')} on {it} (expected 'efa')", evidence=ev)
-    if (env.get("NCCL_PROTO") or "").lower() != "simple":
-        yield Problem(message=f"{_show(env, 'NCCL_PROTO')} on {it} (the toolkit sets 'simple' for EFA)",
-                      evidence=ev)
-    if it in EFA_RDMA_INSTANCES and env.get("FI_EFA_USE_DEVICE_RDMA") != "1":
-        yield Problem(message=f"{_show(env, 'FI_EFA_USE_DEVICE_RDMA')} on {it} "
-                              "(expected '1': GPUDirect RDMA over EFA)", evidence=ev)
-    if env.get("NCCL_IB_DISABLE") == "1":
-        yield Problem(message=f"NCCL_IB_DISABLE=1 on {it}: this disables InfiniBand verbs only; EFA is used "
-                              "through the aws-ofi-nccl plugin regardless", severity="info", evidence=ev)

@@ -142,7 +142,7 @@ def command(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'ddp-doctor[plot]' "
                              "(or pip install matplotlib)") from None
-    out = Output(report_path=args.report, json=args.json, verbose=args.verbose)
+    out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="bench-comm")
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))

@@ -36,6 +36,12 @@ def node_groups(lay: Sequence[tuple[int, int]]) -> tuple[list[list[int]], list[l
     return intra, inter
 
 
+def concurrent_inter_groups(lay: Sequence[tuple[int, int]]) -> int:
+    """How many inter-node groups (of more than one rank) are swept at the same time: each has at
+    most one rank per node, so this many ranks of a node share its network cards at once."""
+    return sum(1 for members in node_groups(lay)[1] if len(members) > 1)
+
+
 def split_comms(world: Comm, lay: Sequence[tuple[int, int]]) -> tuple[Comm | None, Comm | None]:
     """Create every intra- and inter-node group (new_group is collective over all ranks, so every
     rank creates every group in the same order) and return this rank's two (None where its

@@ -31,6 +31,18 @@ def torch_cuda_version() -> str | None:
         return None
 
 
+def torch_nccl_version() -> tuple[int, ...] | None:
+    """The NCCL version torch loads ((2, 21, 5)), None for a build without NCCL."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        v = torch.cuda.nccl.version()
+        return tuple(int(x) for x in v) if isinstance(v, tuple) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def torch_device_uuid(index: int) -> str | None:
     """The UUID of cuda:index as CUDA numbers devices (which may differ from NVML's order)."""
     try:

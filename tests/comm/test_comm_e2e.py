@@ -67,6 +67,7 @@ def test_bench_comm_prints_table_and_writes_plot(tmp_path):
     rep = load_json(str(report))
     assert all(m["iters"] == 3 and m["correct"] for m in rep["measurements"]["all_reduce"])
     assert "broadcast" not in rep["measurements"]  # only the sweep
+    assert "ddp-doctor bench-comm: PASS" in res.stdout and "ddp-doctor preflight:" not in res.stdout  # issue 13
     if have_mpl:
         assert png.read_bytes()[:4] == b"\x89PNG" and f"Plot: {png}" in res.stdout
     assert_clean_output(res)
@@ -148,3 +149,6 @@ def test_two_simulated_nodes_measure_intra_and_inter_apart(tmp_path):
         assert all(e["group"] == label and e["correct"] for e in m[name]), m[name]
     assert m["all_reduce"][0]["nranks"] == 4
     assert m["all_reduce_intra"][0]["nranks"] == 2 and m["all_reduce_inter"][0]["nranks"] == 2
+    # both inter-node groups were swept at once: DDP403 judges each against its share (sharing)
+    assert all(e["sharing"] == 2 for e in m["all_reduce_inter"]), m["all_reduce_inter"]
+    assert all("sharing" not in e for e in m["all_reduce"] + m["all_reduce_intra"])
