@@ -35,8 +35,10 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
     opts = PreflightOptions(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,
                    world_size=world_size, local_rank=local_rank,
                    output=Output(report_path=report, only_if_not_pass=True, stderr=True))
+    from ddp_doctor.checks.launcher_env import SCRIPT_FOLLOWS_OPTION
+    # The script goes on to its own init_process_group(): DDP110 checks it will find its variables.
     pf = RankPreflight(current_context(backend=backend, rank=rank, world_size=world_size,
-                                       local_rank=local_rank), opts)
+                                       local_rank=local_rank, options={SCRIPT_FOLLOWS_OPTION: True}), opts)
     rep = pf.run()
     del pf  # the store and process group go with it, before the script creates its own
     gc.collect()

@@ -6,7 +6,9 @@
     EXIT_FAILED    3    preflight (or sagemaker-check) found errors; for `run`: training was not started
     EXIT_HANG    124    `run`: the training hung and was stopped (as timeout(1) reports a timeout)
 
-Otherwise `ddp-doctor run` exits with the training's own exit code.
+Otherwise `ddp-doctor run` exits with the training's own exit code. A stop signal N (SIGTERM,
+SIGINT, SIGHUP) to `run` or a self-launched preflight ends it with 128 + N after the report is
+written (status "interrupted"); a closed output pipe with 141 (128 + SIGPIPE), as the shell would.
 """
 from __future__ import annotations
 

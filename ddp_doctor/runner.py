@@ -5,6 +5,7 @@ runs past its bound becomes DDP002 (its daemon thread is abandoned, the run goes
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ddp_doctor import checks as catalogue
@@ -52,7 +53,10 @@ def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str 
 
 
 def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: list[str] | None = None,
-              skip: list[str] | None = None, phase: str = "preflight") -> list[Finding]:
+              skip: list[str] | None = None, phase: str = "preflight",
+              timings: list[dict[str, Any]] | None = None) -> list[Finding]:
+    """The findings of one stage's checks; with `timings`, one {"name": ID, "cat": "check",
+    "title", "category", "start", "end"} record (wall-clock seconds) is appended per check run."""
     findings: list[Finding] = []
     entries = catalogue.checks_for(stage, select, skip)
     if stage == "local":
@@ -61,5 +65,9 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
                 events.CHECK_CRASHED, f"check module {module} (from {registry.EXTRA_MODULES_ENV}) "
                 f"could not be imported: {why}", rank=rank, evidence={"module": module}, phase=phase))
     for entry in entries:
+        start = time.time()
         findings.extend(run_entry(entry, args, rank, phase))
+        if timings is not None:
+            timings.append({"name": entry.id, "cat": "check", "title": entry.title, "category": entry.category,
+                            "start": start, "end": time.time()})
     return findings

@@ -6,10 +6,11 @@ Every check is pure over the RankContext: parse problems are already recorded in
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from ddp_doctor.context import BACKENDS, RankContext
-from ddp_doctor.facts.launchers import RANK_VARIABLES
+from ddp_doctor.facts.host import SMDDP_MODULE
+from ddp_doctor.facts.launchers import RANK_VARIABLES, LauncherInfo
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
@@ -243,17 +244,40 @@ def master_port_valid(ctx: RankContext) -> Iterator[Problem]:
 def backend_available(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The process-group backend this job will use is unknown, missing from this torch build
-    (or, for smddp, the smdistributed package is not importable), or needs a GPU that is not visible.
+    (or, for smddp, the module that registers it, smdistributed.dataparallel.torch.torch_smddp, is
+    not importable), or needs a GPU that is not visible.
     Why: `init_process_group(backend=...)` raises at once ("Backend nccl is not available",
-    "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"), on every rank.
-    Fix: Use gloo on CPU-only hosts and nccl with GPUs; for smddp use a SageMaker PyTorch training
-    image that ships smdistributed; check that CUDA_VISIBLE_DEVICES does not hide the GPUs.
+    "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"), on every rank. SMDDP is not on
+    PyPI: it exists only in SageMaker's PyTorch GPU training images, so off SageMaker it cannot be
+    installed at all. The preflight then does not try to form the process group (that attempt
+    could only fail again, for this same reason).
+    Fix: Use gloo on CPU-only hosts and nccl with GPUs; for smddp run the job on SageMaker with a
+    PyTorch GPU training image and distribution={"smdistributed": {"dataparallel": {"enabled":
+    True}}} (locally, use gloo or nccl instead); check that CUDA_VISIBLE_DEVICES does not hide the
+    GPUs.
     """
     b, src, host = ctx.backend, ctx.backend_source, ctx.host
     ev = {"backend": b, "source": src, "available": list(host.backends), "visible_gpus": host.visible_gpus}
     if b not in BACKENDS:
         yield Problem(message=f"backend {b!r} (from {src}) is not one of {', '.join(BACKENDS)}",
                       hint="Name one of gloo, nccl, smddp, mpi (lower case).", evidence=ev)
+    elif b == "smddp" and b not in host.backends:
+        # One root cause: without the library, no GPU would help (and off SageMaker there is none).
+        where = ("this SageMaker container's image does not ship it" if ctx.sagemaker is not None else
+                 "this is not a SageMaker training container, and SMDDP exists only in SageMaker's "
+                 "PyTorch GPU framework images (it is not on PyPI)")
+        local = "gloo" if host.visible_gpus == 0 else "nccl"
+        yield Problem(
+            message=f"backend smddp (from {src}): {SMDDP_MODULE} is not importable: {where}",
+            hint=("Use a SageMaker PyTorch GPU training image (ml.p4d.24xlarge / ml.p4de.24xlarge) with "
+                  "distribution={\"smdistributed\": {\"dataparallel\": {\"enabled\": True}}}, or "
+                  "distribution={\"torch_distributed\": {\"enabled\": True}} with backend nccl."
+                  if ctx.sagemaker is not None else
+                  f"Run the job on SageMaker (a PyTorch GPU training image, distribution="
+                  f"{{\"smdistributed\": {{\"dataparallel\": {{\"enabled\": True}}}}}}); to run here use "
+                  f"backend {local} (`--backend {local}`, or in the script "
+                  f"init_process_group(\"{local}\") when {SMDDP_MODULE} does not import)."),
+            evidence={**ev, "module": SMDDP_MODULE, "sagemaker": ctx.sagemaker is not None})
     elif b in GPU_BACKENDS and host.visible_gpus == 0:
         yield Problem(
             message=f"asked for {b.upper()} (from {src}) but no GPU is visible ({_cvd(ctx)}, "
@@ -263,14 +287,131 @@ def backend_available(ctx: RankContext) -> Iterator[Problem]:
                  "CUDA_VISIBLE_DEVICES does not hide the GPUs.",
             evidence=ev)
     elif b not in host.backends:
-        hint = ("smdistributed.dataparallel is not importable: use a SageMaker PyTorch training image that "
-                "ships it, or switch to distribution={\"torch_distributed\": {\"enabled\": True}} with nccl."
-                if b == "smddp" else
-                f"This torch build has no {b} backend; install a build with it (e.g. a CUDA wheel for nccl) "
-                "or choose one of: " + (", ".join(host.backends) or "none"))
         yield Problem(message=f"backend {b!r} (from {src}) is not available here "
                               f"(available: {', '.join(host.backends) or 'none'})",
-                      hint=hint, evidence=ev)
+                      hint=f"This torch build has no {b} backend; install a build with it (e.g. a CUDA wheel "
+                           "for nccl) or choose one of: " + (", ".join(host.backends) or "none"),
+                      evidence=ev)
+
+
+# ctx.options key the Python API sets: a script will call init_process_group() after this preflight
+# (under `ddp-doctor run` ctx.entry_script says so).
+SCRIPT_FOLLOWS_OPTION = "script_follows"
+# The variables a default init_process_group() (init_method "env://") reads, and LOCAL_RANK, which
+# nearly every DDP script reads for its device.
+SCRIPT_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+# Launchers whose own variables `ddp-doctor run` maps to torch's for the script (script_env_exports).
+EXPORTING_LAUNCHERS = ("mpirun", "mpich", "slurm")
+PREFLIGHT_DEFAULT_PORT = 29500  # the preflight's own default (preflight_run/rendezvous.DEFAULT_PORT)
+
+MAPPING_HINTS = {
+    "mpirun": "map Open MPI's variables at the top of the script, before init_process_group: "
+              "os.environ.setdefault(\"RANK\", os.environ[\"OMPI_COMM_WORLD_RANK\"]), likewise WORLD_SIZE from "
+              "OMPI_COMM_WORLD_SIZE and LOCAL_RANK from OMPI_COMM_WORLD_LOCAL_RANK, and pass "
+              "`mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=29500`",
+    "mpich": "map hydra's variables at the top of the script: RANK from PMI_RANK, WORLD_SIZE from PMI_SIZE, "
+             "LOCAL_RANK from MPI_LOCALRANKID, and pass `mpiexec -genv MASTER_ADDR <host of rank 0> "
+             "-genv MASTER_PORT 29500`",
+    "slurm": "map srun's variables at the top of the script: RANK from SLURM_PROCID, WORLD_SIZE from "
+             "SLURM_NTASKS, LOCAL_RANK from SLURM_LOCALID, and export MASTER_ADDR (the first host of "
+             "$SLURM_JOB_NODELIST) and MASTER_PORT in the batch script",
+    "env": "export MASTER_ADDR=<host of rank 0> and MASTER_PORT=<free port> (and LOCAL_RANK) for every "
+           "process, or start the job with torchrun, which sets them all",
+}
+
+
+def script_env_exports(info: LauncherInfo, env: Mapping[str, str]) -> dict[str, str]:
+    """What `ddp-doctor run` exports for the script under mpirun, MPICH and srun, whose ranks carry
+    only the launcher's own variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from them,
+    MASTER_ADDR=127.0.0.1 when every rank is on this node (the preflight's own default; across
+    nodes only the user knows rank 0's host), MASTER_PORT (the preflight's port) with an address.
+    Variables already set are never changed. Empty for every other launcher."""
+    if info.name not in EXPORTING_LAUNCHERS:
+        return {}
+    out: dict[str, str] = {}
+    for var, value in (("RANK", info.rank), ("WORLD_SIZE", info.world_size), ("LOCAL_RANK", info.local_rank),
+                       ("LOCAL_WORLD_SIZE", info.local_world_size)):
+        if value is not None and not env.get(var):
+            out[var] = str(value)
+    if not env.get("MASTER_ADDR") and info.world_size is not None and info.local_world_size == info.world_size:
+        out["MASTER_ADDR"] = "127.0.0.1"
+    if not env.get("MASTER_PORT") and (env.get("MASTER_ADDR") or "MASTER_ADDR" in out):
+        out["MASTER_PORT"] = str(info.master_port or PREFLIGHT_DEFAULT_PORT)
+    return out
+
+
+@check("DDP110", category="launcher_env", severity="error",
+       title="The script's init_process_group() will not find its variables", severities=("info",))
+def script_env_ready(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: Before a script that ddp-doctor runs (`ddp-doctor run`) or that called the Python API
+    (`ddp_doctor.preflight()`), some of the variables a default `init_process_group()`
+    (init_method "env://") reads are missing: MASTER_ADDR and MASTER_PORT in a
+    torch.multiprocessing.spawn worker, or RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and
+    LOCAL_RANK, which scripts read for their device) under mpirun, MPICH or srun, which set only
+    their own variables. The preflight itself can meet without them (it reads the launcher's
+    variables and defaults to 127.0.0.1 on one node); the script cannot.
+    Why: The preflight would pass and the script fail at once with "environment variable RANK
+    expected, but not set" (or MASTER_ADDR), or KeyError: 'LOCAL_RANK'.
+    Fix: Before torch.multiprocessing.spawn, set os.environ["MASTER_ADDR"] = "localhost" and
+    os.environ["MASTER_PORT"] = "<free port>" in the parent (or pass init_method="tcp://host:port").
+    Under mpirun, map OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to RANK / WORLD_SIZE / LOCAL_RANK
+    in the script and pass -x MASTER_ADDR -x MASTER_PORT, or start the script with
+    `mpirun ... ddp-doctor run train.py`, which exports them for it (likewise for MPICH and srun).
+    Severity: info under `ddp-doctor run` with mpirun, MPICH or srun when it exports every missing
+    variable for the script (the finding lists them); error otherwise. A script that passes
+    init_method="tcp://..." or a store of its own does not need them: skip DDP110 then.
+    """
+    api = bool(ctx.options.get(SCRIPT_FOLLOWS_OPTION))
+    if not (ctx.entry_script or api):
+        return  # a bare `ddp-doctor preflight`: no script follows
+    name, env = ctx.launcher.name, ctx.env
+    if name == "spawn":
+        needed = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+    elif name in EXPORTING_LAUNCHERS or name == "env":
+        needed = [v for v in SCRIPT_VARIABLES if not env.get(v)]
+    else:
+        return  # torchrun sets all of them; a plain process (no launcher) runs no group
+    if not needed:
+        return
+    ev = {"launcher": name, "missing": needed, "mode": "api" if api and not ctx.entry_script else "run"}
+    if name == "spawn":
+        ws = ctx.world_size
+        yield Problem(
+            message=f"{' and '.join(needed)} not set in this torch.multiprocessing.spawn worker "
+                    f"(ddp_doctor.preflight(rank=..., world_size={ws})): the preflight met at "
+                    f"{ctx.master_addr or '127.0.0.1'}:{ctx.master_port or PREFLIGHT_DEFAULT_PORT} on its own, "
+                    f"but the script's init_process_group(rank=..., world_size={ws}) reads "
+                    f"{' and '.join(needed)} from the environment and fails at once",
+            hint="Set them in the parent before torch.multiprocessing.spawn: os.environ[\"MASTER_ADDR\"] = "
+                 "\"localhost\"; os.environ[\"MASTER_PORT\"] = \"29500\" (a free port). A script that passes "
+                 "init_method=\"tcp://host:port\" does not need them: skip DDP110.",
+            evidence=ev)
+        return
+    exports = script_env_exports(ctx.launcher, env) if ctx.entry_script else {}
+    left = [v for v in needed if v not in exports]
+    if exports and not left:
+        # per-rank values in the evidence; the message is the same on every rank (one merged finding)
+        shown = ", ".join(f"{k}={v}" if k.startswith("MASTER_") else k for k, v in exports.items())
+        yield Problem(
+            message=f"{name} sets only its own rank variables; ddp-doctor run exports {shown} for the "
+                    f"script, so its init_process_group() (env://) finds {', '.join(needed)}",
+            hint="Nothing to do under `ddp-doctor run`. Started without it, the script would need them "
+                 f"mapped: {MAPPING_HINTS[name]}.",
+            severity="info", evidence={**ev, "exported": exports})
+        return
+    how = ("`ddp-doctor run` exports the rest, but not MASTER_ADDR across nodes: "
+           if exports else "")
+    yield Problem(
+        message=f"{', '.join(left)} not set under {name}: the preflight reads {name}'s own "
+                f"variables, but the script's init_process_group() (env://) reads {', '.join(left)} and "
+                f"fails at once",
+        hint=(f"{how}{MAPPING_HINTS[name][0].upper()}{MAPPING_HINTS[name][1:]}"
+              + ("; or start the script with `ddp-doctor run train.py` under the launcher, which exports "
+                 "RANK, WORLD_SIZE, LOCAL_RANK (and MASTER_ADDR/MASTER_PORT on one node) for it."
+                 if name in EXPORTING_LAUNCHERS and not exports else ".")),
+        evidence={**ev, "exported": exports, "missing_for_script": left,
+                  "variables": dict(ctx.launcher.variables)})
 
 
 def _sm_hosts(ctx: RankContext) -> list[str]:

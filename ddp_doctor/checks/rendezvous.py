@@ -54,6 +54,20 @@ MASTER_NOT_LOCAL = declare(
     Fix: Set MASTER_ADDR to the host where rank 0 runs (under mpirun: the first host of the host list).
     """)
 
+NOT_A_STORE = declare(
+    "DDP315", category="network", severity="error", title="MASTER_PORT answers, but not as a torch store",
+    doc="""
+    What: MASTER_ADDR:MASTER_PORT accepts connections, but torch's store handshake fails or gets no
+    answer there; the finding quotes what the peer sent (a banner, an HTTP reply) or that it
+    stayed silent.
+    Why: Another service holds the port on the master host (a web server, a notebook, a leftover
+    process that accepts and never answers), so rank 0 could not host the store there (its own
+    report says DDP313, MASTER_PORT already in use). Left alone, torch's store client waits for an
+    answer without any timeout: the rank hangs forever.
+    Fix: Give every rank a free MASTER_PORT (torchrun --master-port, the same on every node), or
+    stop the service that holds it (`ss -ltnp 'sport = :PORT'` on the master host).
+    """)
+
 RANKS_MISSING = declare(
     "DDP320", category="network", severity="error", title="Ranks missing at rendezvous",
     doc="""

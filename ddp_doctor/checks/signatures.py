@@ -77,7 +77,40 @@ signature("DDP823", "DDP reduction not finished: unused parameters", [
 # Order matters: classify() takes the first match, so a specific signature comes before a generic
 # one that could also match its text (the NCCL watchdog timeout before the generic NCCL error, a
 # store timeout before a collective timeout, the deprecated smdistributed import before the
-# missing library, an invalid device ordinal before "no CUDA").
+# missing library, an invalid device ordinal before "no CUDA"; the heartbeat monitor and a
+# collective mismatch before the watchdog timeout; a duplicate GPU, an illegal memory access and
+# CUDA in a forked child before the generic NCCL error, whose texts they also contain).
+
+signature("DDP841", "NCCL heartbeat monitor: the watchdog itself was stuck", [
+    r"Heartbeat monitor timed out",
+    r"watchdog got stuck for \d+ seconds without making progress",
+    r"NCCL monitor thread timeout"], doc="""
+    What: ProcessGroupNCCL's heartbeat monitor found the NCCL watchdog thread itself stuck
+    ("Heartbeat monitor timed out! Process will be terminated after dumping debug info", "the
+    watchdog got stuck for 600 seconds without making progress in monitoring enqueued
+    collectives") and ended the process.
+    Why: Not a slow collective (that is DDP824's watchdog timeout) but a hang below it: a CUDA or
+    NCCL call that blocks (a GPU fault, a deadlocked NCCL communicator), or another thread holding
+    the GIL inside a CUDA API; it often follows a peer that died or a collective mismatch.
+    Fix: Look first at the other ranks' errors (the earliest is the cause); run with
+    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get each rank's last
+    collectives, or `ddp-doctor run --hang-timeout S` for every rank's stack. If the watchdog was
+    only slow (very long collectives on a loaded host), raise TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC.
+    """)
+
+signature("DDP842", "Ranks called different collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)", [
+    r"Detected mismatch between collectives on ranks"], doc="""
+    What: With TORCH_DISTRIBUTED_DEBUG=DETAIL, torch compared each collective across the ranks
+    before running it and found ranks at the same point running different collectives, or the
+    same collective on different shapes or dtypes ("Detected mismatch between collectives on
+    ranks. Rank 1 is running collective: CollectiveFingerPrint(...), but Rank 0 is running ...").
+    Why: A rank-dependent branch (logging or evaluation on rank 0 only, an early exit, a
+    different number of batches per rank), a model whose parameters differ between ranks, or
+    metrics dicts with different keys per rank. Without DETAIL this would hang until the timeout.
+    Fix: Read the two fingerprints and the "Collectives differ in the following aspects" part:
+    make every rank call the same collectives in the same order with the same shapes (pad or
+    gather sizes first; run rank-0-only work outside collectives).
+    """)
 
 signature("DDP824", "NCCL watchdog timeout", [
     r"Watchdog caught collective operation timeout",
@@ -261,6 +294,47 @@ signature("DDP837", "CUDA invalid device ordinal", [
     of LOCAL_RANK on a second node.
     Fix: Use torch.cuda.set_device(int(os.environ["LOCAL_RANK"])); launch at most as many
     processes per node as GPUs (`ddp-doctor preflight` DDP109); check CUDA_VISIBLE_DEVICES.
+    """)
+
+signature("DDP843", "Several ranks on the same GPU (NCCL \"Duplicate GPU detected\")", [
+    r"Duplicate GPU detected"], doc="""
+    What: NCCL refused to build its communicator because two ranks use the same GPU
+    ("ncclInvalidUsage ... Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...").
+    Why: Every rank of the host runs on cuda:0: the script never calls
+    torch.cuda.set_device(LOCAL_RANK) (or uses the global RANK, or a hard-coded device), or
+    CUDA_VISIBLE_DEVICES gives each rank the same single GPU. It is not a network problem.
+    Fix: At the start of every rank: `local_rank = int(os.environ["LOCAL_RANK"])`,
+    `torch.cuda.set_device(local_rank)`, and `DistributedDataParallel(model.to(local_rank),
+    device_ids=[local_rank])`; do not give each process the same CUDA_VISIBLE_DEVICES
+    (`ddp-doctor preflight` compares devices across ranks, DDP504/DDP701).
+    """)
+
+signature("DDP844", "CUDA illegal memory access", [
+    r"an illegal memory access was encountered"], doc="""
+    What: A CUDA kernel read or wrote memory it does not own ("CUDA error: an illegal memory
+    access was encountered"); the CUDA context of this rank is unusable afterwards.
+    Why: An out-of-range index into an embedding or a gather (labels larger than the number of
+    classes, a vocabulary larger than the embedding), a tensor on another rank's device (the
+    rank did not call set_device(LOCAL_RANK)), a bug in a custom or compiled extension, or
+    NCCL touching a buffer freed or resized under it. CUDA reports it asynchronously: the
+    Python line in the traceback may not be the faulting one.
+    Fix: Rerun with CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA builds for device-side
+    asserts) to get the faulting line; check index ranges against the sizes (on CPU, one rank,
+    the same batch gives a clear IndexError); make each rank use cuda:LOCAL_RANK.
+    """)
+
+signature("DDP845", "CUDA initialised before fork", [
+    r"Cannot re-initialize CUDA in forked subprocess"], doc="""
+    What: A process started with fork (DataLoader workers, multiprocessing.Process, a fork-based
+    launcher) used CUDA after its parent had initialised it ("Cannot re-initialize CUDA in forked
+    subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method").
+    Why: The CUDA runtime cannot be used in a forked child once the parent touched the GPU: a
+    dataset or collate_fn that moves tensors to the GPU in DataLoader workers, or ranks started
+    with multiprocessing's default fork after torch.cuda was used in the parent.
+    Fix: Keep DataLoader workers on the CPU (move the batch to the device in the training loop,
+    pin_memory=True) or pass multiprocessing_context="spawn"; start ranks with
+    torch.multiprocessing.spawn, torchrun or `ddp-doctor run` and do not touch CUDA in the parent
+    before they start (torch.multiprocessing.set_start_method("spawn") at the top of __main__).
     """)
 
 signature("DDP838", "NCCL error (network / system)", [

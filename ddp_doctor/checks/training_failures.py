@@ -72,6 +72,7 @@ SPAWN_CHILD_FAILED = declare(
 
 STUCK_AT_EXIT = declare(
     "DDP806", category="teardown", severity="warning", title="Process did not exit after the script ended",
+    severities=("warning", "info"),
     doc="""
     What: The script ended (its exit status was recorded) but the process was still alive long
     after, hung in interpreter teardown; ddp-doctor ended it. The job's exit status is the script's.
@@ -79,6 +80,9 @@ STUCK_AT_EXIT = declare(
     teardown can keep a finished rank alive, so the launcher waits and the job never completes.
     Fix: Call dist.destroy_process_group() at the end of training and make background threads
     daemons (or join them); if it persists, end the script with os._exit(status) after flushing.
+    Severity: info when another rank had failed first (raised, or died before its script ended):
+    this rank was then blocked with it in a collective or its teardown, a consequence of that
+    failure, not a problem of its own; warning otherwise.
     """)
 
 
@@ -95,4 +99,36 @@ NATIVE_CRASH = declare(
     workers (docker --shm-size) or a memory-mapped file that shrank; SIGILL: a wheel built for a
     newer CPU or GPU; SIGABRT: an uncaught C++ exception or NCCL's watchdog ending a timed-out
     collective (the stderr lines just before the crash say which).
+    """)
+
+
+INTERRUPTED = declare(
+    "DDP808", category="training_failure", severity="error", title="The job was stopped by a signal",
+    doc="""
+    What: ddp-doctor's parent received SIGTERM, SIGINT or SIGHUP (a stopped SageMaker training job,
+    a spot interruption, a cancelled CI job, Kubernetes ending the pod, Ctrl-C) and stopped the
+    ranks. The finding names the signal, its sender when known, and where each rank was then; the
+    report's status is "interrupted" and the exit status 128 + the signal number.
+    Why: A stopped job is neither a pass nor a failure of the script: what matters is where the
+    ranks were (a rank stuck in a collective is the reason many jobs get stopped by hand), which
+    the ranks' stacks and ledgers taken before they were ended show.
+    Fix: If the stop was expected (a planned stop, a spot reclaim), resume from the last
+    checkpoint. If the job was stopped because it looked stuck, read where each rank was and the
+    ledger findings next to this one: they name the collective the ranks disagreed on.
+    """)
+
+
+SLOW_RANK = declare(
+    "DDP809", category="training_failure", severity="warning", title="Ranks waited long for a slow rank",
+    doc="""
+    What: During training, some ranks waited in a collective past the hang bound while another
+    rank was still working (its stack moving): one rank saving a checkpoint, evaluating or loading
+    data while the others waited at a barrier or in the next step's all_reduce. The job went on,
+    so it was not a hang; the finding names who waited, how long, and where the working rank was.
+    Why: Every rank pays for the slowest one at each collective: the waiting ranks' GPUs sit idle
+    for that time, and a wait that grows past the collective timeout (30 minutes by default) kills
+    the job.
+    Fix: Make the slow work shorter or share it: save checkpoints asynchronously or from every rank
+    (torch.distributed.checkpoint), evaluate on every rank over a shard, or raise the process
+    group's timeout for that step if the wait is expected.
     """)

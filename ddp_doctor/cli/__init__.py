@@ -6,6 +6,7 @@ exit codes are ddp_doctor.exit_codes. Nothing here imports torch: ranks import i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, NamedTuple
 
@@ -73,13 +74,32 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `ddp-doctor list-checks | head`: the reader left. Send the rest of stdout nowhere (so the
+        # interpreter's own flush at exit cannot raise again) and exit as a shell does on SIGPIPE.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except UsageError as e:
         sys.stderr.write(f"ddp-doctor {args.command}: error: {e}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("ddp-doctor: interrupted\n")
         return 130
+
+
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE, what a shell reports for a command whose reader left
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]

@@ -23,6 +23,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="bound in seconds for each wait: reaching the master, meeting the other "
                         "ranks, creating the process group, each collective (default: 60)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--trace", metavar="PATH", default=None,
+                   help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "
+                        "teardown) as a Chrome trace there; open it in ui.perfetto.dev or chrome://tracing")
     p.add_argument("--select", action="append", metavar="X",
                    help="run only these checks: IDs, ID prefixes (DDP2) or categories, comma-separated")
     p.add_argument("--skip", action="append", metavar="X", help="skip these checks (same forms as --select)")
@@ -83,9 +86,10 @@ def command(args: argparse.Namespace) -> int:
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
-        return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out)
+        return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
+                            trace_path=args.trace)
     from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
     code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
-                            output=out, check_options=check_options(args)))
+                            output=out, check_options=check_options(args), trace_path=args.trace))
     exit_now(code)
     return code

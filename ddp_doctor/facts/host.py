@@ -78,13 +78,23 @@ def available_backends() -> tuple[str, ...]:
                 out.append("mpi")
     except Exception:
         pass
+    if smddp_available():
+        out.append("smddp")
+    return tuple(out)
+
+
+SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"  # importing it registers backend "smddp"
+
+
+def smddp_available() -> bool:
+    """Whether the module that registers the smddp backend exists (not only a top-level
+    `smdistributed` package, which the model-parallel library or a stub also provides). Finding a
+    submodule imports its parent packages; any failure there means it cannot be used."""
     try:
         import importlib.util
-        if importlib.util.find_spec("smdistributed") is not None:
-            out.append("smddp")
-    except Exception:
-        pass
-    return tuple(out)
+        return importlib.util.find_spec(SMDDP_MODULE) is not None
+    except Exception:  # noqa: BLE001 - ModuleNotFoundError for a missing parent, or its import failed
+        return False
 
 
 def read_host_facts() -> HostFacts:

@@ -127,6 +127,8 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
                               "not a list of host names")
 
     num_gpus = env_int(env, "SM_NUM_GPUS")
+    if isinstance(num_gpus, int) and num_gpus < 0:  # a count: found by fuzzing to pass as clean
+        num_gpus = Invalid(env.get("SM_NUM_GPUS", ""), "negative (a GPU count)")
     if isinstance(num_gpus, Invalid):
         errors["SM_NUM_GPUS"] = f"SM_NUM_GPUS={num_gpus.raw!r} is {num_gpus.why}"
 
@@ -189,6 +191,10 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     master = distribution_hosts[0] if distribution_hosts else None
 
     ppn = as_int(framework_params.get("sagemaker_mpi_num_of_processes_per_host"))
+    if ppn is not None and ppn < 1:
+        errors["SM_FRAMEWORK_PARAMS"] = (f"sagemaker_mpi_num_of_processes_per_host={ppn} is not a positive "
+                                         "number of processes per host")
+        ppn = None
     if ppn is None:
         ppn = as_int(num_gpus) or as_int(env_int(env, "SM_NUM_NEURONS")) or 1
 

@@ -15,10 +15,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from ddp_doctor.checks import internal as events
+from ddp_doctor.checks.training_failures import INTERRUPTED
 from ddp_doctor.findings import Finding
+from ddp_doctor.preflight_run.stop_signals import SignalCatcher, unblock_in_child
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output, publish
 
@@ -40,6 +43,11 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _start_launcher() -> None:
+    unblock_in_child()
+    _die_with_parent()
 
 
 def launcher_command(nproc: int, rank_args: list[str]) -> list[str]:
@@ -86,33 +94,55 @@ def _terminate_group(proc: subprocess.Popen[Any], grace: float) -> None:
             continue
 
 
-def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output) -> int:
-    """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report."""
+def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output,
+                 trace_path: str | None = None) -> int:
+    """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
+    (and the Chrome trace of the ranks' stages with `trace_path`)."""
     with tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         env = dict(os.environ)
         env["DDP_DOCTOR_LAUNCH_DIR"] = tmp
+        launched = time.time()
+        env["DDP_DOCTOR_LAUNCHED_AT"] = repr(launched)  # the ranks' "startup" stage begins here
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to silence its banner
+        if "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env:
+            # NCCL's INFO log of INIT and NET into the launch directory, not the output: which
+            # network NCCL chose is read from it (DDP335); nothing is logged on gloo
+            env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=env.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+                       NCCL_DEBUG_FILE=os.path.join(tmp, "nccl-debug.%h.%p.log"))
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
-        proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=_die_with_parent)
         timed_out = False
-        try:
-            rc = proc.wait(bound)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            terminate_tree(proc)
-            rc = proc.returncode if proc.returncode is not None else -9
-        except KeyboardInterrupt:
-            terminate_tree(proc)
-            raise
-        else:
-            terminate_tree(proc, grace=0.5)  # stragglers of an abnormal exit, if any
+        deadline = time.monotonic() + bound
+        with SignalCatcher() as stop:  # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N
+            proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=_start_launcher)
+            try:
+                while proc.poll() is None and stop.wait(0.2) is None:
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        break
+                terminate_tree(proc, grace=0.5 if proc.poll() is not None else 5.0)
+            except BaseException:
+                terminate_tree(proc)
+                raise
+        rc = proc.returncode if proc.returncode is not None else -9
         rep = merge_launch_dir(tmp, nproc, rc, timed_out, bound)
+        if stop.caught is not None:
+            stopped = events.event_finding(INTERRUPTED, f"stopped by {stop.caught.describe()} during the preflight",
+                                           rank=None, evidence=stop.caught.to_dict())
+            stopped.time = stop.caught.at  # before the ranks it ended went missing
+            rep = reportlib.mark_interrupted(reportlib.build_report(
+                world=rep["world"], ranks=rep["ranks"], findings=[*reportlib.findings_of(rep), stopped],
+                measurements=rep["measurements"]), stop.caught.to_dict())
+        rep["measurements"].setdefault("stage_seconds", {})["launch"] = round(time.time() - launched, 6)
+        if trace_path:
+            write_launch_trace(tmp, rep, trace_path)
     publish(rep, out)
     return reportlib.exit_code(rep)
 
 
-def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, bound: float) -> dict[str, Any]:
-    """The reporting rank's report, plus what ranks that never joined it left behind."""
+def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, bound: float,
+                     expected: list[int] | None = None) -> dict[str, Any]:
+    """The reporting rank's report, plus what ranks that never joined it left behind. `expected`:
+    the ranks started here (default 0..nproc-1; on one node of several, that node's ranks)."""
     merged: dict[str, Any] | None = None
     try:
         with open(os.path.join(tmp, "report.json"), encoding="utf-8") as f:
@@ -137,7 +167,7 @@ def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, boun
         if d.get("view"):
             ranks.append(reportlib.rank_entry(d["view"]))
     reported = covered | {r for r, d in partials.items() if d.get("final")}
-    for r in range(nproc):
+    for r in (expected if expected is not None else range(nproc)):
         if r not in reported:
             how = (f"the launch was stopped after {bound:g} s" if timed_out
                    else f"the launcher exited with status {rc}")
@@ -150,3 +180,30 @@ def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, boun
     world["launched_by"] = "ddp-doctor"
     return reportlib.build_report(world=world, ranks=ranks, findings=findings,
                                   measurements=(merged or {}).get("measurements") or {})
+
+
+def launch_timelines(tmp: str) -> tuple[dict[int, list[dict[str, Any]]], dict[int, Any]]:
+    """(rank -> preflight timeline, rank -> host) from what the ranks left in a launch directory."""
+    timelines: dict[int, list[dict[str, Any]]] = {}
+    hosts: dict[int, Any] = {}
+    for p in glob.glob(os.path.join(tmp, "rank-*.json")):
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+            r = int(d["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        timelines[r] = list(d.get("timeline") or [])
+        hosts[r] = (d.get("view") or {}).get("hostname")
+    return timelines, hosts
+
+
+def write_launch_trace(tmp: str, rep: dict[str, Any], path: str) -> None:
+    """The Chrome trace of a self-launched preflight: every rank's stages and checks."""
+    from ddp_doctor.preflight_run.rank import write_trace
+    timelines, hosts = launch_timelines(tmp)
+    for r in rep.get("ranks") or []:
+        if r.get("rank") is not None:
+            timelines.setdefault(int(r["rank"]), [])
+            hosts[int(r["rank"])] = hosts.get(int(r["rank"])) or r.get("host")
+    write_trace(path, timelines, hosts, rep)

@@ -13,9 +13,10 @@ import os
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from ddp_doctor import runner
 from ddp_doctor.checks import internal as events
@@ -31,6 +32,8 @@ from ddp_doctor.report.redact import redact_text
 from ddp_doctor.time_limit import call_with_time_limit
 
 LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
+BACKEND_MISSING = "DDP106"  # checks/launcher_env.py: the backend cannot exist here
+LAUNCHED_AT_ENV = "DDP_DOCTOR_LAUNCHED_AT"  # Unix time a ddp-doctor parent started the launcher
 
 
 @dataclass
@@ -48,6 +51,7 @@ class PreflightOptions:
     keep_group: bool = False  # leave the process group up (not used by the CLI)
     check_options: dict[str, Any] = field(default_factory=dict)  # becomes RankContext.options
     launch_dir: str | None = None  # where a ddp-doctor parent collects rank files (default: env)
+    trace_path: str | None = None  # --trace: the reporting rank writes the Chrome trace (no parent)
 
 
 class RankPreflight:
@@ -59,11 +63,47 @@ class RankPreflight:
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
+        # Wall-clock records of this rank's stages and checks ({"name", "cat", "start", "end"}):
+        # measurements.stage_seconds / check_seconds and the Chrome trace are made from them.
+        self.timeline: list[dict[str, Any]] = []
+        self.started = time.time()
+
+    @contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.timeline.append({"name": name, "cat": "stage", "start": start, "end": time.time()})
+
+    def _stage_measurements(self) -> None:
+        """measurements.stage_seconds (per stage; `communication` is the part of group_checks
+        spent in the communication checks, the all_reduce sweep DDP401 first) and check_seconds
+        (per check ID) of this rank."""
+        stages: dict[str, float] = {}
+        checks: dict[str, float] = {}
+        for t in self.timeline:
+            into = checks if t["cat"] == "check" else stages
+            into[t["name"]] = round(into.get(t["name"], 0.0) + t["end"] - t["start"], 6)
+            if t.get("category") == "communication":  # the sweep (DDP401) and the other collectives
+                stages["communication"] = round(stages.get("communication", 0.0) + t["end"] - t["start"], 6)
+        if self.timeline:
+            stages["total"] = round(max(t["end"] for t in self.timeline) - self.started, 6)
+        self.measurements["stage_seconds"] = stages
+        self.measurements["check_seconds"] = checks
 
     # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
         """The preflight of this rank; an unexpected error of ddp-doctor's own still ends in a
         report (with DDP005) rather than a traceback and no report."""
+        self.started = time.time()
+        launched = self.ctx.env.get(LAUNCHED_AT_ENV)
+        try:  # from the parent's launch to here: the launcher, the interpreter, the imports
+            if launched and 0 <= self.started - float(launched) < 3600:
+                self.timeline.append({"name": "startup", "cat": "stage", "start": float(launched),
+                                      "end": self.started})
+        except ValueError:
+            pass
         try:
             return self._run()
         except Exception as e:  # noqa: BLE001
@@ -75,8 +115,11 @@ class RankPreflight:
 
     def _run(self) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
-        self.findings += runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip)
-        self.view = views.collect_view(ctx)
+        with self._stage("local_checks"):
+            self.findings += runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip,
+                                              timings=self.timeline)
+        with self._stage("view"):
+            self.view = views.collect_view(ctx)
         self._write_partial()
         ws = ctx.world_size
         if ws is None or ctx.rank is None or not (0 <= ctx.rank < ws):
@@ -107,12 +150,14 @@ class RankPreflight:
                     f"{ctx.host.hostname}", rank=self.rank, evidence={"master_addr": addr}))
                 return self._alone()
         else:
-            reach = rendezvous.reach_master(addr, port, opts.timeout)
+            with self._stage("reach_master"):
+                reach = rendezvous.reach_master(addr, port, opts.timeout)
             if not reach.ok:
                 self.findings.append(rendezvous.reach_finding(reach, addr, port, self.rank, opts.timeout))
                 return self._alone()
         try:
-            store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
+            with self._stage("store"):
+                store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
         except Exception as e:  # noqa: BLE001 - turned into a finding
             entry = ev.PORT_IN_USE if hosting and "in use" in str(e).lower() else ev.STORE_LOST
             self.findings.append(events.event_finding(
@@ -135,7 +180,8 @@ class RankPreflight:
         ws = ctx.world_size or 1
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
-            meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
+            with self._stage("rendezvous"):
+                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
         except Exception as e:  # noqa: BLE001
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
@@ -146,11 +192,21 @@ class RankPreflight:
         if meeting.complete and not duplicate:
             self._group_stage(store, ws)
         try:
-            store.set(f"final/{self.rank}", json.dumps({
-                "findings": [f.to_dict() for f in self.findings], "measurements": self.measurements}))
+            self._stage_measurements()
+            final = json.dumps({
+                "findings": [f.to_dict() for f in self.findings], "measurements": self.measurements,
+                **({"timeline": self.timeline} if opts.trace_path else {})})  # the reporter draws it
+            rendezvous.store_call(lambda: store.set(f"final/{self.rank}", final), "final findings",
+                                  rendezvous.op_bound(opts.timeout))
             if self.rank == meeting.reporter:
-                return self._report(store, meeting, hosting)
-            return self._await_verdict(store)
+                with self._stage("report"):
+                    rep = self._report(store, meeting, hosting)
+                self._write_partial(final=True)
+                return rep
+            with self._stage("await_verdict"):
+                rep = self._await_verdict(store)
+            self._write_partial(final=True)
+            return rep
         except Exception as e:  # noqa: BLE001
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
@@ -162,14 +218,17 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         backend = ctx.backend
         device = ctx.device
+        if backend not in ctx.host.backends and any(f.id == BACKEND_MISSING for f in self.findings):
+            return  # DDP106 said why: an init attempt would only add a second, misleading finding
         try:
             if device.startswith("cuda"):
                 import torch
                 torch.cuda.set_device(int(device.split(":")[1]))
             if backend == "smddp":
                 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (registers the backend)
-            dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
-                                    rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
+            with self._stage("init_process_group"):
+                dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
+                                        rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
         except Exception as e:  # noqa: BLE001
             self.findings.append(events.event_finding(
                 ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
@@ -178,11 +237,14 @@ class RankPreflight:
             return
         group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
         try:
-            self.findings += runner.run_stage("group", (ctx, group), self.rank, select=opts.select, skip=opts.skip)
+            with self._stage("group_checks"):
+                self.findings += runner.run_stage("group", (ctx, group), self.rank, select=opts.select,
+                                                  skip=opts.skip, timings=self.timeline)
             self.measurements = group.measurements
         finally:
             if not opts.keep_group:
-                call_with_time_limit(dist.destroy_process_group, 10.0)
+                with self._stage("teardown"):
+                    call_with_time_limit(dist.destroy_process_group, 10.0)
 
     # ------------------------------------------------------------------ endings
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:
@@ -204,19 +266,36 @@ class RankPreflight:
                 continue
             findings += [Finding.from_dict(d) for d in final.get("findings", [])]
             merge_measurements(measurements, final.get("measurements") or {})
-        findings += runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
-                                     select=opts.select, skip=opts.skip)
+        with self._stage("cross_rank_checks"):
+            findings += runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
+                                         select=opts.select, skip=opts.skip, timings=self.timeline)
+        crossed = self.timeline[-1]
+        stage_seconds = measurements.setdefault("stage_seconds", {})
+        stage_seconds["cross_rank_checks"] = round(crossed["end"] - crossed["start"], 6)
         rep = reportlib.build_report(
             world=reportlib.world_of(ctx), ranks=[reportlib.rank_entry(v) for v in views_by_rank.values()],
             findings=findings, measurements=measurements)
         code = reportlib.exit_code(rep)
-        store.set("verdict", json.dumps({"status": rep["status"], "exit_code": code,
-                                         "root_cause": rep["root_cause"]}))
+        verdict = json.dumps({"status": rep["status"], "exit_code": code, "root_cause": rep["root_cause"]})
+        bound = rendezvous.op_bound(self.opts.timeout)
+        try:
+            rendezvous.store_call(lambda: store.set("verdict", verdict), "the verdict", bound)
+        except Exception:  # noqa: BLE001 - the others then report REPORTER_LOST; this report stands
+            hosting = False
         deliver(rep, ctx, opts.output, reporter=True, launch_dir=self.launch_dir)
+        if opts.trace_path and not self.launch_dir:  # self-launched: the parent writes the trace
+            timelines = {r: (finals.get(f"final/{r}") or {}).get("timeline") or [] for r in meeting.arrived}
+            timelines[self.rank] = self.timeline
+            write_trace(opts.trace_path, timelines,
+                        {r: v.get("hostname") for r, v in views_by_rank.items()}, rep)
         if hosting:  # the other ranks read the verdict from our store: stay until they have
             deadline = time.monotonic() + 10.0
-            while int(store.add("done", 0)) < len(meeting.arrived) - 1 and time.monotonic() < deadline:
-                time.sleep(rendezvous.POLL_S)
+            try:
+                while (int(rendezvous.store_call(lambda: store.add("done", 0), "the done count", bound))
+                       < len(meeting.arrived) - 1 and time.monotonic() < deadline):
+                    time.sleep(rendezvous.POLL_S)
+            except Exception:  # noqa: BLE001 - our own store stopped answering: nothing left to wait for
+                pass
         return rep
 
     def _await_verdict(self, store: Any) -> dict[str, Any]:
@@ -228,7 +307,8 @@ class RankPreflight:
                 f"{self.opts.timeout + 30:g} s", rank=self.rank))
             return self._alone()
         try:
-            store.add("done", 1)
+            rendezvous.store_call(lambda: store.add("done", 1), "the done count",
+                                  rendezvous.op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
         rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}
@@ -238,6 +318,7 @@ class RankPreflight:
 
     def _alone(self) -> dict[str, Any]:
         """This rank could not join the others: it reports what it knows itself."""
+        self._stage_measurements()
         rep = reportlib.build_report(world=reportlib.world_of(self.ctx),
                                      ranks=[reportlib.rank_entry(self.view)] if self.view else [],
                                      findings=self.findings, measurements=self.measurements)
@@ -254,15 +335,22 @@ class RankPreflight:
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"rank": self.rank, "final": final, "view": self.view,
-                           "findings": [x.to_dict() for x in self.findings]}, f)
+                           "findings": [x.to_dict() for x in self.findings], "timeline": self.timeline}, f)
             os.replace(tmp, path)
         except OSError:
             pass
 
 
 def merge_measurements(into: dict[str, Any], more: dict[str, Any]) -> None:
-    """Per size, a collective is as slow as its slowest rank and correct only if all ranks agree."""
+    """Per size, a collective is as slow as its slowest rank and correct only if all ranks agree;
+    a stage or a check (stage_seconds, check_seconds) takes as long as on its slowest rank."""
     for name, entries in more.items():
+        if isinstance(entries, dict):
+            cur = into.setdefault(name, {})
+            for key, seconds in entries.items():
+                if isinstance(seconds, (int, float)):
+                    cur[key] = max(float(cur.get(key, seconds)), float(seconds))
+            continue
         by_size = {e["bytes"]: e for e in into.setdefault(name, [])}
         for e in entries:
             cur = by_size.get(e["bytes"])
@@ -273,6 +361,24 @@ def merge_measurements(into: dict[str, Any], more: dict[str, Any]) -> None:
             else:
                 cur["correct"] = cur["correct"] and e["correct"]
         into[name] = sorted(by_size.values(), key=lambda e: e["bytes"])
+
+
+def write_trace(path: str, timelines: dict[int, list[dict[str, Any]]], hosts: dict[int, Any],
+                rep: dict[str, Any] | None) -> None:
+    """The preflight's Chrome trace (one lane per rank: its stages and checks, its errors) to
+    `path`; a trace that cannot be written is a warning, never a failure."""
+    from ddp_doctor.report import sinks
+    from ddp_doctor.report import trace as tracelib
+    from ddp_doctor.report.publish import warn
+    try:
+        found = tracelib.finding_records(rep)
+        lanes = {r: {"host": hosts.get(r), "records": tracelib.preflight_records(t) + found.get(r, [])}
+                 for r, t in timelines.items()}
+        err = sinks.write_trace_file(tracelib.chrome_trace(lanes), path)
+    except Exception as e:  # noqa: BLE001 - a trace never takes the run down
+        err = f"could not make the trace {path}: {type(e).__name__}: {e}"
+    if err:
+        warn(err)
 
 
 def run_preflight_rank(opts: PreflightOptions) -> int:

@@ -1,9 +1,14 @@
 """Bounded rendezvous: reach the master, meet the other ranks in the store, say who is missing.
 
 Before any collective, a rank tries MASTER_ADDR:MASTER_PORT with short connection attempts and
-classifies a failure (does not resolve / refused / timed out). Ranks then check in at the store
-under a prefix of ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
-Every wait here ends at a deadline.
+classifies a failure (does not resolve / refused / timed out); once the port accepts, torch's own
+store client must complete its handshake there, else what holds the port is not a torch store and
+the rank says what answered (identify_store). Ranks then check in at the store under a prefix of
+ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
+Every wait here ends at a deadline: torch's store client has no bound of its own on its handshake
+or on an operation (a listener that accepts and never answers blocks it forever), so each of them
+runs through call_with_time_limit and a call past its bound is abandoned in its thread (the rank
+process ends with os._exit, which that thread cannot hold up).
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.internal import event_finding
@@ -21,16 +26,18 @@ from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.time_limit import call_with_time_limit
 
 POLL_S = 0.05
+T = TypeVar("T")
 DEFAULT_PORT = 29500
 
 
 @dataclass
 class Reach:
     ok: bool
-    kind: str = ""        # "" | unresolvable | refused | timeout | unreachable
+    kind: str = ""        # "" | unresolvable | refused | timeout | unreachable | not_store
     detail: str = ""
     attempts: int = 0
     elapsed_s: float = 0.0
+    answer: str = ""      # not_store: what the peer sent ("" when it stayed silent)
 
 
 def _resolve(host: str, port: int, bound: float) -> tuple[list[Any] | None, str]:
@@ -44,8 +51,10 @@ def _resolve(host: str, port: int, bound: float) -> tuple[list[Any] | None, str]
     return out.value, ""
 
 
-def reach_master(host: str, port: int, bound: float, attempt_timeout: float = 2.0) -> Reach:
-    """Try to open a TCP connection to host:port until it works or `bound` seconds pass.
+def reach_master(host: str, port: int, bound: float, attempt_timeout: float = 2.0,
+                 check_store: bool = True) -> Reach:
+    """Try to open a TCP connection to host:port until it works or `bound` seconds pass, then (with
+    `check_store`) make sure a torch store answers there, within the same bound.
 
     Refused and timed-out attempts are retried (the master may still be starting); the last
     error decides the classification."""
@@ -65,7 +74,6 @@ def reach_master(host: str, port: int, bound: float, attempt_timeout: float = 2.
         s.settimeout(max(0.05, min(attempt_timeout, remaining)))
         try:
             s.connect(addr)
-            return Reach(True, "", "", attempts, time.monotonic() - start)
         except socket.timeout:
             kind, detail = "timeout", f"no answer from {addr[0]}:{addr[1]}"
         except OSError as e:
@@ -76,9 +84,92 @@ def reach_master(host: str, port: int, bound: float, attempt_timeout: float = 2.
             else:
                 kind, detail = "timeout", f"{addr[0]}:{addr[1]}: {e}"
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        else:
+            s.close()
+            if not check_store:
+                return Reach(True, "", "", attempts, time.monotonic() - start)
+            problem = identify_store(host, port, deadline - time.monotonic())
+            if problem is None:
+                return Reach(True, "", "", attempts, time.monotonic() - start)
+            detail, answer = problem
+            return Reach(False, "not_store", detail, attempts, time.monotonic() - start, answer)
         finally:
             s.close()
     return Reach(False, kind, detail, attempts, time.monotonic() - start)
+
+
+PEER_PROBE_S = 2.5   # what identify_store keeps for asking the peer what it is, out of its bound
+BANNER_WAIT_S = 1.0  # how long the peer may take to speak first (SSH, SMTP, FTP do), or to answer
+HTTP_PROBE = b"HEAD / HTTP/1.0\r\n\r\n"
+
+
+def _store_client(host: str, port: int, timeout: float) -> Any:
+    import torch.distributed as dist
+    return dist.TCPStore(host, port, world_size=None, is_master=False,
+                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+
+def identify_store(host: str, port: int, bound: float) -> tuple[str, str] | None:
+    """None when a torch store answers torch's own client handshake at host:port; else (what
+    happened, what the peer sent: "" when silent), found within about `bound` seconds.
+
+    torch's client, not a copy of its wire protocol, decides (so a store of any torch version
+    counts); its handshake has no timeout of its own, so it runs bounded and is abandoned when the
+    peer never answers (an HTTP server waits for a line end that torch never sends)."""
+    start = time.monotonic()
+    wait = max(2.0, bound - PEER_PROBE_S)
+    out = call_with_time_limit(lambda: _store_client(host, port, wait), wait, name="ddp-doctor-store-probe")
+    if out.finished and out.error is None:
+        return None
+    if out.finished:
+        first = str(out.error).strip().splitlines()[0] if str(out.error).strip() else type(out.error).__name__
+        what = f"torch's store handshake failed ({first[:200]})"
+    else:
+        what = f"torch's store handshake got no answer in {time.monotonic() - start:.1f} s"
+    said, how = peer_answer(host, port)
+    return f"{what}; {how}", said
+
+
+def peer_answer(host: str, port: int, wait: float = BANNER_WAIT_S) -> tuple[str, str]:
+    """(what the peer at host:port sent, in words how it behaved): first it may speak unasked (a
+    banner); if it stays silent it gets an HTTP probe line. Bounded: about 2 x `wait` + connect."""
+    try:
+        s = socket.create_connection((host, port), timeout=2.0)
+    except OSError as e:
+        return "", f"then the port stopped accepting connections ({e})"
+    try:
+        s.settimeout(wait)
+        for sent in (b"", HTTP_PROBE):
+            try:
+                if sent:
+                    s.sendall(sent)
+                data = s.recv(512)
+            except socket.timeout:
+                continue
+            except OSError as e:
+                return "", f"the peer reset the connection ({e.strerror or e})"
+            said = printable(data)
+            if not data:
+                return "", ("the peer closed the connection without a word" if not sent else
+                            "the peer closed the connection on an HTTP probe line, sending nothing")
+            if not sent:
+                return said, f"the peer speaks first, as a server of another protocol does: {said!r}"
+            return said, f"it answers an HTTP probe line: {said!r}"
+        return "", ("the peer is silent: it accepted the connection, then sent nothing, to torch's "
+                    "handshake nor to an HTTP probe line")
+    finally:
+        s.close()
+
+
+def printable(data: bytes, limit: int = 120) -> str:
+    """The first line of what a peer sent, for a message (plus the HTTP Server: header if any)."""
+    text = data.decode("latin-1")
+    lines = text.splitlines()
+    first = lines[0] if lines else ""
+    server = next((ln for ln in lines[1:] if ln.lower().startswith("server:")), "")
+    out = first + (f" ({server.strip()})" if server else "")
+    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in out)
+    return out[:limit] + ("..." if len(out) > limit else "")
 
 
 def reach_finding(reach: Reach, host: str, port: int, rank: int | None, bound: float) -> Finding:
@@ -92,6 +183,17 @@ def reach_finding(reach: Reach, host: str, port: int, rank: int | None, bound: f
         return event_finding(ev.MASTER_REFUSED, f"{where}: connection refused for {bound:g} s "
                            f"({reach.attempts} attempts): nothing listens there", rank=rank,
                            evidence=evidence)
+    if reach.kind == "not_store":
+        evidence["answer"] = reach.answer
+        evidence["silent"] = not reach.answer
+        return event_finding(
+            ev.NOT_A_STORE, f"{where}: the port accepts connections but no torch store answers there: "
+            f"{reach.detail}; expected the rendezvous store of rank 0 or of the launcher on the "
+            f"master node", rank=rank, evidence=evidence,
+            hint=f"Another service holds port {port} on {host} (rank 0's own report says MASTER_PORT "
+                 f"already in use, DDP313, when it runs there): give every rank a free MASTER_PORT "
+                 f"(torchrun --master-port), or stop that service (`ss -ltnp 'sport = :{port}'` on "
+                 f"{host}).")
     return event_finding(ev.MASTER_TIMEOUT, f"{where}: no connection within {bound:g} s "
                        f"({reach.attempts} attempts; {reach.detail})", rank=rank, evidence=evidence)
 
@@ -150,10 +252,42 @@ class Meeting:
         return min(self.arrived) if self.arrived else -1
 
 
+class StoreTimeout(TimeoutError):
+    """A store call that did not return within its bound (its thread is abandoned)."""
+
+
+CONNECT_MARGIN_S = 2.0  # past torch's own connect timeout, before the connection is given up
+
+
 def connect_store(host: str, port: int, *, hosting: bool, timeout: float) -> Any:
+    """Host (rank 0) or join the store, within `timeout` (+ a margin): torch's client retries its
+    connection for `timeout` but then waits for its handshake's answer without any bound."""
     import torch.distributed as dist
-    return dist.TCPStore(host, port, world_size=None, is_master=hosting,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    bound = timeout + CONNECT_MARGIN_S
+    out = call_with_time_limit(lambda: dist.TCPStore(
+        host, port, world_size=None, is_master=hosting, timeout=timedelta(seconds=timeout),
+        wait_for_workers=False), bound, name="ddp-doctor-store-connect")
+    if not out.finished:
+        raise StoreTimeout(f"no store answered at {host}:{port} within {bound:g} s")
+    if out.error is not None:
+        raise out.error
+    return out.value
+
+
+def store_call(fn: Callable[[], T], what: str, bound: float) -> T:
+    """One store operation, bounded: torch's client waits forever on a store that stopped
+    answering (a hung or stopped host). Past `bound` it raises StoreTimeout."""
+    out = call_with_time_limit(fn, max(0.5, bound), name="ddp-doctor-store-op")
+    if not out.finished:
+        raise StoreTimeout(f"the store did not answer {what} within {max(0.5, bound):g} s")
+    if out.error is not None:
+        raise out.error
+    return out.value  # type: ignore[return-value]
+
+
+def op_bound(timeout: float) -> float:
+    """How long one store operation may take: far above a working store's milliseconds."""
+    return max(2.0, min(timeout, 30.0))
 
 
 def prefixed(store: Any, prefix: str) -> Any:
@@ -161,10 +295,10 @@ def prefixed(store: Any, prefix: str) -> Any:
     return dist.PrefixStore(prefix, store)
 
 
-def _wait_count(store: Any, key: str, target: int, deadline: float) -> int:
+def _wait_count(store: Any, key: str, target: int, deadline: float, bound: float) -> int:
     n = 0
     while True:
-        n = int(store.add(key, 0))
+        n = int(store_call(lambda: store.add(key, 0), f"add({key!r})", bound))
         if n >= target or time.monotonic() >= deadline:
             return n
         time.sleep(POLL_S)
@@ -173,16 +307,19 @@ def _wait_count(store: Any, key: str, target: int, deadline: float) -> int:
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so."""
     findings: list[Finding] = []
-    claims = int(store.add(f"claim/{rank}", 1))
+    bound = op_bound(timeout)
+    claims = int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
     if claims > 1:
         findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
             f"{view.get('hostname')}, pid {view.get('pid')})", rank=rank,
             evidence={"rank": rank, "claims": claims}))
-    store.set(f"view/{rank}", json.dumps(view))
-    store.add("arrived", 1)
-    n = _wait_count(store, "arrived", world_size, time.monotonic() + timeout)
-    arrived = [r for r in range(world_size) if store.check([f"view/{r}"])]
+    text = json.dumps(view)
+    store_call(lambda: store.set(f"view/{rank}", text), "set(view)", bound)
+    store_call(lambda: store.add("arrived", 1), "add(arrived)", bound)
+    n = _wait_count(store, "arrived", world_size, time.monotonic() + timeout, bound)
+    arrived = store_call(lambda: [r for r in range(world_size) if store.check([f"view/{r}"])],
+                         "check(views)", bound)
     missing = [r for r in range(world_size) if r not in arrived]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
         findings.append(event_finding(
@@ -200,9 +337,10 @@ def read_json_keys(store: Any, keys: list[str], deadline: float) -> dict[str, An
     out: dict[str, Any] = {}
     pending = list(keys)
     while pending:
+        bound = op_bound(deadline - time.monotonic())
         for k in list(pending):
-            if store.check([k]):
-                out[k] = json.loads(store.get(k).decode("utf-8"))
+            if store_call(lambda k=k: store.check([k]), f"check({k!r})", bound):
+                out[k] = json.loads(store_call(lambda k=k: store.get(k), f"get({k!r})", bound).decode("utf-8"))
                 pending.remove(k)
         if not pending or time.monotonic() >= deadline:
             break

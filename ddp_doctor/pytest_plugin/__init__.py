@@ -20,7 +20,8 @@ marker is used or the preflight is asked for.
 This module holds only the hooks and the fixtures (pytest finds both here), the hooks in the order
 pytest calls them: pytest_addoption, pytest_configure, pytest_configure_node (xdist controller),
 pytest_collection_modifyitems, pytest_xdist_node_collection_finished (xdist controller),
-pytest_runtest_setup, pytest_pyfunc_call, pytest_terminal_summary, pytest_unconfigure.
+pytest_runtest_setup, pytest_pyfunc_call, pytest_sessionfinish, pytest_terminal_summary,
+pytest_unconfigure.
 The work is in settings (options, ini, resolution), state (per-session state), marker (the
 ``distributed`` marker and running a test on its ranks), session_preflight and rank_pool.
 """
@@ -131,6 +132,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     run_on_ranks(pyfuncitem, get_state(pyfuncitem.config))
     return True
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session a stop signal ended exits 128 + that signal, as the shell reports a killed command."""
+    from ddp_doctor.pytest_plugin.rank_pool.pool import STOPPED_BY
+    if STOPPED_BY:
+        session.exitstatus = 128 + STOPPED_BY[0]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -169,7 +169,11 @@ def run_on_ranks(pyfuncitem: pytest.Function, state: State) -> None:
         "cwd": os.getcwd(), "sys_path": list(sys.path),
     }
     from ddp_doctor.pytest_plugin.rank_pool import classify
-    res = pool_of(state).run(rank_spec, spec.timeout)
+    try:
+        res = pool_of(state).run(rank_spec, spec.timeout)
+    except KeyboardInterrupt:
+        _show_interrupted(config, pool_of(state).interrupted)
+        raise
     verdict = classify(res)
     for r, end in sorted(res.ends.items()):
         if end.stdout:
@@ -184,3 +188,14 @@ def run_on_ranks(pyfuncitem: pytest.Function, state: State) -> None:
         pytest.fail(verdict.text, pytrace=False)
     if verdict.outcome == "skipped":
         pytest.skip(verdict.summary)
+
+
+def _show_interrupted(config: pytest.Config, text: str) -> None:
+    """Print past pytest's capture (an interrupted test's captured output is never shown)."""
+    if not text:
+        return
+    capman = config.pluginmanager.getplugin("capturemanager")
+    import contextlib
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        sys.stderr.write(f"\n{text}\n")
+        sys.stderr.flush()

@@ -4,30 +4,127 @@ Pure functions over findings and plain dicts; rendering and writing live in rend
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
-from ddp_doctor.findings import Finding, severity_rank
+from ddp_doctor.findings import Finding, format_ranks, severity_rank
 from ddp_doctor.version import __version__
 
 SCHEMA = "ddp-doctor.report"
 SCHEMA_VERSION = 1
 
 
+# A mention of ranks in a message or hint: "rank 3", "Rank 3", "ranks 0-3, 7", "rank(s) 1, 2",
+# "local rank 1", and torch's log prefix "[rank1]". Only the finding's own ranks are taken out
+# (see _normalise): "after rank 1 failed" in rank 0's finding is part of what it says.
+_MENTION = re.compile(
+    r"(?<![\w=\[])(?P<word>local\s+ranks?|ranks?\(s\)|ranks?)\s+"
+    r"(?P<list>\d+(?:(?:\s*,\s*|\s*-\s*)\d+)*)(?!\w|\.\d)", re.I)
+_PREFIX = re.compile(r"\[rank(?P<n>\d+)\]")
+_PLACEHOLDER = re.compile(r"\x00(?P<kind>[a-z(s)]+)(?P<cap>[01])\x00")
+
+
+def _expand(pieces: list[str]) -> set[int]:
+    """"0-3", "7" -> {0, 1, 2, 3, 7}."""
+    out: set[int] = set()
+    for p in pieces:
+        a, _, b = p.partition("-")
+        lo, hi = int(a), int(b or a)
+        if hi - lo > 100000:
+            return {-1}
+        out.update(range(lo, hi + 1))
+    return out
+
+
+def _normalise(text: str, ranks: set[int]) -> str:
+    """`text` with every mention of exactly the finding's own ranks replaced by a placeholder that
+    remembers the form ("rank", "rank(s)", "local rank", "[rank]") and its capital letter. A
+    finding about ranks 0 and 1 keeps "Rank 1 is running ..., but Rank 0 ...": one rank of
+    several is part of what it says."""
+    if not ranks or not text:
+        return text
+
+    def mention(m: re.Match[str]) -> str:
+        word = m.group("word")
+        pieces = [p.replace(" ", "") for p in re.split(r"\s*,\s*", m.group("list"))]
+        for n in range(len(pieces), 0, -1):  # the longest prefix of the list naming exactly its ranks
+            if _expand(pieces[:n]) == ranks:
+                kind = ("local" if word.lower().startswith("local") else
+                        "rank(s)" if word.lower().endswith("(s)") else "rank")
+                return f"\x00{kind}{int(word[0].isupper())}\x00{_tail(m.group('list'), pieces[:n])}"
+        return m.group(0)
+
+    text = _MENTION.sub(mention, text)
+    return _PREFIX.sub(lambda m: "\x00prefix0\x00" if {int(m.group("n"))} == ranks else m.group(0), text)
+
+
+def _tail(listed: str, taken: list[str]) -> str:
+    """What follows the taken pieces of a listed "0-3, 7, 9" (", 9" when "0-3", "7" were taken)."""
+    compact = re.sub(r"\s+", "", listed)
+    taken_text = ",".join(taken)
+    if compact == taken_text:
+        return ""
+    # the original spacing of the rest is not kept: ", 9"
+    rest = compact[len(taken_text):].lstrip(",")
+    return ", " + ", ".join(rest.split(",")) if rest else ""
+
+
+def _render(text: str, ranks: list[int]) -> str:
+    """A normalised text with the placeholders written out for the merged `ranks`."""
+    listed = format_ranks(ranks)
+    many = len(set(ranks)) > 1
+
+    def one(m: re.Match[str]) -> str:
+        kind, cap = m.group("kind"), m.group("cap") == "1"
+        if kind == "prefix":
+            return f"[rank{listed}]" if not many else f"[ranks {listed}]"
+        word = {"rank": "ranks" if many else "rank", "rank(s)": "rank(s)",
+                "local": "local ranks" if many else "local rank"}[kind]
+        return f"{word[0].upper() + word[1:] if cap else word} {listed}"
+
+    return _PLACEHOLDER.sub(one, text)
+
+
 def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
-    """One finding per (id, message, hint): the same problem seen on many ranks is listed once
-    with all their ranks, at the time it was first seen."""
-    merged: dict[tuple[str, str, str], Finding] = {}
+    """One finding per (id, severity, message and hint modulo the finding's own ranks): the same
+    problem seen on many ranks ("rank 0 raised X", "rank 1 raised X") is listed once with all
+    their ranks ("ranks 0-1 raised X"), at the time it was first seen. Identical texts merge first
+    (so "the host of rank 0" in every rank's hint stays what it says); then texts equal but for
+    the mention of their own ranks. Messages that differ in anything else (another rank named,
+    another value) stay separate findings. Where the merged findings' evidence differs, each
+    rank's is kept under evidence["per_rank"] (keyed by the rank list as format_ranks writes
+    it), the earliest one's at the top level as before."""
+    exact = _merge(findings, lambda f: (f.id, f.severity, f.message, f.hint), render=False)
+    return _merge(exact, lambda f: (f.id, f.severity, _normalise(f.message, set(f.ranks)),
+                                    _normalise(f.hint, set(f.ranks))), render=True)
+
+
+def _merge(findings: Iterable[Finding], key: Any, *, render: bool) -> list[Finding]:
+    groups: dict[tuple[str, str, str, str], list[Finding]] = {}
     for f in findings:
-        key = (f.id, f.message, f.hint)
-        if key in merged:
-            m = merged[key]
-            m.ranks = sorted(set(m.ranks) | set(f.ranks))
-            m.time = min(m.time, f.time)
-        else:
-            merged[key] = Finding(**{**f.__dict__, "ranks": sorted(set(f.ranks)),
-                                     "evidence": dict(f.evidence)})
-    return sorted(merged.values(), key=lambda f: (severity_rank(f.severity), f.time, f.id))
+        groups.setdefault(key(f), []).append(f)
+    merged: list[Finding] = []
+    for (_, _, message, hint), group in groups.items():
+        first = min(group, key=lambda f: f.time)
+        ranks = sorted({r for f in group for r in f.ranks})
+        evidence = dict(first.evidence)
+        if len(group) > 1:
+            per_rank: dict[str, Any] = {}
+            for f in group:
+                inner = {k: v for k, v in f.evidence.items() if k != "per_rank"}
+                for sub, ev in (f.evidence.get("per_rank") or {format_ranks(f.ranks) or "-": inner}).items():
+                    per_rank.setdefault(sub, ev)
+            if len({repr(v) for v in per_rank.values()}) > 1:
+                evidence["per_rank"] = per_rank
+            else:
+                evidence.pop("per_rank", None)
+        again = render and len(group) > 1
+        merged.append(Finding(**{**first.__dict__, "ranks": ranks, "evidence": evidence,
+                                 "message": _render(message, ranks) if again else first.message,
+                                 "hint": _render(hint, ranks) if again else first.hint,
+                                 "time": min(f.time for f in group)}))
+    return sorted(merged, key=lambda f: (severity_rank(f.severity), f.time, f.id))
 
 
 def status_of(findings: Iterable[Finding]) -> str:
@@ -61,7 +158,17 @@ def build_report(*, world: dict[str, Any], ranks: list[dict[str, Any]], findings
 
 
 def exit_code(report: dict[str, Any]) -> int:
+    if report.get("status") == "interrupted":
+        return 128 + int((report.get("interrupted") or {}).get("signo") or 15)
     return EXIT_FAILED if report.get("status") == "fail" else EXIT_OK
+
+
+def mark_interrupted(report: dict[str, Any], interrupt: dict[str, Any]) -> dict[str, Any]:
+    """A job a signal stopped: status "interrupted" whatever its findings (never "pass"), and the
+    signal and its sender under "interrupted"."""
+    report["status"] = "interrupted"
+    report["interrupted"] = dict(interrupt)
+    return report
 
 
 def findings_of(report: dict[str, Any]) -> list[Finding]:

@@ -29,6 +29,7 @@ class Output:
     only_if_not_pass: bool = False
     stderr: bool = False
     report_s3_uri: str | None = None  # --report-s3-uri; falls back to DDP_DOCTOR_REPORT_S3_URI
+    command: str | None = None        # names the headline ("bench-comm"); default: the report's phase
 
     def path(self, env: Any = None) -> str:
         env = os.environ if env is None else env
@@ -62,7 +63,7 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
     if out.json:
         text = json.dumps(redact_obj(rep), indent=2)
     else:
-        text = redact_text(render_text(rep, report_path=path, verbose=out.verbose))
+        text = redact_text(render_text(rep, report_path=path, verbose=out.verbose, command=out.command))
     if prefix:
         text = "\n".join(prefix + line for line in text.splitlines())
     stream.write(text + "\n")

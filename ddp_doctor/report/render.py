@@ -14,7 +14,10 @@ def _ranks(ranks: list[int]) -> str:
     return f" [rank {format_ranks(ranks)}]" if len(ranks) == 1 else f" [ranks {format_ranks(ranks)}]"
 
 
-def render_text(report: dict[str, Any], *, report_path: str | None = None, verbose: bool = False) -> str:
+def render_text(report: dict[str, Any], *, report_path: str | None = None, verbose: bool = False,
+                command: str | None = None) -> str:
+    """The report as text; the headline names `command` (e.g. "bench-comm") when given, else the
+    report's phase."""
     world = report.get("world") or {}
     findings = report.get("findings") or []
     counts = {s: sum(1 for f in findings if f["severity"] == s) for s, _ in HEADINGS}
@@ -23,7 +26,7 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
     where = ((f"{ws} rank(s)" if ws is not None else "world size unknown")
              + (f" on {world['nnodes']} node(s)" if world.get("nnodes") else "")
              + f", launcher {world.get('launcher')}, backend {world.get('backend')}")
-    lines = [f"ddp-doctor {report.get('phase', 'preflight')}: {status} "
+    lines = [f"ddp-doctor {command or report.get('phase', 'preflight')}: {status} "
              f"({counts['error']} error(s), {counts['warning']} warning(s)) - {where}"]
     cause = report.get("root_cause")
     if cause:

@@ -151,6 +151,16 @@ def write_report_file(report: dict[str, Any], path: str) -> str | None:
         return _error("report", path, e)
 
 
+def write_trace_file(trace: dict[str, Any], path: str) -> str | None:
+    """Write a Chrome trace (report/trace.py; redacted, since it carries exception messages and
+    call sites) atomically, creating parent directories. None on success, else the error text."""
+    try:
+        _atomic_write(path, json.dumps(redact_obj(trace), default=str) + "\n")
+        return None
+    except Exception as e:
+        return _error("trace", path, e)
+
+
 def write_sagemaker_failure(report: dict[str, Any], root: str = "/opt/ml") -> str | None:
     """On a failed report: the diagnosis to <root>/output/failure (exclusively: the first writer
     wins, as with the toolkit) and the full report to <root>/output/data/ddp-doctor-report.json.

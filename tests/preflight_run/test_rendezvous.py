@@ -46,7 +46,7 @@ def listening() -> Iterator[tuple[socket.socket, int]]:
 
 def test_probe_listening_socket_is_ok(listening: tuple[socket.socket, int]) -> None:
     _, port = listening
-    probe = rendezvous.reach_master("127.0.0.1", port, 2.0)
+    probe = rendezvous.reach_master("127.0.0.1", port, 2.0, check_store=False)  # TCP only: no store
     assert probe.ok and probe.kind == "" and probe.attempts == 1
     assert probe.elapsed_s < 1.0
 
@@ -54,7 +54,7 @@ def test_probe_listening_socket_is_ok(listening: tuple[socket.socket, int]) -> N
 def test_probe_localhost_name_is_ok(listening: tuple[socket.socket, int]) -> None:
     # torchrun's own MASTER_ADDR for --standalone is "localhost"; ::1 may be tried first and refused
     _, port = listening
-    assert rendezvous.reach_master("localhost", port, 2.0, attempt_timeout=0.5).ok
+    assert rendezvous.reach_master("localhost", port, 2.0, attempt_timeout=0.5, check_store=False).ok
 
 
 def test_probe_nothing_listening_is_refused_within_bound() -> None:
@@ -82,7 +82,7 @@ def test_probe_refused_then_master_appears() -> None:
     t = threading.Thread(target=start_late)
     t.start()
     try:
-        probe = rendezvous.reach_master("127.0.0.1", port, 3.0, attempt_timeout=0.3)
+        probe = rendezvous.reach_master("127.0.0.1", port, 3.0, attempt_timeout=0.3, check_store=False)
     finally:
         t.join()
         srv.close()

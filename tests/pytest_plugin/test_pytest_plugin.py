@@ -261,6 +261,36 @@ def test_killing_pytest_leaves_no_rank(pytester: pytest.Pytester, tag: str):
             proc.wait()
 
 
+@pytest.mark.slow
+def test_sigterm_to_pytest_shows_where_the_ranks_were_and_exits_143(pytester: pytest.Pytester, tag: str):
+    # a cancelled CI job: SIGTERM to pytest while a distributed test hangs
+    pytester.makepyfile(test_hang=HANG_TEST.replace("timeout=3", "timeout=300"))
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--no-ddp-doctor",
+                             "-k", "test_hangs"], cwd=pytester.path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            ranks = [p for p in tagged(tag) if p.pid != proc.pid and p.ppid() != proc.pid]
+            if len(ranks) >= 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the ranks never started")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "rank 0 was running when the session was stopped; its Python stack:" in out, out
+    assert "test_hang.py" in out and "in test_hangs" in out
+    assert "rank 1 was running when the session was stopped" in out and "barrier" in out
+    assert_no_survivors(tag)
+
+
 XDIST_TESTS = r'''
 import pytest
 import torch

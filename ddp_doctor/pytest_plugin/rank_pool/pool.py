@@ -12,10 +12,19 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-from ddp_doctor.pytest_plugin.rank_pool.results import POOL_LOST, RankEnd, RunResult, collect, file_size, read_result
+from ddp_doctor.pytest_plugin.rank_pool.results import (
+    POOL_LOST,
+    RankEnd,
+    RunResult,
+    collect,
+    file_size,
+    read_result,
+    read_text,
+)
 from ddp_doctor.pytest_plugin.rank_pool.wire import PRELOAD, PRELOAD_ENV, Reader, output_path, pdeathsig, send
 
 STACK_WAIT_S = 1.0       # how long the parent waits for faulthandler dumps of hung ranks
@@ -38,6 +47,35 @@ def compile_module(path: str, config: Any = None) -> bytes:
     return marshal.dumps(code)
 
 
+STOPPED_BY: list[int] = []  # the stop signal that ended the session, if one did
+
+
+def _raise_interrupt(signo: int, _frame: Any) -> None:
+    STOPPED_BY.append(signo)
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signo).name}")
+
+
+def stop_as_interrupt() -> None:
+    """SIGTERM and SIGHUP (a cancelled CI job) end the session as Ctrl-C does: pytest reports the
+    interrupted session and the running distributed test shows its ranks' stacks. Only where
+    nobody else handles them, and only from the main thread (where Python can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _raise_interrupt)
+
+
+def interrupted_stacks(d: str, live: list[int]) -> str:
+    """What to show for ranks a stop signal caught in their test: each one's Python stack."""
+    parts = []
+    for r in live:
+        text = read_text(output_path(d, "stack", r)).strip()
+        parts.append(f"ddp-doctor: rank {r} was running when the session was stopped; its Python stack:\n"
+                     f"{text or '(none recorded)'}")
+    return "\n".join(parts)
+
+
 class RankPool:
     """The parent's handle on the forkserver; started lazily, restarted if it dies."""
 
@@ -49,11 +87,13 @@ class RankPool:
         self.pending: list[Any] = []
         self.ready = False
         self.req = 0
+        self.interrupted = ""  # the stacks of the ranks a stop signal caught, for the marker to show
 
     # -- lifecycle
     def start(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             return
+        stop_as_interrupt()
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env[PRELOAD_ENV] = ",".join(self.preload)
@@ -169,6 +209,14 @@ class RankPool:
         except EOFError:
             res.pool_lost = True
             self.close()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (stop_as_interrupt): where the ranks were
+            live = sorted(set(range(ws)) - reaped)
+            try:
+                self._dump_and_kill(req, spec["dir"], live)
+            except (OSError, AssertionError):
+                pass
+            self.interrupted = interrupted_stacks(spec["dir"], live)
+            raise
         except BaseException:
             try:
                 self._send(("kill", req))
