@@ -1,5 +1,5 @@
 """Steps per second of the same training with and without ddp-doctor's in-training probes, in one
-run, for three cases:
+run, for these cases:
 
 - plain loop, 2 gloo ranks: bench/_train_loop.py launched bare by torchrun
   (`python -m torch.distributed.run --standalone --nproc-per-node 2`) against the same script under
@@ -13,10 +13,23 @@ run, for three cases:
   off, on as in a loader's first epochs (fingerprints + a record flush: the worst case) and on in
   the steady state between epochs; the figure is the minimum epoch time of each variant over
   --pairs rounds, which machine load does not inflate. On a shared 2-core machine this is the
-  figure that resolves a 2% difference; the launch-level cases show the same within their spread.
+  figure that resolves a 2% difference; the launch-level cases show the same within their spread;
+- the collective ledger (bench/_ledger_ab.py), what `ddp-doctor run` adds for it, on a DDP loop that
+  also all_reduces its loss from Python every step (the logging pattern, the call-site wrappers'
+  worst case), timed by blocks of --block-steps steps (wall and process CPU time), minimum per
+  variant: (a) the call-site wrappers (probes/collective_sites.py) off and on in one process, blocks
+  in turn order over --ledger-pairs rounds; (b) torch's flight recorder, a process-wide setting
+  read once, as separate one-process runs alternating TORCH_FR_BUFFER_SIZE=0 and 2000 (`run`'s
+  value; torch 2.13's gloo records even when it is unset), --fr-rounds runs of each, --fr-blocks
+  blocks a run; (c) their product, the ledger's steady-state figure, and the one-off time of a
+  ledger dump of a full buffer (2000 entries), paid only at a rank's endings; (d) the same from costs
+  per call, finer than a block's noise: the wrapper around a function that does nothing, and a
+  scalar all_reduce under each flight recorder setting (the main thread's CPU time: gloo's thread
+  hand-offs make its wall time swing with the machine's load).
 
     python bench/overhead.py [--repeat 3] [--steps 500] [--warmup 50] [--trainer-steps 200]
-                             [--cases plain single trainer]
+                             [--cases plain single trainer inproc ledger]
+                             [--ledger-pairs 100] [--fr-rounds 10] [--fr-blocks 40] [--block-steps 25]
 
 The plain-loop figures are measured inside the training script over its steady-state steps only
 (after --warmup steps and a barrier; the preflight of `ddp-doctor run` and every start-up are left
@@ -30,7 +43,8 @@ median of --repeat runs, the range shows the spread, and "run spread" (max - min
 steps/s, the wider variant) says how large a difference the run can tell from noise. Every launch is
 bounded by --timeout and killed with all its processes when it overruns.
 
-Aim (issue): with probes at most 2% slower (with/without steps/s >= 0.98).
+Aim (issue): with probes at most 2% slower (with/without steps/s >= 0.98); the same for the ledger
+(with/without steps/s >= 0.98, issue 12).
 """
 from __future__ import annotations
 
@@ -56,6 +70,14 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 DOCTOR_RUN = [sys.executable, "-m", "ddp_doctor", "run", "--nproc-per-node", "2"]
 LOOP = os.path.join(HERE, "_train_loop.py")
 AB = os.path.join(HERE, "_probe_ab.py")
+LEDGER = os.path.join(HERE, "_ledger_ab.py")
+LEDGER_LINE = re.compile(r"step_us_off=([\d.]+) step_us_on=([\d.]+) cpu_us_off=([\d.]+) cpu_us_on=([\d.]+) "
+                         r"paired_ratio=([\d.]+) paired_q1=([\d.]+) paired_q3=([\d.]+) "
+                         r"call_us_off=([\d.]+) call_us_on=([\d.]+) dump_ms=([\d.]+) "
+                         r"dump_entries=(\d+) dump_calls=(\d+) dump_bytes=(\d+)")
+FR_LINE = re.compile(r"fr_step_us=([\d.]+) fr_step_us_median=([\d.]+) fr_cpu_us=([\d.]+) call_us=([\d.]+) "
+                     r"call_cpu_us=([\d.]+) recorded_per_step=([\d.]+)")
+FR_ON = "2000"  # ddp_doctor/training/run/ledger.py DEFAULT_BUFFER, what `ddp-doctor run` sets
 AB_LINE = re.compile(r"epoch_s_off=([\d.]+) epoch_s_first=([\d.]+) epoch_s_steady=([\d.]+) steps=(\d+) "
                      r"batch_us_off=([\d.]+) batch_us_on=([\d.]+) hook_us=([\d.]+) hash_ms=([\d.]+) "
                      r"flush_ms=([\d.]+)")
@@ -65,7 +87,9 @@ CASES = {  # case: (title, label without, label with)
     "single": ("plain loop, 1 process", "bare", "probes installed"),
     "trainer": ("Trainer, 2 ranks", "no callback", "DoctorCallback"),
     "inproc": ("in-process A/B", "probes off", "probes on"),
+    "ledger": ("collective ledger", "ledger off", "ledger on"),
 }
+IN_ONE_RUN = ("inproc", "ledger")  # cases with their own figures, not launched in turns
 
 
 def kill_tree(proc: subprocess.Popen[str]) -> None:
@@ -90,13 +114,15 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
 EXIT_GRACE = 30.0  # seconds a launch may take to exit once its figure is out
 
 
-def run(cmd: list[str], cwd: str, timeout: float, done: str | None = None) -> str:
+def run(cmd: list[str], cwd: str, timeout: float, done: str | None = None,
+        env: dict[str, str] | None = None) -> str:
     """stdout of `cmd` (exits on failure or overrun, leaving nothing behind). Once `done` has been
     printed the figure is in: a launch still alive EXIT_GRACE s later is stuck at exit (torch 2.13's
-    gloo sometimes hangs in teardown, with or without the probes); it is killed and its figure kept."""
+    gloo sometimes hangs in teardown, with or without the probes); it is killed and its figure kept.
+    `env`: variables set on top of the clean environment."""
     import threading
-    proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**clean_env(), **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     chunks: dict[str, list[str]] = {"out": [], "err": []}
     seen = threading.Event()
 
@@ -172,6 +198,76 @@ def measure(case: str, probes: bool, args: argparse.Namespace, cwd: str) -> Figu
         return float(json.load(f)["train_steps_per_second"]), None, None
 
 
+def measure_ledger(args: argparse.Namespace, cwd: str) -> dict[str, float]:
+    """The ledger's figures: the call-site wrappers in one process, the flight recorder over
+    alternating processes (--fr-rounds of each, turn order off, on, on, off, ...)."""
+    common = ["--block-steps", str(args.block_steps)]
+    found = LEDGER_LINE.findall(run([sys.executable, LEDGER, "--mode", "sites", "--pairs", str(args.ledger_pairs),
+                                     *common], cwd, args.timeout, "dump_ms=", env={"TORCH_FR_BUFFER_SIZE": FR_ON}))
+    if not found:
+        sys.exit("bench/_ledger_ab.py --mode sites printed no step_us_on line")
+    keys = ("off", "on", "cpu_off", "cpu_on", "paired", "q1", "q3", "call_off", "call_on", "dump_ms", "dump_entries",
+            "dump_calls", "dump_bytes")
+    res = dict(zip(keys, (float(v) for v in found[-1])))
+    fr: dict[bool, list[tuple[float, ...]]] = {False: [], True: []}
+    for i in range(args.fr_rounds):
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            out = run([sys.executable, LEDGER, "--mode", "fr", "--blocks", str(args.fr_blocks), *common], cwd,
+                      args.timeout, "fr_step_us=", env={"TORCH_FR_BUFFER_SIZE": FR_ON if on else "0"})
+            got = FR_LINE.findall(out)
+            if not got:
+                sys.exit(f"bench/_ledger_ab.py --mode fr printed no fr_step_us line:\n{out[-2000:]}")
+            fr[on].append(tuple(float(v) for v in got[-1]))
+    for on, name in ((False, "fr_off"), (True, "fr_on")):
+        res[name] = min(r[0] for r in fr[on])
+        res[f"{name}_median"] = statistics.median(r[1] for r in fr[on])
+        res[f"{name}_cpu"] = min(r[2] for r in fr[on])
+        res[f"{name}_call"] = min(r[3] for r in fr[on])
+        res[f"{name}_call_cpu"] = min(r[4] for r in fr[on])
+    res["fr_per_step"] = max(r[5] for r in fr[True])
+    # (max - min) / median of the runs' fastest blocks, the wider setting: what a run-to-run
+    # difference must exceed to be told from noise
+    res["fr_spread"] = max((max(m) - min(m)) / statistics.median(m) for m in
+                           ([r[0] for r in fr[on]] for on in (False, True)))
+    return res
+
+
+def print_ledger(r: dict[str, float], args: argparse.Namespace) -> None:
+    sites, fr = r["off"] / r["on"], r["fr_off"] / r["fr_on"]
+    sites_cpu, fr_cpu = r["cpu_off"] / r["cpu_on"], r["fr_off_cpu"] / r["fr_on_cpu"]
+    print("collective ledger: a DDP MLP (1 process, gloo) that also all_reduces its loss from Python every step; "
+          f"minimum over blocks of {args.block_steps} steps")
+    print(f"{'part':<50} {'step us off':>11} {'step us on':>11} {'on/off steps/s':>15} {'CPU time ratio':>15}")
+    print(f"{'(a) call-site wrappers, in-process A/B':<50} {r['off']:>11.1f} {r['on']:>11.1f} {sites:>15.3f} "
+          f"{sites_cpu:>15.3f}")
+    print(f"{'(b) flight recorder 0 vs ' + FR_ON + ', alternating processes':<50} {r['fr_off']:>11.1f} "
+          f"{r['fr_on']:>11.1f} {fr:>15.3f} {fr_cpu:>15.3f}")
+    print(f"{'(c) the ledger as `ddp-doctor run` sets it: (a) x (b)':<50} {'':>11} {'':>11} {sites * fr:>15.3f} "
+          f"{sites_cpu * fr_cpu:>15.3f}")
+    print(f"(a): {args.ledger_pairs} rounds of an off and an on block, in turn order; ratio of adjacent blocks: "
+          f"median {r['paired']:.3f}, quartiles {r['q1']:.3f}-{r['q3']:.3f}. (b): {args.fr_rounds} runs of each "
+          f"setting, {args.fr_blocks} blocks a run; the runs' fastest blocks spread {r['fr_spread'] * 100:.1f}% "
+          f"(process to process), medians of their median blocks {r['fr_off_median']:.1f} us off, "
+          f"{r['fr_on_median']:.1f} us on")
+    wrap_us = r["call_on"] - r["call_off"]
+    fr_us = r["fr_on_call_cpu"] - r["fr_off_call_cpu"]
+    added = wrap_us + r["fr_per_step"] * fr_us
+    per_call = r["off"] / (r["off"] + added)
+    print(f"(d) per call, timed alone: call-site wrapper {wrap_us:+.2f} us a call (around a function that does "
+          f"nothing: {r['call_off']:.2f} -> {r['call_on']:.2f} us); flight recorder {fr_us:+.2f} us a collective "
+          f"(scalar all_reduce, main thread's CPU time {r['fr_off_call_cpu']:.1f} -> {r['fr_on_call_cpu']:.1f} us; "
+          f"wall {r['fr_off_call']:.1f} -> {r['fr_on_call']:.1f} us; minimum over runs of 50 calls); a step here "
+          f"makes 1 Python call and {r['fr_per_step']:.0f} recorded collectives: {added:+.2f} us of a "
+          f"{r['off']:.0f} us step = {added / r['off'] * 100:.2f}%, steps/s ratio {per_call:.3f}")
+    print(f"one-off, at a rank's endings only: a ledger dump of {int(r['dump_entries'])} flight recorder entries "
+          f"and {int(r['dump_calls'])} call sites (ledger.write, {r['dump_bytes'] / 1e6:.2f} MB of JSON) takes "
+          f"{r['dump_ms']:.0f} ms")
+    print(f"aim: the ledger on at least 0.98 of plain steps/s: {per_call:.3f} from the per-call costs (d) "
+          f"({'met' if per_call >= 0.98 else 'NOT met'}); {sites * fr:.3f} from the blocks (c), which resolve a "
+          f"few % at best on a loaded machine (see the quartiles and the spread above)")
+    print()
+
+
 def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -186,10 +282,16 @@ def main() -> int:
                     help="Trainer: data set size (1600 = 100 steps per epoch, as the plain loop)")
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--pairs", type=int, default=24, help="in-process A/B: rounds of the three variants")
+    ap.add_argument("--ledger-pairs", type=int, default=100,
+                    help="ledger: rounds of a wrapper-off and a wrapper-on block in one process")
+    ap.add_argument("--fr-rounds", type=int, default=10,
+                    help="ledger: runs of each flight recorder setting (0, 2000), alternating")
+    ap.add_argument("--fr-blocks", type=int, default=40, help="ledger: blocks timed in each flight recorder run")
+    ap.add_argument("--block-steps", type=int, default=25, help="ledger: training steps a timed block")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds a launch may take")
     args = ap.parse_args()
     began = time.perf_counter()
-    launched = [c for c in args.cases if c != "inproc"]
+    launched = [c for c in args.cases if c not in IN_ONE_RUN]
     runs: dict[tuple[str, bool], list[Figures]] = {(c, p): [] for c in launched for p in (False, True)}
     with tempfile.TemporaryDirectory(prefix="ddp-bench-overhead-") as cwd:
         for i in range(args.repeat):
@@ -202,6 +304,7 @@ def main() -> int:
             if not found:
                 sys.exit("bench/_probe_ab.py printed no epoch_s_on line")
             ab = tuple(float(v) for v in found[-1])
+        ledger_figures = measure_ledger(args, cwd) if "ledger" in args.cases else None
     if ab is not None:
         off, first, steady, steps, b_off, b_on, hook, hash_ms, flush_ms = ab
         print(f"in-process A/B: {int(steps)} steps an epoch, minimum over {args.pairs} rounds")
@@ -224,8 +327,11 @@ def main() -> int:
               f"{off * 1e3:.0f} ms epoch, {later_ms / (off * 1e3) * 100:.2f}% of the next "
               f"{MAX_ITERATIONS - 1}, nothing after")
         print()
+    if ledger_figures is not None:
+        print_ledger(ledger_figures, args)
     args.cases = launched
     if not launched:
+        print(f"total wall time {time.perf_counter() - began:.0f} s", flush=True)
         return 0
     print(f"plain loop: {args.steps - args.warmup} timed steps after {args.warmup} warm-up; Trainer: "
           f"{args.trainer_steps} steps, warm-up included; median of {args.repeat} interleaved runs each")

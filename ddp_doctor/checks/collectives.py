@@ -69,6 +69,7 @@ UNEVEN_INPUTS = declare(
 # all_to_all splits unevenly): only the operation is compared for these.
 _UNEVEN_INPUT_OPS = frozenset({"scatter", "all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
 _LEFT_POSITIONS = frozenset({"finished", "destroyed"})
+_EVENT_BACKENDS = ("nccl:", "ncclx:", "xccl:")  # their recorder's `state` comes from device events
 _LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
 
 
@@ -128,7 +129,7 @@ def _describe(entry: dict[str, Any]) -> str:
 
 def _entry_evidence(entry: dict[str, Any]) -> dict[str, Any]:
     keys = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "output_sizes",
-            "output_dtypes", "state", "retired", "time_created_ns", "record_id", "user_site")
+            "output_dtypes", "state", "retired", "failed_here", "time_created_ns", "record_id", "user_site")
     out = {k: entry[k] for k in keys if k in entry}
     site = _site(entry)
     if site:
@@ -151,9 +152,26 @@ def _seq(entry: dict[str, Any]) -> int | None:
     return seq if seq > 0 else None
 
 
-def _is_complete(entries: list[dict[str, Any]]) -> bool:
-    """The recorder kept everything from the first record on (its ring buffer never wrapped)."""
-    return any(e.get("record_id") == 0 for e in entries)
+def _pending(entry: dict[str, Any]) -> bool:
+    """The rank was inside this collective when its ledger was written: not retired, or the
+    collective its exception came out of (`failed_here`: torch retires a failed one). NCCL's
+    recorder also knows completion (`state`, from the collective's CUDA events, while the watchdog
+    has not yet retired it): an NCCL entry "completed" is not pending even if not retired."""
+    if bool(entry.get("failed_here")):
+        return True
+    if entry.get("retired", True):
+        return False
+    return not (str(entry.get("profiling_name") or "").startswith(_EVENT_BACKENDS)
+                and entry.get("state") == "completed")
+
+
+def _is_complete(ledger: dict[str, Any]) -> bool:
+    """The recorder kept everything from the first record on (its ring buffer never wrapped): the
+    collector says so (`complete`, also for a ledger it cut to the script's own calls), or the
+    first record is there."""
+    if "complete" in ledger:
+        return bool(ledger["complete"])
+    return any(e.get("record_id") == 0 for e in _entries(ledger))
 
 
 class _Rank:
@@ -164,7 +182,7 @@ class _Rank:
         self.ledger = ledger
         self.calls = calls
         self.last = max(calls) if calls else 0
-        self.waiting = any(not e.get("retired", True) for e in calls.values())  # in this group
+        self.waiting = any(_pending(e) for e in calls.values())  # in this group
         dumped = ledger.get("time")
         self.dumped_ns = int(float(dumped) * 1e9) if isinstance(dumped, (int, float)) else None
 
@@ -181,7 +199,7 @@ class _Rank:
 def _waiting_elsewhere(ledger: dict[str, Any], pg: str) -> dict[str, Any] | None:
     """The collective of another process group this rank waits in, if any."""
     for e in reversed(_entries(ledger)):
-        if not e.get("retired", True) and not e.get("is_p2p") and _pg_key(e)[0] != pg and _seq(e):
+        if _pending(e) and not e.get("is_p2p") and _pg_key(e)[0] != pg and _seq(e):
             return e
     return None
 
@@ -203,7 +221,8 @@ def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | Non
         r = int(rank)
         if world_size is not None and not 0 <= r < world_size:
             continue
-        if isinstance(ledger, dict) and _entries(ledger):
+        # an empty ledger says something only when nothing was lost: this rank issued no collective
+        if isinstance(ledger, dict) and (_entries(ledger) or ledger.get("complete") is True):
             usable[r] = ledger
 
     groups: dict[str, str] = {}
@@ -220,7 +239,7 @@ def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | Non
     # of it issued none (others may wait for it there).
     if "0" in per_group:
         for r, ledger in usable.items():
-            if r not in per_group["0"] and _is_complete(_entries(ledger)):
+            if r not in per_group["0"] and _is_complete(ledger):
                 per_group["0"][r] = {}
 
     findings: list[Finding] = []
@@ -246,7 +265,7 @@ def _align(pg: str, name: str, ranks: list[_Rank]) -> list[Finding]:
             by_sig.setdefault(_signature(entry), []).append(rank)
         if len(by_sig) > 1:
             return [_mismatch(pg, name, label, n, present, by_sig, ranks)]
-        waiting = [r for r in ranks if n in r.calls and not r.calls[n].get("retired", True)]
+        waiting = [r for r in ranks if n in r.calls and _pending(r.calls[n])]
         # Ranks that never issued call n and are not themselves waiting in this group. A rank whose
         # recorder lost its early calls holds later ones (last >= n) and is not judged; nor is one
         # still running whose ledger was written before the others issued call n (it was only
@@ -272,7 +291,7 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
     evidence = {
         "process_group": {"id": pg, "name": name}, "collective_seq_id": n,
         "ranks": {str(rank): {"entry": _entry_evidence(e), **_whereabouts(by_rank[rank].ledger),
-                              "odd": rank in odd}
+                              "odd": rank in odd, **({"consequence": True} if _pending(e) else {})}
                   for rank, e in sorted(present.items())},
     }
     return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=sorted(odd), evidence=evidence,

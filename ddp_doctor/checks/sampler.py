@@ -1,9 +1,25 @@
-"""Sampler checks (DDP850-DDP853): ranks drawing the same samples, samples never drawn, the same
-order every epoch, a training DataLoader not sharded across ranks.
+"""Sampler checks (DDP850-DDP854): ranks drawing the same samples, samples never drawn, the same
+order every epoch, a training DataLoader not sharded across ranks, every rank evaluating the whole
+data set.
 
 DDP850-DDP852 are raised both by `ddp_doctor.check_sampler` before training (it draws the indices,
 ddp_doctor/training/sampler_check.py) and by `sampler_rules` over the in-training probe records of
-all ranks (fingerprints of the first batches of each epoch); DDP853 only by the latter.
+all ranks (fingerprints of the first batches of each epoch); DDP853 and DDP854 only by the latter.
+
+Which loaders are judged, from what the ranks did (never from the script's text):
+- a loader whose batches fed the distributed model's training: between its draws a
+  DistributedDataParallel model ran a forward with autograd on, or an optimizer stepped over a DDP
+  model's parameters (`ddp_training` of an iteration). Only these are sharding bugs (DDP850, DDP853).
+  In a job where no DDP model trained (FSDP, DeepSpeed, gradients all-reduced by hand, or records of
+  an older probe) every loader iterated while an optimizer stepped is judged, as before;
+- a loader that fed only a model outside DDP (a reference model each rank trains on the full data on
+  purpose) is not a sharding bug: nothing is reported;
+- a loader drawn with no optimizer step and no DDP training forward (evaluation) that every rank
+  reads in full, in a job whose DDP model trains, is wasteful, not wrong: DDP854, info;
+- accelerate's prepared loaders shard on their own terms: `dispatch_batches` (rank 0 loads and
+  broadcasts, the other ranks draw nothing) and `split_batches` (each rank keeps its slice of one
+  batch, so the indices may be the same on every rank) are never DDP850 or DDP853. Lightning's
+  replacement samplers are DistributedSampler subclasses and judged as such.
 """
 from __future__ import annotations
 
@@ -19,6 +35,12 @@ OVERLAP = declare(
     doc="""
     What: The indices the ranks draw in one epoch overlap beyond DistributedSampler's padding
     (at most world_size - 1 repeats when drop_last=False).
+    In training (`ddp-doctor run`) only the DataLoaders whose batches feed the distributed
+    model's training steps are judged (a DDP model's forward with autograd on, or an optimizer step
+    over its parameters, between the loader's draws): a loader feeding a plain reference model that
+    every rank trains on the full data on purpose is not a sharding bug, evaluation without a
+    training step is DDP854 (info), and accelerate's split_batches/dispatch_batches loaders, which
+    slice or broadcast each batch across the ranks, are sharded by design.
     Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
     at 1/N of the speed it should, with N times the effective repetition.
     Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
@@ -48,13 +70,28 @@ SAME_ORDER = declare(
 NOT_SHARDED = declare(
     "DDP853", category="sampler", severity="warning", title="Training DataLoader is not sharded across ranks",
     doc="""
-    What: A map-style DataLoader iterated during training in a world of more than one rank uses a
-    sampler that is not distributed-aware (not a DistributedSampler, not sharded by accelerate,
-    Trainer or Lightning), and no rank-dependent data was seen.
+    What: A map-style DataLoader whose batches feed the distributed model's training steps, in a
+    world of more than one rank, uses a sampler that is not distributed-aware (not a
+    DistributedSampler, not sharded by accelerate, Trainer or Lightning), and no rank-dependent data
+    was seen. Loaders feeding only a model outside DDP, or evaluation, are not judged.
     Why: Each rank then draws from the whole data set: the job runs, but every epoch is N times
     longer than it should be and ranks may train on the same batches.
     Fix: Pass sampler=DistributedSampler(dataset) (and shuffle=False) to the DataLoader, or let
     Trainer/Accelerate/Lightning build it. If your data set is already sharded per rank, ignore this.
+    """)
+
+FULL_EVALUATION = declare(
+    "DDP854", category="sampler", severity="info", title="Every rank evaluates the whole data set",
+    doc="""
+    What: A DataLoader drawn with no training step in between (no optimizer step, no DDP forward
+    with autograd on: evaluation) yields the same samples on every rank, in a job whose
+    DistributedDataParallel model trains.
+    Why: It is not wrong, each rank computes the same metrics, but the evaluation takes N times the
+    compute it needs and its wall time does not shrink as ranks are added.
+    Fix: Shard it with DistributedSampler(dataset, shuffle=False) and combine the metrics across
+    ranks (dist.all_reduce of sums and counts, torchmetrics, accelerator.gather_for_metrics), or
+    evaluate on rank 0 only (through model.module, with the other ranks waiting at a barrier). If each
+    rank's own full-set number is what you want, ignore this.
     """)
 
 
@@ -101,20 +138,60 @@ def _overlap(its: dict[int, dict[str, Any]]) -> tuple[int, bool, int]:
     return sum(len(index_ranks[i]) - 1 for i in shared_idx), False, drawn
 
 
+def _ddp_trained(ranks: dict[int, dict[str, Any]]) -> bool:
+    """Whether a DDP model did training work on any rank (then only the loaders feeding it are
+    judged as training loaders)."""
+    for rec in ranks.values():
+        if rec.get("ddp_forwards") or rec.get("ddp_steps"):
+            return True
+        if any(it.get("ddp_training") for ld in rec.get("loaders") or [] for it in ld.get("iterations") or []):
+            return True
+    return False
+
+
+def _feeds_training(it: dict[str, Any], ddp_job: bool) -> bool:
+    """Whether an iteration fed the distributed training: the DDP model's, where one trained; any
+    optimizer step otherwise (FSDP, DeepSpeed, hand-made all_reduce; records of older probes)."""
+    if ddp_job and "ddp_training" in it:
+        return bool(it["ddp_training"])
+    return bool(it.get("training"))
+
+
+def _evaluation(it: dict[str, Any]) -> bool:
+    """A pass with no training between its draws. It takes two draws to see what happened between
+    them: a pass of one batch (`next(iter(loader))`, then a step) is not taken for evaluation."""
+    drawn = int(it.get("batches") or len(it.get("indices") or []))
+    return drawn >= 2 and not it.get("training") and not it.get("ddp_training")
+
+
+def _sharded_by_wrapper(have: dict[int, dict[str, Any]]) -> str | None:
+    """accelerate's modes that shard a batch after loading it: "dispatch_batches" or "split_batches"."""
+    if any(ld.get("dispatch") for ld in have.values()):
+        return "dispatch_batches"
+    if any(ld.get("split_batches") for ld in have.values()):
+        return "split_batches"
+    return None
+
+
 def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
     out: list[Finding] = []
     keyed = {r: _loader_keys(rec) for r, rec in ranks.items()}
     world = max([len(ranks)] + [int(rec.get("world_size") or 0) for rec in ranks.values()])
+    ddp_job = _ddp_trained(ranks)
     keys = sorted({k for ks in keyed.values() for k in ks})
     for key in keys:
         have = {r: ks[key] for r, ks in keyed.items() if key in ks}
         info = next(iter(have.values()))
-        training = {r: [it for it in ld.get("iterations", []) if it.get("training")] for r, ld in have.items()}
+        mode = _sharded_by_wrapper(have)
+        training = {r: [it for it in ld.get("iterations", []) if _feeds_training(it, ddp_job)]
+                    for r, ld in have.items()}
         trained = [r for r, its in training.items() if its]
         if not trained:
+            if ddp_job and mode is None:
+                out += _full_evaluation(info, have, world)
             continue
         flagged = rank_data = False
-        if len(trained) > 1:
+        if len(trained) > 1 and mode is None:
             first = {r: training[r][0] for r in trained}
             shared, rank_data, drawn = _overlap(first)
             allowed = (len(trained) - 1) * int(info.get("batch_size") or 1)
@@ -128,7 +205,7 @@ def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
                     f"epoch were drawn by more than one rank (padding allows {allowed})"),
                     rank=None, ranks=trained, evidence={"loader": info.get("site"), "shared": shared,
                                                         "drawn": drawn, "sampler": info.get("samplers")}))
-        if (not flagged and not rank_data and world > 1 and info.get("map_style")
+        if (not flagged and not rank_data and world > 1 and info.get("map_style") and mode is None
                 and not any(ld.get("distributed") for ld in have.values())):
             out.append(finding_at(NOT_SHARDED, (
                 f"the training DataLoader made at {info.get('site')} uses {info.get('sampler')} "
@@ -138,6 +215,30 @@ def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
                                                          "samplers": info.get("samplers")}))
         out += _same_order(info, training)
     return out
+
+
+def _full_evaluation(info: dict[str, Any], have: dict[int, dict[str, Any]], world: int) -> list[Finding]:
+    """DDP854: a loader only ever drawn for evaluation, whose first pass overlaps across ranks."""
+    first = {}
+    for r, ld in have.items():
+        evals = [it for it in ld.get("iterations", []) if _evaluation(it)]
+        if evals:
+            first[r] = evals[0]
+    if len(first) < 2 or world < 2:
+        return []
+    shared, rank_data, drawn = _overlap(first)
+    allowed = (len(first) - 1) * int(info.get("batch_size") or 1)
+    if rank_data or shared <= allowed:
+        return []
+    rs = sorted(first)
+    return [finding_at(FULL_EVALUATION, (
+        f"ranks {format_ranks(rs)} each drew the same samples from the DataLoader made at {info.get('site')} "
+        f"({info.get('sampler')} over {info.get('dataset')} of {info.get('dataset_size')}) with no training "
+        f"step between its batches (evaluation): {shared} of {drawn} samples in the first "
+        f"{max(len(it.get('indices') or []) for it in first.values())} batches were drawn by more than one "
+        f"rank, so every rank repeats the same evaluation"),
+        rank=None, ranks=rs, evidence={"loader": info.get("site"), "shared": shared, "drawn": drawn,
+                                       "sampler": info.get("samplers")})]
 
 
 def _same_order(info: dict[str, Any], training: dict[int, list[dict[str, Any]]]) -> list[Finding]:

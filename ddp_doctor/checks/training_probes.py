@@ -2,7 +2,7 @@
 failed=...)` runs them all, in this order:
 
 - init_order.py: set-up order (DDP860-DDP866), per rank and across ranks (shared GPU);
-- sampler.py: sampler sharding and epochs (DDP850, DDP852, DDP853);
+- sampler.py: sampler sharding and epochs (DDP850, DDP852, DDP853), full evaluation on every rank (DDP854);
 - replica_consistency.py: parameters and buffers differing between ranks (DDP870, DDP871);
 - training_scale.py: data-loading stragglers, global batch and learning rate (DDP872, DDP873);
 - teardown.py: destroy_process_group missing (DDP880), judged only when the job did not fail.

@@ -3,7 +3,12 @@ cannot deadlock the job): how the rank ended, its exception, its heartbeat and i
 
 Layout of a run directory: rank-N.json (outcome), hb-N.json (heartbeat), stack-N.txt (stacks
 dumped on request), crash-N.txt (the Python stacks faulthandler wrote when a fatal signal hit the rank),
-probe-PID.json (what the in-training probes of one process recorded).
+probe-PID.json (what the in-training probes of one process recorded), ledger-N.json (the rank's
+ledger of collectives, from torch's flight recorder, written at the endings the rank lives through),
+ledger-request (written by the parent on a hang, or by a failing rank: each live rank's watchdog
+then writes its ledger), init-PID.json (what a process passed to init_process_group, written as it
+called it), nccl-fr-rank-N (NCCL's flight recorder dump on a collective timeout, pickled by torch;
+read by training/run/nccl_dumps.py).
 """
 from __future__ import annotations
 
@@ -45,12 +50,43 @@ def probe_path(run_dir: str, pid: int) -> str:
     return os.path.join(run_dir, f"probe-{pid}.json")
 
 
+def ledger_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"ledger-{rank}.json")
+
+
+def init_call_path(run_dir: str, pid: int) -> str:
+    return os.path.join(run_dir, f"init-{pid}.json")
+
+
+def read_init_calls(run_dir: str) -> list[dict[str, Any]]:
+    """Every init_process_group call recorded in the run directory, oldest first."""
+    out = []
+    for p in glob.glob(os.path.join(run_dir, "init-*.json")):
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return sorted(out, key=lambda d: float(d.get("time") or 0))
+
+
+def ledger_request_path(run_dir: str) -> str:
+    return os.path.join(run_dir, "ledger-request")
+
+
 def write_outcome(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
 
 
 def write_heartbeat(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data})
+
+
+def write_ledger(run_dir: str, rank: int, data: dict[str, Any]) -> None:
+    """One rank's ledger of collectives; a later ending replaces an earlier one."""
+    write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
 
 
 def _read_all(pattern: str) -> dict[int, dict[str, Any]]:
@@ -71,6 +107,10 @@ def read_outcomes(run_dir: str) -> dict[int, dict[str, Any]]:
 
 def read_heartbeats(run_dir: str) -> dict[int, dict[str, Any]]:
     return _read_all(os.path.join(run_dir, "hb-*.json"))
+
+
+def read_ledgers(run_dir: str) -> dict[int, dict[str, Any]]:
+    return _read_all(os.path.join(run_dir, "ledger-*.json"))
 
 
 def _read_text(path: str) -> str | None:

@@ -32,13 +32,37 @@ def _draw(sampler: Any, epoch: int) -> list[int]:
     return [int(i) for i in iter(sampler)]
 
 
+def _actual_world(world_size: int | None) -> int | None:
+    """The world the sampler will run in: the argument, else the initialised process group, else
+    WORLD_SIZE; None when nothing says."""
+    if world_size:
+        return int(world_size)
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # noqa: BLE001 - a broken group is not this check's concern
+        pass
+    env = os.environ.get("WORLD_SIZE", "")
+    return int(env) if env.strip().isdigit() and int(env) > 0 else None
+
+
 def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
                   dataset_size: int | None = None) -> list[Finding]:
-    """Findings (empty when the sharding is right) for a DataLoader or a sampler."""
+    """Findings (empty when the sharding is right) for a DataLoader or a sampler.
+
+    For a DistributedSampler the world is its num_replicas; when the actual world (`world_size`,
+    else the initialised process group, else WORLD_SIZE) is smaller, only the ranks that exist
+    draw, so the shards of the missing ranks are reported as never drawn (DDP851)."""
     from torch.utils.data.distributed import DistributedSampler
     sampler = _sampler_of(obj)
     distributed = isinstance(sampler, DistributedSampler)
-    world = int(sampler.num_replicas) if distributed else int(world_size or os.environ.get("WORLD_SIZE", 1))
+    actual = _actual_world(world_size)
+    replicas = int(sampler.num_replicas) if distributed else None
+    if distributed:
+        world = min(replicas, actual) if actual else replicas
+    else:
+        world = int(actual or 1)
     n = dataset_size if dataset_size is not None else len(getattr(sampler, "dataset", None) or
                                                           getattr(obj, "dataset", None) or sampler)
     findings: list[Finding] = []
@@ -65,10 +89,15 @@ def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
             rank=None, ranks=list(range(world)),
             evidence={"sampler": type(sampler).__name__, "repeats": repeats, "allowed": allowed}))
     missing = n - len(counts)
+    short = bool(distributed and actual and replicas and replicas > actual)
     if missing > (world - 1 if getattr(sampler, "drop_last", False) else 0):
+        why = (f" (DistributedSampler num_replicas={replicas} in a world of {actual}: the shards of "
+               f"ranks {format_ranks(range(actual, replicas))} are drawn by no one)") if short else ""
         findings.append(event_finding(NOT_COVERED, (
             f"one epoch over {world} rank(s) draws {len(counts)} of {n} distinct samples: {missing} never "
-            f"drawn"), rank=None, evidence={"missing": missing, "dataset_size": n}))
+            f"drawn{why}"), rank=None, evidence={"missing": missing, "dataset_size": n,
+                                                  **({"num_replicas": replicas, "world_size": actual}
+                                                     if short else {})}))
     shuffled = any(shard != sorted(shard) for shard in first)
     if epochs > 1 and shuffled and draws[0] == draws[1]:
         findings.append(event_finding(SAME_ORDER, (

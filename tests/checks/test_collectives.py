@@ -279,6 +279,17 @@ def test_empty_or_missing_ledger_is_not_judged(other: dict[str, Any] | None) -> 
     assert ledger_findings(ledgers) == []
 
 
+def test_an_empty_ledger_that_lost_nothing_is_a_rank_that_issued_none() -> None:
+    # the collector cut the ledger to the script's calls and says nothing was lost: rank 1 issued
+    # no collective while rank 0 waits in one (rank 1 sleeps at x.py:9)
+    a = real_prefix() + [entry(7, "all_reduce", [[10]], retired=False)]
+    empty = {"rank": 1, "entries": [], "complete": True, "position": "running", "where": "x.py:9 in <module>"}
+    found = ledger_findings({0: ledger(0, a, "hung"), 1: empty})
+    assert ids(found) == ["DDP891"] and found[0].ranks == [1]
+    assert "rank 1 never issued #7 (it issued none): it is at x.py:9 in <module>" in found[0].message
+    assert ledger_findings({0: ledger(0, a, "hung"), 1: {**empty, "complete": False}}) == []
+
+
 def test_wrapped_recorder_does_not_judge_lost_calls() -> None:
     # rank 1's ring buffer wrapped (its first kept record is not record 0): that it holds no call of
     # the default group says nothing, while the same record kept whole would (DDP891)

@@ -1,6 +1,7 @@
 """From rank records to findings and the job's exit status (ddp_doctor/training/run/diagnose.py)."""
 from __future__ import annotations
 
+import json
 import signal
 import sysconfig
 
@@ -154,3 +155,18 @@ def test_a_crashed_rank_sets_the_status_when_the_launcher_stopped_a_lower_rank_f
     assert code == 128 + signal.SIGSEGV
     f = by_id(findings)
     assert f["DDP807"].ranks == [1] and f["DDP802"].ranks == [0] and f["DDP802"].evidence["consequence"]
+
+
+def test_a_launcher_that_fails_before_any_rank_is_never_a_pass(tmp_path):
+    from types import SimpleNamespace
+
+    from ddp_doctor.training.run.command import finish
+    report = tmp_path / "r.json"
+    opts = SimpleNamespace(report_path=str(report), hang_timeout=None, trace_path=None, run_dir=None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code = finish(str(run_dir), 1, None, opts, [])
+    rep = json.loads(report.read_text())
+    assert code == 1 and rep["status"] == "fail"
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP003" and "exited with status 1 before any rank" in cause["message"]

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+SCRIPTS_OK = str(SCRIPTS / "ok_allreduce.py")
 
 
 def script(name: str) -> str:
@@ -30,9 +31,10 @@ def test_self_launched_run_passes_output_argv_and_exit_code_through(tmp_path):
 
 
 def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(tmp_path):
-    report = tmp_path / "r.json"
+    """Also the Chrome trace of this failing run (--trace): one launch, both sets of assertions."""
+    report, path = tmp_path / "r.json", tmp_path / "trace.json"
     res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), "--timeout", "20",
-               script("rank1_raises.py")], clean_env(), str(tmp_path))
+               "--trace", str(path), script("rank1_raises.py")], clean_env(), str(tmp_path))
     assert res.rc == 1, res.output
     assert "ValueError: bad batch on rank 1" in res.stderr  # the user's traceback, as Python prints it
     rep = load_json(str(report))
@@ -41,6 +43,38 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(tmp_path)
     peer = [f for f in rep["findings"] if f["id"] == "DDP802"]
     assert peer and peer[0]["ranks"] == [0] and peer[0]["evidence"]["consequence"]
     assert "Root cause: DDP800" in res.stderr
+    assert rep["measurements"]["stage_seconds"]["group_checks"] > 0
+    assert_failing_run_trace(path, res.stderr)
+
+
+def assert_failing_run_trace(path: Path, stderr: str) -> None:
+    """The trace shows each rank's lane, its preflight stages, the failure and the collective
+    rank 0 was in when rank 1 left."""
+    import json
+
+    from ddp_doctor.report import trace as tracelib
+
+    def events(trace: dict, pid: int, cat: str | None = None) -> list[dict]:
+        return [e for e in trace["traceEvents"] if e["pid"] == pid and e["ph"] != "M"
+                and (cat is None or e.get("cat") == cat)]
+
+    assert str(path) in stderr and "ui.perfetto.dev" in stderr
+    trace = json.loads(path.read_text())
+    assert tracelib.validate(trace) == []
+    lanes = tracelib.lanes_named(trace)
+    assert sorted(lanes) == [0, 1] and lanes[1].startswith("rank 1 (")
+    for rank in (0, 1):
+        stages = {"local_checks", "rendezvous", "init_process_group", "group_checks", "teardown"}
+        assert stages <= {e["name"] for e in events(trace, rank, "preflight.stage")}, rank
+        assert "DDP401" in {e["name"].split()[0] for e in events(trace, rank, "preflight.check")}
+        assert [e["name"] for e in events(trace, rank) if e["name"] == "init_process_group"
+                and e["cat"] == "probe"] == ["init_process_group"]
+    [failed] = events(trace, 1, "failure")
+    assert failed["name"] == "failed: ValueError: bad batch on rank 1"
+    [cause] = events(trace, 1, "root_cause")
+    assert "DDP800" in cause["name"]
+    coll = [e for e in events(trace, 0) if e["name"].startswith("#1 all_reduce")]
+    assert coll and coll[0]["args"]["seq_id"] == 1 and coll[0]["args"]["input_sizes"] == [[4]]
 
 
 def test_a_native_crash_is_the_root_cause_with_its_python_line(tmp_path):
@@ -65,9 +99,15 @@ def test_a_hang_is_reported_with_stacks_within_the_bound(tmp_path):
                script("rank1_sleeps.py")], clean_env(), str(tmp_path), timeout=90)
     assert res.rc == 124, res.output
     rep = load_json(str(report))
-    hang = rep["root_cause"]
-    assert hang["id"] == "DDP801" and hang["ranks"] == [1]
     sleep_line = Path(script("rank1_sleeps.py")).read_text().splitlines().index("    time.sleep(600)") + 1
+    # the cause from the ledgers: rank 0 waits in the all_reduce rank 1 never issued, and where rank 1 is
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP891" and cause["ranks"] == [1], rep["findings"]
+    assert "rank 0 waits in all_reduce #1" in cause["message"]
+    assert f"rank1_sleeps.py:{sleep_line}" in cause["message"]
+    # the hang itself stays in the report, with every rank's stack, as its consequence
+    [hang] = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang["ranks"] == [1] and hang["evidence"]["consequence"]
     assert f"rank1_sleeps.py:{sleep_line}" in hang["message"] and "(in a collective)" in hang["message"]
     stacks = hang["evidence"]["stacks"]
     assert "rank1_sleeps.py" in stacks["1"] and "all_reduce" in stacks["0"]
@@ -129,6 +169,7 @@ def test_module_form_keeps_python_m_semantics(tmp_path):
     (["run", "missing_script.py"], "no such script"),
     (["run", "--bogus", "x.py"], "unknown option"),
     (["run", "--timeout", "-3", "x.py"], "bad ddp-doctor option"),
+    (["run", "--nproc-per-node", "2", "--run-dir", "/proc/no-such-dir", SCRIPTS_OK], "cannot make the run directory"),
 ])
 def test_usage_errors_exit_2_without_traceback(tmp_path, argv, needle):
     res = run([*DDP, *argv], clean_env(), str(tmp_path), timeout=30)

@@ -65,3 +65,20 @@ def test_same_order_every_epoch_is_flagged():
 def test_distributed_sampler_changes_order_when_set_epoch_is_called():
     sampler = DistributedSampler(DATA, num_replicas=2, rank=1, shuffle=True)
     assert ddp_doctor.check_sampler(sampler, epochs=3) == []
+
+
+def test_num_replicas_larger_than_the_world_misses_samples():
+    # issue 13 item 8: num_replicas=8 in a world of 4: the shards of ranks 4-7 are never drawn
+    sampler = DistributedSampler(TensorDataset(torch.arange(16)), num_replicas=8, rank=0, shuffle=False)
+    findings = ddp_doctor.check_sampler(sampler, world_size=4)
+    assert ids(findings) == ["DDP851"]
+    assert "8 of 16 distinct samples: 8 never drawn" in findings[0].message
+    assert "num_replicas=8 in a world of 4" in findings[0].message and "ranks 4-7" in findings[0].message
+
+
+def test_num_replicas_from_world_size_env(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    sampler = DistributedSampler(TensorDataset(torch.arange(16)), num_replicas=8, rank=0, shuffle=False)
+    assert ids(ddp_doctor.check_sampler(sampler)) == ["DDP851"]
+    ok = DistributedSampler(TensorDataset(torch.arange(16)), num_replicas=4, rank=0, shuffle=False)
+    assert ddp_doctor.check_sampler(ok) == []

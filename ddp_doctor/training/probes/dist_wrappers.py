@@ -1,6 +1,10 @@
 """Wrappers around torch.distributed and DDP: init_process_group, destroy_process_group,
 torch.cuda.set_device, DistributedDataParallel.__init__, and the optimizer step hook. Each records
-an event (with the user's call site) and then calls the original unchanged."""
+an event (with the user's call site) and then calls the original unchanged.
+
+Each DDP model also gets a forward pre-hook (`on_ddp_forward`) that counts its forwards with
+autograd on, and optimizer steps over a DDP model's parameters are counted apart: together they
+tell which DataLoaders fed the distributed model's training (the sampler rules judge only those)."""
 from __future__ import annotations
 
 import weakref
@@ -11,12 +15,49 @@ from ddp_doctor.training.probes.patching import record_quietly
 from ddp_doctor.training.probes.record_exchange import share_across_nodes
 from ddp_doctor.training.probes.recorder import Recorder, current_recorder, group_is_up, torch_dist
 
+# Each live DDP model -> ids of its parameters (weak keys: a freed model's ids may be reused).
+_DDP_PARAMS: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
+# Optimizer -> (DDP models made so far, its param groups, whether it updates a DDP model): the
+# answer is worked out once per optimizer, not at every step.
+_UPDATES_DDP: "weakref.WeakKeyDictionary[Any, tuple[int, int, bool]]" = weakref.WeakKeyDictionary()
+_ddp_made = 0
+
 
 def on_optimizer_step(optimizer: Any, *args: Any) -> None:
-    """Registered as torch's optimizer step post-hook: counts steps, check-sums after the first."""
+    """Registered as torch's optimizer step post-hook: counts steps, check-sums after the first,
+    and counts apart the steps that update a DDP model."""
     rec = current_recorder()
     if rec is not None:
         rec.on_step(optimizer, *args)
+        if _ddp_made and _updates_ddp_model(optimizer):
+            rec.ddp_steps += 1
+
+
+def _updates_ddp_model(optimizer: Any) -> bool:
+    """Whether the optimizer holds a parameter of a live DDP model (the first of each group is
+    enough: a group's parameters belong to one model in practice)."""
+    try:
+        groups = optimizer.param_groups
+        known = _UPDATES_DDP.get(optimizer)
+        if known is not None and known[0] == _ddp_made and known[1] == len(groups):
+            return known[2]
+        firsts = [id(g["params"][0]) for g in groups if g.get("params")]
+        answer = any(i in ids for ids in list(_DDP_PARAMS.values()) for i in firsts)
+        _UPDATES_DDP[optimizer] = (_ddp_made, len(groups), answer)
+        return answer
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def on_ddp_forward(module: Any, args: Any) -> None:
+    """Forward pre-hook of every DDP model: counts forwards with autograd on (training: DDP then
+    all-reduces the gradients in backward; evaluation under no_grad is not counted). A function of
+    this module, not a closure, so that a model carrying the hook still pickles."""
+    rec = current_recorder()
+    if rec is not None:
+        import torch
+        if torch.is_grad_enabled():
+            rec.ddp_forwards += 1
 
 
 def init_process_group_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,7 +130,15 @@ def ddp_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         record_quietly(rec, "DistributedDataParallel", lambda: _record_ddp(rec, module, args, kwargs))
         orig(self, module, *args, **kwargs)
         rec.ddp_modules.append(weakref.ref(self))
+        record_quietly(rec, "DistributedDataParallel hook", lambda: _watch_training(self))
     return __init__
+
+
+def _watch_training(ddp: Any) -> None:
+    global _ddp_made
+    _DDP_PARAMS[ddp] = frozenset(id(p) for p in ddp.parameters())
+    _ddp_made += 1
+    ddp.register_forward_pre_hook(on_ddp_forward)
 
 
 def _record_ddp(rec: Recorder, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -10,7 +10,14 @@ from __future__ import annotations
 import atexit
 import os
 
-from ddp_doctor.training.probes import children, dist_wrappers, loader_wrappers, recorder
+from ddp_doctor.training.probes import (
+    children,
+    collective_sites,
+    dist_wrappers,
+    init_arguments,
+    loader_wrappers,
+    recorder,
+)
 from ddp_doctor.training.probes.import_hooks import when_imported
 from ddp_doctor.training.probes.patching import wrap_in_place
 from ddp_doctor.training.probes.recorder import Recorder
@@ -35,6 +42,11 @@ def _at_exit() -> None:
         rec.end(how="exit")
 
 
+def _out_dir() -> str | None:
+    rec = recorder.current_recorder()
+    return rec.out_dir if rec is not None else None
+
+
 def _patch_torch() -> None:
     global _patched
     if _patched:
@@ -49,12 +61,23 @@ def _patch_torch() -> None:
     from torch.utils.data.distributed import DistributedSampler
 
     # One wrapper for both names of each function: dist.X and c10d.X are the same object.
-    init = dist_wrappers.init_process_group_wrapper(c10d.init_process_group)
+    init = init_arguments.init_arguments_wrapper(_out_dir)(
+        dist_wrappers.init_process_group_wrapper(c10d.init_process_group))
     for owner in (dist, c10d):
         wrap_in_place(owner, "init_process_group", lambda orig: init)
     destroy = dist_wrappers.destroy_process_group_wrapper(c10d.destroy_process_group)
     for owner in (dist, c10d):
         wrap_in_place(owner, "destroy_process_group", lambda orig: destroy)
+    if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"):
+        collective_sites.enable_detail()  # no flight recorder: the Python calls are the ledger
+    for name in collective_sites.COLLECTIVES:  # the script's call sites, for the ledger
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        site = collective_sites.collective_wrapper(name)(fn)
+        for owner in (dist, c10d):
+            if getattr(owner, name, None) is fn:
+                wrap_in_place(owner, name, lambda orig, site=site: site)
     wrap_in_place(torch.cuda, "set_device", dist_wrappers.set_device_wrapper)
     wrap_in_place(DistributedDataParallel, "__init__", dist_wrappers.ddp_init_wrapper)
     wrap_in_place(DistributedSampler, "set_epoch", loader_wrappers.set_epoch_wrapper)

@@ -2,9 +2,16 @@
 (one `Iteration` per epoch, for a loader's first MAX_ITERATIONS epochs), the loader iterator's
 _next_index and __next__ (indices of the first K_BATCHES batches, content fingerprints of the first
 HASH_BATCHES, time waited for each batch) and DistributedSampler.set_epoch. Per batch the cost is a
-few attribute reads and two clock reads."""
+few attribute reads and two clock reads.
+
+accelerate's prepared loaders (DataLoaderShard, DataLoaderDispatcher) are not DataLoaders: each holds
+one as `base_dataloader` and iterates it. When that DataLoader is iterated, the object iterating it is
+looked up (`_accelerate_wrapper`, by the attribute, not by import: accelerate is not a dependency)
+and its mode recorded: `split_batches` (one batch of the original size cut into one slice per rank)
+and `dispatch` (rank 0 loads and broadcasts; the other ranks' DataLoader is never drawn from)."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable
 
@@ -17,7 +24,9 @@ HASH_BATCHES = 4         # of those, batches whose samples' contents are fingerp
 MAX_ITERATIONS = 4       # epochs per loader kept in full
 SHUFFLING = ("RandomSampler", "SeedableRandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 SHARDING = ("BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "DataLoaderDispatcher",
-            "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler")
+            "DistributedSampler", "DistributedSamplerWrapper", "DistributedBucketSampler",
+            "UnrepeatedDistributedSampler", "UnrepeatedDistributedSamplerWrapper")
+DISPATCHING = ("DataLoaderDispatcher",)
 
 
 def set_epoch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,6 +59,7 @@ def sampler_info(loader: Any) -> dict[str, Any]:
     s = inner if inner is not None and type(sampler).__name__ == "SequentialSampler" else sampler
     shuffle = bool(type(s).__name__ in SHUFFLING or getattr(s, "shuffle", False)
                    or any(n in SHUFFLING for n in names))
+    split = any(getattr(x, "split_batches", False) is True for x in (loader, batch_sampler, dataset))
     return {"class": type(loader).__name__, "sampler": type(sampler).__name__ if sampler is not None else None,
             "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
             "samplers": names, "dataset": type(dataset).__name__, "dataset_size": size,
@@ -57,7 +67,29 @@ def sampler_info(loader: Any) -> dict[str, Any]:
             "batch_size": getattr(loader, "batch_size", None) or getattr(batch_sampler, "batch_size", None),
             "distributed": any(n in SHARDING for n in names) or (
                 hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")),
-            "shuffle": shuffle}
+            "shuffle": shuffle, "split_batches": split, "dispatch": type(loader).__name__ in DISPATCHING}
+
+
+def _accelerate_wrapper(loader: Any) -> Any:
+    """The object iterating `loader` as its `base_dataloader` (accelerate's DataLoaderShard or
+    DataLoaderDispatcher), found among the few frames that called DataLoader.__iter__; else None."""
+    frame = sys._getframe(2)
+    for _ in range(3):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not loader and getattr(owner, "base_dataloader", None) is loader:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def wrapper_info(owner: Any) -> dict[str, Any]:
+    """What an accelerate wrapper around a DataLoader adds: its class, split/dispatch mode."""
+    name = type(owner).__name__
+    return {"wrapper": name, "distributed": True,
+            "split_batches": bool(getattr(owner, "split_batches", False) is True),
+            "dispatch": name in DISPATCHING or callable(getattr(owner, "_fetch_batches", None))}
 
 
 def _distributed_sampler(loader: Any) -> Any:
@@ -98,7 +130,13 @@ def loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             epoch = getattr(ds, "epoch", None) if ds is not None else None
             if lid in rec.loaders:
                 rec.loaders[lid]["iterated"] = rec.loaders[lid].get("iterated", 0) + 1
-                rec.loaders[lid].update(sampler_info(self))  # accelerate may swap samplers late
+                info = sampler_info(self)  # accelerate may swap samplers late
+                owner = _accelerate_wrapper(self)
+                if owner is not None:
+                    split = info["split_batches"]
+                    info.update(wrapper_info(owner))
+                    info["split_batches"] = info["split_batches"] or split
+                rec.loaders[lid].update(info)
             if len(its) >= MAX_ITERATIONS:
                 it._ddp_doctor_state = None  # enough epochs kept: later ones cost nothing
                 return it
@@ -127,6 +165,7 @@ def next_batch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         if state is None:
             return orig(self)
         state.steps_at_last = state.recorder.steps  # also on the call that ends the epoch
+        state.ddp_at_last = state.recorder.ddp_work
         t0 = time.perf_counter()
         data = orig(self)
         dt = time.perf_counter() - t0

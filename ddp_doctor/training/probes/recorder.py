@@ -47,14 +47,17 @@ def group_is_up() -> bool:
 
 
 class Iteration:
-    """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of."""
+    """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of, and
+    what was done with them: `training` when an optimizer stepped between its first and last draw,
+    `ddp_training` when a DDP model did training work then (its batches fed the distributed model)."""
 
     __slots__ = ("loader", "number", "epoch", "steps_at_start", "steps_at_last", "batches",
-                 "indices", "hashes", "data_times", "recorder", "done")
+                 "indices", "hashes", "data_times", "recorder", "done", "ddp_at_start", "ddp_at_last")
 
     def __init__(self, recorder: "Recorder", loader: dict[str, Any], number: int, epoch: Any) -> None:
         self.recorder, self.loader, self.number, self.epoch = recorder, loader, number, epoch
         self.steps_at_start = self.steps_at_last = recorder.steps
+        self.ddp_at_start = self.ddp_at_last = recorder.ddp_work
         self.batches = 0
         self.indices: list[Any] = []
         self.hashes: list[Any] = []
@@ -64,6 +67,7 @@ class Iteration:
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "epoch": self.epoch, "batches": self.batches,
                 "training": self.steps_at_last > self.steps_at_start,
+                "ddp_training": self.ddp_at_last > self.ddp_at_start,
                 "indices": self.indices, "hashes": self.hashes}
 
 
@@ -86,6 +90,10 @@ class Recorder:
         self.extra: dict[str, Any] = {}    # what callbacks add (Trainer arguments, ...)
         self.ended: dict[str, Any] | None = None
         self.set_device_called = False
+        # Training work on DistributedDataParallel models: forwards with autograd on (DDP then
+        # all-reduces the gradients in backward) and optimizer steps over a DDP model's parameters.
+        self.ddp_forwards = 0
+        self.ddp_steps = 0
 
     # -- identity
     @property
@@ -111,6 +119,11 @@ class Recorder:
     def note_error(self, what: str, error: Exception) -> None:
         """A recording that failed: said in the record, never raised into the job."""
         self.extra.setdefault("probe_errors", []).append(f"{what}: {error!r}")
+
+    @property
+    def ddp_work(self) -> int:
+        """A counter that moves whenever a DDP model does training work (see `Iteration`)."""
+        return self.ddp_forwards + self.ddp_steps
 
     # -- steps and checksums
     def on_step(self, optimizer: Any, *_: Any) -> None:
@@ -150,6 +163,7 @@ class Recorder:
                 "host": os.uname().nodename, "started": self.started, "time": time.time(),
                 "pg": self.pg, "events": self.events, "steps": self.steps,
                 "step_interval": median_interval(self.step_times),
+                "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
 
     def flush(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
-                  "--backend": 1}
+                  "--backend": 1, "--run-dir": 1, "--trace": 1}
 TORCHRUN_OPTIONS = {
     "--nnodes": 1, "--nproc-per-node": 1, "--nproc_per_node": 1, "--node-rank": 1, "--node_rank": 1,
     "--master-addr": 1, "--master_addr": 1, "--master-port": 1, "--master_port": 1,
@@ -84,6 +85,8 @@ def doctor_parser() -> argparse.ArgumentParser:
     p.add_argument("--select", action="append")
     p.add_argument("--skip", action="append")
     p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"))
+    p.add_argument("--run-dir", default=None)  # keep the run directory (records, ledgers, stacks) in it
+    p.add_argument("--trace", default=None)  # the ranks' timelines as a Chrome trace (run/trace_file.py)
     return p
 
 
@@ -98,7 +101,7 @@ def torchrun_value(torchrun: list[str], *names: str) -> str | None:
 def run_options(doctor: list[str], target: Target) -> Any:
     from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
-    from ddp_doctor.training.run.rank import DEFAULT_HANG_TIMEOUT, RunOptions
+    from ddp_doctor.training.run.rank import RunOptions
     try:
         ns = doctor_parser().parse_args(doctor)
     except SystemExit:
@@ -107,8 +110,9 @@ def run_options(doctor: list[str], target: Target) -> Any:
     bad = catalogue.unknown_selectors(select + skip)
     if bad:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
-    return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout or DEFAULT_HANG_TIMEOUT,
-                      select=select, skip=skip, backend=ns.backend, report_path=ns.report)
+    return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout,
+                      select=select, skip=skip, backend=ns.backend, report_path=ns.report, run_dir=ns.run_dir,
+                      trace_path=ns.trace)
 
 
 def main(argv: list[str]) -> int:
@@ -141,42 +145,126 @@ def agent_command(torchrun: list[str], doctor: list[str], target: Target) -> lis
                                                    "--rdzv_endpoint", "--master-port", "--master_port"))
     if nnodes == "1" and not given and "--standalone" not in args:
         args.append("--standalone")  # a free port for the store: no collisions between jobs
+    # Several nodes: the launcher's own rendezvous waits for the others 900 s by default (static:
+    # timeout, c10d: join_timeout): bound it by --timeout, as the preflight bounds the ranks' meeting.
+    bound = str(max(1, math.ceil(float(torchrun_value(doctor, "--timeout") or 60))))
+    conf = torchrun_value(args, "--rdzv-conf", "--rdzv_conf")
+    keys = {kv.split("=", 1)[0].strip() for kv in (conf or "").split(",") if "=" in kv}
+    more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys] if nnodes != "1" else []
+    if more:
+        args = [a for i, a in enumerate(args) if a.split("=", 1)[0] not in ("--rdzv-conf", "--rdzv_conf")
+                and not (i and args[i - 1] in ("--rdzv-conf", "--rdzv_conf"))]
+        args.append("--rdzv-conf=" + ",".join(([conf] if conf else []) + more))
     tail = ["-m", target.module] if target.module else [str(target.path)]
     return [sys.executable, "-m", "ddp_doctor.training.run.agent", *args, "-m", "ddp_doctor", "run",
             *doctor, *tail, *target.args]
 
 
 def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) -> int:
-    from ddp_doctor.preflight_run.local_launch import _die_with_parent, terminate_tree
+    from ddp_doctor.preflight_run.local_launch import terminate_tree
+    from ddp_doctor.preflight_run.stop_signals import SignalCatcher
+    from ddp_doctor.training import records
     from ddp_doctor.training.run.agent import RESULT_ENV
+    from ddp_doctor.training.run.ledger import recorder_env
     from ddp_doctor.training.run.rank import PARENT_ENV, RUN_DIR_ENV
 
-    run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-")
+    keep_in = opts.run_dir  # --run-dir: the run directory is made inside it and kept
+    try:
+        if keep_in:
+            os.makedirs(keep_in, exist_ok=True)
+        run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-", dir=keep_in)
+    except OSError as e:
+        raise RunUsageError(f"--run-dir {keep_in}: cannot make the run directory there "
+                            f"({e.strerror or e})") from None
+    if keep_in:
+        sys.stderr.write(f"ddp-doctor: run directory (records, ledgers, stacks): {run_dir}\n")
     env = dict(os.environ)
     env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: os.path.join(run_dir, "agent.json")})
     env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_die_with_parent)
+    recorder_env(env, run_dir)  # ledgers of collectives, NCCL's dumps on timeout; never the user's values
     hang = None
+    stuck_in_init = False
+    slow: dict[str, Any] = {}  # the longest wait for a slow rank, not (yet) a hang
+    with SignalCatcher() as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
+        proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
+        try:
+            while proc.poll() is None and stop.wait(0.5) is None:
+                end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
+                hang = detect_hang(run_dir, opts.hang_timeout, slow)
+                stuck_in_init = detect_bad_init(run_dir)
+                if hang is not None or stuck_in_init:
+                    break
+                if nodes_never_met(run_dir, torchrun, opts):  # ends the agent; finish reports it
+                    break
+            if stop.caught is not None and proc.poll() is None:
+                sys.stderr.write(f"ddp-doctor: {stop.caught.describe()}: taking the ranks' stacks and ledgers, "
+                                 f"then stopping them\n")
+                hang = collect_stacks(run_dir, records.read_heartbeats(run_dir), reason="interrupted")
+                terminate_tree(proc)
+            elif hang is not None:
+                hang = collect_stacks(run_dir, hang)
+                terminate_tree(proc)
+            else:
+                terminate_tree(proc, grace=0.5)  # nothing may outlive the launcher
+        except BaseException:
+            terminate_tree(proc)
+            raise
     try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-            end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
-            hang = detect_hang(run_dir, opts.hang_timeout)
-            if hang is not None:
-                break
-    except KeyboardInterrupt:
-        terminate_tree(proc)
-        raise
-    if hang is not None:
-        hang = collect_stacks(run_dir, hang)
-        terminate_tree(proc)
-    else:
-        terminate_tree(proc, grace=0.5)  # nothing may outlive the launcher
-    try:
-        return finish(run_dir, proc.returncode, hang, opts, torchrun)
+        return finish(run_dir, proc.returncode, hang, opts, torchrun, stuck_in_init=stuck_in_init,
+                      interrupted=stop.caught, slow=slow)
     finally:
-        import shutil
-        shutil.rmtree(run_dir, ignore_errors=True)
+        from ddp_doctor.training.run.nccl_dumps import dump_files
+        if keep_in:
+            pass
+        elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
+            sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
+        else:
+            import shutil
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+NODES_GRACE = 20.0  # seconds past the rendezvous bound before the parent ends a waiting launcher
+_LAUNCHED: dict[str, float] = {}  # run directory -> when its launch loop first looked
+
+
+def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any) -> bool:
+    """Several nodes, and no rank of this one started within the launcher's rendezvous bound
+    (+ NODES_GRACE): the launcher still waits for a node that never came. Then the finding that
+    names the missing node(s) is left where finish reads the preflight, and True is returned (the
+    caller ends the launcher). The launcher's own bound (agent_command) normally ends it first."""
+    nnodes = torchrun_value(torchrun, "--nnodes") or "1"
+    if nnodes == "1":
+        return False
+    first = _LAUNCHED.setdefault(run_dir, time.monotonic())
+    from ddp_doctor.training import records
+    if os.path.isdir(os.path.join(run_dir, "preflight")) or records.read_heartbeats(run_dir):
+        return False  # a rank started: the nodes met
+    from types import SimpleNamespace
+
+    from ddp_doctor.training.run import agent
+    value = torchrun_value
+    args = SimpleNamespace(
+        nnodes=nnodes, node_rank=value(torchrun, "--node-rank", "--node_rank") or "0",
+        nproc_per_node=value(torchrun, "--nproc-per-node", "--nproc_per_node") or "1",
+        master_addr=value(torchrun, "--master-addr", "--master_addr") or "127.0.0.1",
+        master_port=value(torchrun, "--master-port", "--master_port") or "29500",
+        rdzv_backend=value(torchrun, "--rdzv-backend", "--rdzv_backend") or "static",
+        rdzv_endpoint=value(torchrun, "--rdzv-endpoint", "--rdzv_endpoint") or "",
+        rdzv_conf=value(torchrun, "--rdzv-conf", "--rdzv_conf") or "")
+    bound = max(float(opts.timeout), agent.rendezvous_bound(args) or 0.0)
+    waited = time.monotonic() - first
+    if waited < bound + NODES_GRACE:
+        return False
+    agent.write_node_report(run_dir, agent.rendezvous_finding(
+        args, TimeoutError(f"the launcher was still waiting after {waited:.0f} s"), bound))
+    return True
+
+
+def _start_agent() -> None:
+    from ddp_doctor.preflight_run.local_launch import _die_with_parent
+    from ddp_doctor.preflight_run.stop_signals import unblock_in_child
+    unblock_in_child()
+    _die_with_parent()
 
 
 TEARDOWN_BOUND = 60.0  # seconds a rank may take to exit after its script ended
@@ -201,31 +289,69 @@ def end_stuck_at_exit(run_dir: str, bound: float) -> list[int]:
     return ended
 
 
-def detect_hang(run_dir: str, hang_timeout: float) -> dict[int, dict[str, Any]] | None:
+def detect_hang(run_dir: str, hang_timeout: float | None,
+                slow: dict[str, Any] | None = None) -> dict[int, dict[str, Any]] | None:
+    """The heartbeats, when the job is hung (training/run/hang_bound.py), each with the bound that
+    was applied ("bound"); None while it is not. A slow rank the others wait for (not yet a hang)
+    is noted in `slow`: the longest such wait, who waited, who was working and where."""
     from ddp_doctor.training import records
+    from ddp_doctor.training.run.hang_bound import HangBound, judge
     hbs = records.read_heartbeats(run_dir)
-    now = time.time()
     done = records.read_outcomes(run_dir)
     training = {r: hb for r, hb in hbs.items() if hb.get("phase") == "training" and r not in done}
-    if any(now - hb.get("last_progress", now) > hang_timeout for hb in training.values()):
-        return hbs
-    return None
+    now = time.time()
+    verdict = judge(training, now, HangBound(hang_timeout))
+    if verdict is None:
+        return None
+    if not verdict.hung:
+        waited = max(now - float(training[r].get("last_progress", now)) for r in verdict.stalled)
+        if slow is not None and waited > float(slow.get("waited", 0)):
+            slow.update(waited=round(waited, 1), waiting=verdict.stalled, working=verdict.moving,
+                        where={str(r): training[r].get("where") for r in verdict.moving})
+        return None
+    return {r: {**hb, "bound": verdict.bound} for r, hb in hbs.items()}
 
 
-def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Ask every rank for its stacks (SIGUSR2 -> faulthandler), give them a moment to write."""
+INIT_GRACE = 2.0  # seconds a process may wait inside init_process_group before its arguments are judged
+
+
+def detect_bad_init(run_dir: str) -> bool:
+    """Whether processes wait inside init_process_group with arguments that cannot work (a rank
+    taken twice, a world size the launcher did not start): then the job is ended at once."""
+    from ddp_doctor.checks.init_arguments import blocking, init_argument_findings
+    from ddp_doctor.training import records
+    calls = records.read_init_calls(run_dir)
+    now = time.time()
+    if not any(not c.get("done") and now - float(c.get("time") or now) > INIT_GRACE for c in calls):
+        return False
+    return blocking(init_argument_findings(calls), calls)
+
+
+LEDGER_WAIT = 5.0  # seconds the parent waits for the ranks' ledgers on a hang (watchdogs poll each second)
+
+
+def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "hang") -> dict[int, dict[str, Any]]:
+    """Ask every rank for its stacks (SIGUSR2 -> faulthandler) and its ledger of collectives (a
+    request file its watchdog thread polls), give them a bounded moment to write."""
+    from ddp_doctor.training import records
+    from ddp_doctor.training.run import ledger
     from ddp_doctor.training.run.watchdog import STACK_SIGNAL
+    asked = time.time()
+    ledger.request(run_dir, reason=reason)
     for hb in hbs.values():
         try:
             os.kill(int(hb["pid"]), STACK_SIGNAL)
         except (OSError, KeyError, ValueError):
             pass
     time.sleep(1.0)
+    ended = records.read_outcomes(run_dir)  # a rank whose script ended wrote its ledger then
+    ledger.wait_for(run_dir, [r for r in hbs if r not in ended], asked, LEDGER_WAIT)
     return hbs
 
 
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
-           torchrun: list[str]) -> int:
+           torchrun: list[str], *, stuck_in_init: bool = False, interrupted: Any = None,
+           slow: dict[str, Any] | None = None) -> int:
     from ddp_doctor.checks.training_probes import probe_findings
     from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_HANG
     from ddp_doctor.findings import Finding
@@ -233,13 +359,22 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, platform_sinks, publish
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.diagnose import hang_finding, training_findings
+    from ddp_doctor.training.run.diagnose import (
+        hang_finding,
+        init_findings,
+        interrupted_finding,
+        launcher_failed_finding,
+        slow_rank_finding,
+        training_findings,
+        with_ledgers,
+    )
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     pf_dir = os.path.join(run_dir, "preflight")
     heartbeats = records.read_heartbeats(run_dir)
     nproc = len(heartbeats) or 1
-    pf = merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0) if os.path.isdir(pf_dir) else None
+    pf = (merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0, expected=sorted(heartbeats) or None)
+          if os.path.isdir(pf_dir) else None)
     outcomes = records.read_outcomes(run_dir)
     if pf is not None and pf["status"] == "fail" and not outcomes:
         rep, code = pf, EXIT_FAILED
@@ -251,9 +386,16 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             exits = {}
         ranks = sorted(set(heartbeats) | set(outcomes) | set(exits))
         findings: list[Finding] = reportlib.findings_of(pf) if pf else []
-        if hang is not None:
+        if interrupted is not None:
+            stacks = {r: records.read_stack(run_dir, r) or "" for r in (hang or {})}
+            findings.append(interrupted_finding(interrupted, hang or {}, stacks))
+            code = interrupted.exit_code
+            more, _ = training_findings(outcomes, {}, ranks)
+            findings += more
+        elif hang is not None:
             stacks = {r: records.read_stack(run_dir, r) or "" for r in hang}
-            findings.append(hang_finding(hang, stacks, opts.hang_timeout))
+            bound = max((float(hb.get("bound") or 0) for hb in hang.values()), default=0.0)
+            findings.append(hang_finding(hang, stacks, bound or opts.hang_timeout or 0.0))
             code = EXIT_HANG
             more, _ = training_findings(outcomes, {}, ranks)
             findings += more
@@ -262,13 +404,28 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             findings += more
             if code == 0 and agent_code and not outcomes:
                 code = agent_code  # the launcher itself failed
+                if not heartbeats and not any(f.severity == "error" for f in findings):
+                    findings.append(launcher_failed_finding(agent_code))
+        from ddp_doctor.training.run.nccl_dumps import merged
+        findings = with_ledgers(findings, merged(run_dir, records.read_ledgers(run_dir)),  # + NCCL's dumps
+                                world_size=len(ranks) or None)
+        findings += init_findings(records.read_init_calls(run_dir))
+        if slow and hang is None:
+            findings.append(slow_rank_finding(slow))
+        if stuck_in_init:
+            code = EXIT_HANG  # the ranks would have waited in init until torch's timeout
         failed = hang is not None or any(f.severity == "error" for f in findings)
         findings += probe_findings(records.read_probes(run_dir), failed=failed)
         rep = reportlib.build_report(world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                      ranks=(pf or {}).get("ranks") or [], findings=findings,
                                      measurements=(pf or {}).get("measurements") or {}, phase="training")
+    if interrupted is not None:
+        rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
+        code = interrupted.exit_code
+    from ddp_doctor.training.run.trace_file import write_trace_if_asked
+    write_trace_if_asked(opts, run_dir, rep)
     publish(rep, out)
-    if rep.get("status") == "fail":
+    if rep.get("status") in ("fail", "interrupted"):
         from ddp_doctor.context import current_context
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     return code

@@ -159,11 +159,16 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
         elif o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
             # SIGKILL: ddp-doctor ended it past the teardown bound; SIGTERM: the launcher did, once
-            # a peer stuck the same way was ended first
+            # a peer stuck the same way was ended first. After another rank failed (this one was
+            # blocked with it in a collective) it is a consequence: info, said so.
+            after = _failed_first(r, outcomes, exits)
             findings.append(event_finding(
                 failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
-                f"but the process did not exit and was ended ({_signal_name(code)})", rank=r, phase="teardown",
-                evidence={"exit_status": code}))
+                f"but the process did not exit and was ended ({_signal_name(code)})"
+                + (f", after rank {after} failed (a consequence)" if after is not None else ""),
+                rank=r, phase="teardown", severity="info" if after is not None else None,
+                evidence={"exit_status": code, **({"consequence": True, "after_rank": after}
+                                                   if after is not None else {})}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so
             findings.append(event_finding(
@@ -178,10 +183,14 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
                 f"error", rank=r, evidence={"exit_status": code}, phase="training"))
         elif o is None:
+            # 128+N is how a shell or mpirun reports death by signal N: a native crash keeps its own
+            # hint (DDP803's is about the OOM killer's SIGKILL)
+            native = NATIVE_HINTS.get(code - 128) if code > 128 else None
             findings.append(event_finding(
                 failures.RANK_KILLED, f"rank {r} exited with status {code} before its script ended "
-                f"(no Python error was recorded: os._exit() or a crash in native code)", rank=r,
-                evidence={"exit_status": code}, phase="training"))
+                f"(no Python error was recorded: os._exit() or a crash in native code"
+                + (f"; {code} is 128 + {_signal_name(128 - code)})" if native else ")"), rank=r,
+                hint=native, evidence={"exit_status": code}, phase="training"))
     code = 0
     # Ranks the launcher stopped because another rank failed are consequences: the job's status is
     # the failing rank's, whichever rank number the launcher happened to stop first.
@@ -206,17 +215,42 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     return findings, code
 
 
+def _failed_first(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> int | None:
+    """Another rank that failed on its own (raised, or died before its script ended), or None."""
+    raised = sorted((o["exception"].get("time", o.get("time", 0)), r) for r, o in outcomes.items()
+                    if r != rank and o.get("exception"))
+    if raised:
+        return raised[0][1]
+    died = [r for r, c in exits.items() if r != rank and outcomes.get(r) is None and c not in (0, -signal.SIGTERM)]
+    return min(died) if died else None
+
+
 def _others_failed(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> bool:
     if any(o.get("exception") for r, o in outcomes.items() if r != rank):
         return True
     return any(c not in (0, -signal.SIGTERM) for r, c in exits.items() if r != rank)
 
 
+def _whereabouts(heartbeats: dict[int, dict[str, Any]]) -> tuple[dict[int, Any], set[int]]:
+    where = {r: hb.get("where") or hb.get("innermost") for r, hb in heartbeats.items()}
+    return where, {r for r, hb in heartbeats.items() if hb.get("in_collective")}
+
+
+def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str]) -> Finding:
+    """The job stopped by a signal (DDP808), with where each rank was when it came."""
+    where, in_coll = _whereabouts(heartbeats)
+    parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
+                      + f", {int(heartbeats[r].get('steps') or 0)} steps" for r in sorted(where))
+    message = f"stopped by {interrupt.describe()}" + (f". {parts}" if parts else " before any rank started its script")
+    return event_finding(failures.INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
+                         evidence={**interrupt.to_dict(), "where": {str(r): w for r, w in where.items()},
+                                   "stacks": {str(r): s for r, s in stacks.items()}}, phase="training")
+
+
 def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:
     """Name the ranks that are not where the others are: outside a collective while others wait in
     one, or else the minority location."""
-    where = {r: hb.get("where") or hb.get("innermost") for r, hb in heartbeats.items()}
-    in_coll = {r for r, hb in heartbeats.items() if hb.get("in_collective")}
+    where, in_coll = _whereabouts(heartbeats)
     if in_coll and len(in_coll) < len(heartbeats):
         odd = sorted(set(heartbeats) - in_coll)
     else:
@@ -233,3 +267,90 @@ def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], 
                        evidence={"where": {str(r): w for r, w in where.items()},
                                  "stacks": {str(r): s for r, s in stacks.items()}},
                        phase="training")
+
+
+# What a rank's own failure or the hang looks like; the ledger may show it was only waiting.
+_SYMPTOMS_NOT = {failures.NATIVE_CRASH.id, failures.RANK_KILLED.id, failures.ABORT_AT_EXIT.id,
+                 failures.STUCK_AT_EXIT.id}
+
+
+def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
+                 world_size: int | None = None) -> list[Finding]:
+    """Add what the ranks' ledgers of collectives show (checks/collectives.py) and let it name the
+    cause: an error raised on a rank the ledger shows waiting in (or failing in) the collective
+    at fault, and the hang itself, become consequences of it. A ledger finding dates from the
+    collective it is about, before any timeout it led to."""
+    from ddp_doctor.checks.collectives import ledger_findings
+    found = ledger_findings(ledgers, world_size=world_size)
+    if not found:
+        return findings
+    waited: set[int] = set()
+    for lf in found:
+        per_rank = lf.evidence.get("ranks") or {}
+        waited |= {int(r) for r, ev in per_rank.items() if isinstance(ev, dict) and ev.get("consequence")}
+        created = [ev.get("entry", {}).get("time_created_ns") for ev in per_rank.values() if isinstance(ev, dict)]
+        created = [c for c in created if isinstance(c, int) and c > 0]
+        if created:
+            lf.time = min(created) / 1e9
+    cause = found[0].id
+    dumps = {int(r): str(d["path"]) for r, d in ledgers.items()
+             if isinstance(d, dict) and d.get("source") == "nccl_dump" and d.get("path")}
+    if dumps:  # where NCCL's own dumps are (training/run/nccl_dumps.py)
+        for lf in found:
+            lf.evidence = {**lf.evidence, "nccl_dumps": {str(r): p for r, p in sorted(dumps.items())}}
+    for f in findings:
+        if f.phase != "training" or f.severity != "error":
+            continue
+        if f.id in _SYMPTOMS_NOT and not _watchdog_abort(f, waited):
+            continue
+        if f.id == failures.RANK_HUNG.id or (f.ranks and set(f.ranks) <= waited):
+            f.evidence = {**f.evidence, "consequence": True, "explained_by": cause}
+            if f.id == failures.NATIVE_CRASH.id and f.ranks and f.ranks[0] in dumps:
+                f.evidence["nccl_dump"] = dumps[f.ranks[0]]
+    return findings + found
+
+
+def _watchdog_abort(f: Finding, waited: set[int]) -> bool:
+    """A rank aborted (SIGABRT) while its ledger shows it waiting in the collective at fault:
+    NCCL's watchdog ended it when that collective timed out, a consequence of the cause."""
+    return (f.id == failures.NATIVE_CRASH.id and f.evidence.get("signal") == "SIGABRT"
+            and bool(f.ranks) and set(f.ranks) <= waited)
+
+
+def init_findings(calls: list[dict[str, Any]]) -> list[Finding]:
+    """What the processes passed to init_process_group (checks/init_arguments.py), dated from the
+    first call: the cause of whatever followed (a wait in init, a timeout)."""
+    from ddp_doctor.checks.init_arguments import init_argument_findings
+    found = init_argument_findings(calls)
+    first = min((float(c.get("time") or 0) for c in calls), default=0.0)
+    for f in found:
+        if first:
+            f.time = first
+    return found
+
+
+def slow_rank_finding(slow: dict[str, Any]) -> Finding:
+    """Ranks that waited in a collective for a rank still at work, past the hang bound but not a
+    hang (DDP809): who kept whom waiting, how long, and where the working rank was."""
+    from ddp_doctor.findings import format_ranks
+    working, waiting = list(slow.get("working") or []), list(slow.get("waiting") or [])
+    where = slow.get("where") or {}
+    at = "; ".join(f"rank {r} at {where.get(str(r))}" for r in working if where.get(str(r)))
+    who = f"rank {working[0]}" if len(working) == 1 else f"ranks {format_ranks(working)}"
+    them = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {format_ranks(waiting)}"
+    message = (f"{who} kept {them} waiting in a collective for {float(slow.get('waited') or 0):g} s"
+               + (f" ({at})" if at else ""))
+    return event_finding(failures.SLOW_RANK, message, rank=None, ranks=working, phase="training",
+                         evidence={**slow, "waiting": waiting, "working": working})
+
+
+def launcher_failed_finding(code: int) -> Finding:
+    """torch's elastic launcher exited with an error before any rank started (a bad launcher
+    option, a rendezvous it could not set up): never a "pass" with a non-zero exit."""
+    from ddp_doctor.checks.internal import RANK_LOST
+    return event_finding(RANK_LOST, f"the launcher (torch's elastic agent) exited with status {code} before "
+                         f"any rank started its script; its own error is in the output above", rank=None,
+                         hint="Read the launcher's error above: a launcher option it rejected (--nnodes, "
+                              "--rdzv-*, --node-rank), or a rendezvous it could not set up (--master-addr/"
+                              "--master-port unreachable or taken).",
+                         evidence={"launcher_exit": code}, phase="training")

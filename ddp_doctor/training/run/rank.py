@@ -24,19 +24,20 @@ from ddp_doctor.training.run.target import Target, run_target
 
 RUN_DIR_ENV = "DDP_DOCTOR_RUN_DIR"
 PARENT_ENV = "DDP_DOCTOR_RUN_PARENT"  # set by a ddp-doctor parent that watches and reports
-DEFAULT_HANG_TIMEOUT = 1800.0
 
 
 @dataclass
 class RunOptions:
     target: Target
     timeout: float = 60.0
-    hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    hang_timeout: float | None = None  # --hang-timeout; None: adaptive (training/run/hang_bound.py)
     select: list[str] = field(default_factory=list)
     skip: list[str] = field(default_factory=list)
     backend: str | None = None
     report_path: str | None = None
     check_options: dict[str, Any] = field(default_factory=dict)
+    run_dir: str | None = None  # --run-dir: where the parent keeps the run directory
+    trace_path: str | None = None  # --trace: the parent writes the ranks' Chrome trace there
 
 
 def run_dir_for(env: Any) -> str:
@@ -79,10 +80,15 @@ def run_training_rank(opts: RunOptions) -> int:
     run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-") if own_dir else run_dir_for(os.environ)
     os.makedirs(run_dir, exist_ok=True)
     under_parent = bool(os.environ.get(PARENT_ENV))
+    if not own_dir:  # before the first process group (the preflight's): under an outside launcher
+        from ddp_doctor.training.run.ledger import recorder_env  # no parent set the recorder's env
+        recorder_env(os.environ, run_dir)
 
     from ddp_doctor.training.run.watchdog import ProgressWatch
     watch = ProgressWatch(run_dir, rank, opts.hang_timeout,
                          on_hang=None if under_parent else _end_hung_rank).start()
+    if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
+        watch.watch_stop_signals(lambda w, sig: _end_stopped_rank(w, sig, started, opts))
     _, code = preflight(opts, run_dir)
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
@@ -95,20 +101,71 @@ def run_training_rank(opts: RunOptions) -> int:
         os._exit(code)
     watch.phase = "training"
     watch.last_progress = time.time()
+    # mpirun / MPICH / srun set only their own variables: export torch's (RANK, WORLD_SIZE,
+    # LOCAL_RANK, and MASTER_ADDR/PORT on one node) so the script's init_process_group() works (DDP110)
+    from ddp_doctor.checks.launcher_env import script_env_exports
+    os.environ.update(script_env_exports(info, os.environ))
     probe = _install_probes(run_dir)
+    from ddp_doctor.training.probes.init_arguments import remember_launcher
+    remember_launcher(info.rank, info.world_size)
     _record_fatal_signals(run_dir, rank)
+    watch.script_started_ns = time.time_ns()
     outcome = run_target(opts.target)
-    watch.phase = "teardown"
+    # A stop signal that ended the script (a peer stopped first: "Connection closed") is reported
+    # as the stop; the script's own ending is its consequence. Whichever thread reads it reports it.
+    signo = None if watch.stopping else watch.stop_signal()
+    if signo is not None:
+        _end_stopped_rank(watch, signo, started, opts)
+    if watch.stopping:  # the watchdog thread is reporting it and ends the process
+        _wait_for_stop(watch)
+    watch.phase = "teardown"  # from here the watchdog leaves the ledger to this thread
+    position = _ledger_position(outcome)
     if probe is not None:
         probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
     records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
                                           "host": os.uname().nodename, "phase": "training"})
+    if not own_dir:  # after the records the report needs: a peer's failure may end this rank soon
+        _leave_ledger(watch, run_dir, rank, position, outcome)
+        if _other_nodes(info):  # other nodes' reports see this ending; a failure sees theirs
+            from ddp_doctor.training.run.endings import exchange
+            exchange(run_dir, rank, failed=position == "failed")
     if not under_parent:
         _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None, opts)
     watch.stop()
     if own_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return outcome.exit_code
+
+
+PEER_LEDGER_WAIT = 3.0  # seconds a failing rank waits for its live peers' ledgers (watchdogs poll each second)
+
+
+def _leave_ledger(watch: Any, run_dir: str, rank: int, position: str, outcome: Any) -> None:
+    """This rank's ledger; a rank that failed also asks the live ranks of its node for theirs and
+    waits a bounded moment: once it exits, the launcher stops them, and where they were then
+    (elsewhere, or waiting in a collective) is what tells cause from consequence."""
+    from ddp_doctor.training.run import ledger
+    if position != "failed":
+        watch.write_ledger(position, where="")
+        return
+    in_collective, where = ledger.from_exception(outcome.exception)
+    watch.write_ledger(position, where=where or "", failed_in_collective=in_collective)
+    live = ledger.live_ranks(run_dir, but=rank)
+    if live:
+        asked = time.time()
+        ledger.request(run_dir, reason="peer failed")
+        ledger.wait_for(run_dir, live, asked, PEER_LEDGER_WAIT)
+
+
+def _other_nodes(info: Any) -> bool:
+    return bool(info.world_size and info.local_world_size and info.world_size > info.local_world_size)
+
+
+def _ledger_position(outcome: Any) -> str:
+    from ddp_doctor.training.run.ledger import default_group_is_up
+    if outcome.exception is not None:
+        return "failed"
+    return "finished" if default_group_is_up() else "destroyed"
 
 
 _fatal_signal_file: Any = None  # open for the life of the process: faulthandler writes to it
@@ -141,7 +198,47 @@ def _install_probes(run_dir: str) -> Any:
     return probe
 
 
-def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions) -> None:
+def _wait_for_stop(watch: Any, bound: float = 30.0) -> None:
+    """The main thread, while the watchdog thread reports the stop and ends the process."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+STOPPED_PEERS_WAIT = 2.0  # seconds rank 0 waits for its stopped peers' ledgers before it reports
+
+
+def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) -> None:
+    """Outside launcher, SIGTERM/SIGHUP (a stopped SageMaker job, a cancelled torchrun job): this
+    rank's stacks, ledger and outcome, the report (rank 0's, or this rank's own file), then exit
+    128 + the signal as the default action would. Runs on the watchdog thread."""
+    from ddp_doctor.preflight_run.stop_signals import Interrupt
+    stop = Interrupt(signo)
+    watch.stopping = True
+    try:
+        sys.stderr.write(f"ddp-doctor: rank {watch.rank} stopped by {stop.name}; where it was follows\n")
+        watch.dump_stacks(sys.stderr)
+        if watch._stack_file is not None:
+            watch.dump_stacks(watch._stack_file)
+        records.write_outcome(watch.run_dir, watch.rank, {
+            "exit_code": stop.exit_code, "exception": None, "interrupted": stop.to_dict(),
+            "host": os.uname().nodename, "phase": watch.phase})
+        if watch.phase == "training":
+            # in a collective at its last sample: that one did not complete, even if the peer that
+            # was stopped first made it fail (torch then retires it) before this dump
+            watch.write_ledger("running", failed_in_collective=watch.in_collective)
+            if watch.rank == 0:  # the node's other ranks, stopped at the same moment, write theirs now
+                from ddp_doctor.training.run import ledger
+                peers = [r for r in records.read_heartbeats(watch.run_dir) if r != watch.rank]
+                ledger.wait_for(watch.run_dir, peers, time.time() - 1.0, STOPPED_PEERS_WAIT)
+        _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
+    finally:
+        sys.stderr.flush()
+        os._exit(stop.exit_code)
+
+
+def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions,
+                    interrupted: Any = None) -> None:
     """No ddp-doctor parent: rank 0 writes the report from the records it can see (the ranks of
     its node); a failing rank also leaves its diagnosis in torchelastic's error file and SageMaker's
     failure file (first writer wins: the first rank to fail) and says it on stderr."""
@@ -151,18 +248,31 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     from ddp_doctor.context import current_context
     from ddp_doctor.report import sinks
     from ddp_doctor.report.publish import platform_sinks, show
-    from ddp_doctor.training.run.diagnose import training_findings
+    from ddp_doctor.training.run.diagnose import training_findings, with_ledgers
     if rank == 0 and not failed:
         _wait_for_local_ranks(run_dir, started)
     outcomes = {r: o for r, o in records.read_outcomes(run_dir).items() if o.get("time", 0) >= started - 5}
     findings, _ = training_findings(outcomes, {}, sorted(outcomes))
+    ledgers = {r: d for r, d in records.read_ledgers(run_dir).items() if d.get("time", 0) >= started - 5}
+    from ddp_doctor.training.run.nccl_dumps import merged
+    findings = with_ledgers(findings, merged(run_dir, ledgers, since=started - 5))  # + NCCL's dumps
     failed_job = failed or any(o.get("exception") or o.get("exit_code") for o in outcomes.values())
     findings += probe_findings(records.read_probes(run_dir, since=started - 5), failed=failed_job)
+    if interrupted is not None:
+        from ddp_doctor.training.run.diagnose import interrupted_finding
+        beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank}
+        findings.append(interrupted_finding(interrupted, beats, {rank: records.read_stack(run_dir, rank) or ""}))
     ctx = current_context()
     rep = reportlib.build_report(world=reportlib.world_of(ctx), ranks=[], phase="training", findings=findings)
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     path = out.path()
     own = path if rank == 0 else f"{path}.rank{rank}.json"
+    if interrupted is not None:  # every rank was stopped: each keeps its file, rank 0 shows its report
+        reportlib.mark_interrupted(rep, interrupted.to_dict())
+        sinks.write_report_file(rep, own)
+        if rank == 0:
+            show(rep, out, own)
+        return
     sinks.write_report_file(rep, own)
     if failed:
         platform_sinks(rep, ctx)
@@ -196,5 +306,6 @@ def _end_hung_rank(watch: Any) -> None:
     watch.dump_stacks(sys.stderr)
     records.write_outcome(watch.run_dir, watch.rank, {"exit_code": EXIT_HANG, "exception": None,
                                                       "hung": True, "phase": "training"})
+    watch.write_ledger("hung")  # this is the watchdog thread: the main thread is blocked
     sys.stderr.flush()
     os._exit(EXIT_HANG)

@@ -3,7 +3,9 @@
 A daemon thread samples the main thread's Python stack once a second and counts optimizer steps
 (a global step post-hook). Either changing is progress. Each sample is written to the rank's
 heartbeat file, which the parent reads; SIGUSR2 makes faulthandler dump every thread's stack to the
-rank's stack file, even while the main thread is blocked inside a collective.
+rank's stack file, even while the main thread is blocked inside a collective. When the parent also
+asks for ledgers (a ledger-request file), this thread dumps torch's flight recorder into the rank's
+ledger: the main thread may be blocked inside a collective and cannot.
 
 Under an outside launcher (no ddp-doctor parent), a rank that sees no progress for the hang
 timeout ends itself after dumping its stacks, so the launcher ends the job.
@@ -16,13 +18,16 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from ddp_doctor.training import records
 from ddp_doctor.training.frames import not_user_code_dirs
+from ddp_doctor.training.run import ledger
 
 STACK_SIGNAL = signal.SIGUSR2
-COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+STEP_TIMES = 200  # the latest optimizer steps' end times kept for the heartbeat (the trace's steps)
+COLLECTIVE_FILES = ledger.COLLECTIVE_FILES
 
 
 def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
@@ -42,7 +47,7 @@ def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
 def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
     """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
     skip = not_user_code_dirs()
-    user = next((f for f in reversed(stack) if not f[0].startswith(skip)), None)
+    user = next((f for f in reversed(stack) if not f[0].startswith(skip) and not f[0].startswith("<")), None)
     inner = stack[-1] if stack else None
     return {
         "where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
@@ -51,14 +56,38 @@ def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
     }
 
 
+_arrived: list[int] = []  # stop signals whose Python-level handler ran (in the main thread)
+
+
+def _note_stop(signum: int, frame: Any) -> None:
+    """The Python-level handler for stop signals under an outside launcher: the watchdog thread
+    acts on them. It hears of a signal through the wakeup pipe (at once, even while the main thread
+    is blocked in a collective) or through this note, when the pipe is no longer ours (asyncio
+    takes the wakeup fd for its loop and gives it back as -1): never a signal that ends nothing."""
+    _arrived.append(int(signum))
+
+
 class ProgressWatch:
-    def __init__(self, run_dir: str, rank: int, hang_timeout: float, *,
+    def __init__(self, run_dir: str, rank: int, hang_timeout: float | None, *,
                  on_hang: Callable[["ProgressWatch"], None] | None = None, interval: float = 1.0) -> None:
-        self.run_dir, self.rank, self.hang_timeout = run_dir, rank, hang_timeout
+        from ddp_doctor.training.run.hang_bound import HangBound
+        self.run_dir, self.rank = run_dir, rank
+        self.hang_bound = HangBound(hang_timeout)
+        self.hang_timeout = hang_timeout or 0.0  # the bound that fired, once it has
+        self.in_collective = False
+        self.on_stop: Callable[["ProgressWatch", int], None] | None = None
+        self.stopping = False  # a stop signal is being reported (the process ends right after)
+        self._wake_fd: int | None = None
+        self._ours: set[int] = set()
         self.on_hang, self.interval = on_hang, interval
         self.steps = 0
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES)
+        self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
         self.last_progress = time.time()
         self.phase = "preflight"
+        self.where: str | None = None  # innermost user frame of the last sample
+        self.script_started_ns = 0  # the ledger keeps the collectives from here on
+        self._ledger_done = False
         self._main = threading.main_thread().ident or 0
         self._stop = threading.Event()
         self._stack_file: Any = None
@@ -81,7 +110,11 @@ class ProgressWatch:
         self._stop.set()
 
     def _on_step(self, *_: Any) -> None:
+        now = time.time()
+        if self.step_times:
+            self.slowest_step = max(self.slowest_step, now - self.step_times[-1])
         self.steps += 1
+        self.step_times.append(now)
 
     def _loop(self) -> None:
         last_sig: Any = None
@@ -94,16 +127,80 @@ class ProgressWatch:
             if sig != last_sig or self.steps != last_steps:
                 self.last_progress = now
                 last_sig, last_steps = sig, self.steps
+            where = describe(stack)
+            self.where, self.in_collective = where["where"], where["in_collective"]
             records.write_heartbeat(self.run_dir, self.rank, {
                 "time": now, "last_progress": self.last_progress, "steps": self.steps,
-                "phase": self.phase, **describe(stack)})
+                "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
+                **where})
+            if self.phase == "training" and not self._ledger_done and ledger.requested(self.run_dir):
+                # once: the job ends right after (a hang, or a peer that failed)
+                self.write_ledger("hung" if ledger.request_reason(self.run_dir) == "hang" else "running")
             if self.phase != "training" or _waiting_for_spawned_ranks(stack):
                 # preflight and teardown have bounds of their own; a process joining the ranks it
                 # spawned is idle by design while they train (their own progress is not seen here)
                 self.last_progress = now
-            elif self.on_hang and not fired and now - self.last_progress > self.hang_timeout:
+            elif self.on_hang and not fired and self._hung(now):
                 fired = True
                 self.on_hang(self)
+            stop = self.stop_signal()
+            if stop is not None and self.on_stop is not None:
+                self.on_stop(self, stop)
+
+    def watch_stop_signals(self, on_stop: Callable[["ProgressWatch", int], None]) -> None:
+        """Under an outside launcher (torchrun, SageMaker's toolkit), SIGTERM and SIGHUP end the
+        rank: torchrun forwards them when a job is stopped. Called from the main thread: a no-op
+        handler makes Python write each such signal to a pipe at once (set_wakeup_fd), even while
+        the main thread is blocked in a collective, and this thread calls `on_stop` with it. Only
+        for signals the script leaves to their default (a script's own handler stays in charge)."""
+        import signal as signals
+        try:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            signals.set_wakeup_fd(w)
+        except (OSError, ValueError):  # not the main thread, or no pipes: the default stays
+            return
+        self._wake_fd, self.on_stop = r, on_stop
+        for sig in (signals.SIGTERM, signals.SIGHUP):
+            if signals.getsignal(sig) is signals.SIG_DFL:
+                signals.signal(sig, _note_stop)
+                self._ours.add(int(sig))
+
+    def stop_signal(self) -> int | None:
+        """A stop signal that arrived since the last look, if its handler is still ours."""
+        import signal as signals
+        if self._wake_fd is None:
+            return None
+        try:
+            data = list(os.read(self._wake_fd, 64))
+        except (BlockingIOError, OSError):
+            data = []
+        while _arrived:
+            data.append(_arrived.pop(0))
+        for b in data:
+            if b in self._ours and signals.getsignal(b) is _note_stop:
+                return int(b)
+        return None
+
+    def _hung(self, now: float) -> bool:
+        """Outside launcher: this rank judges from its own node's heartbeats (a peer of this node
+        still working is a slow rank, not a hang)."""
+        from ddp_doctor.training.run.hang_bound import judge
+        hbs = {r: hb for r, hb in records.read_heartbeats(self.run_dir).items() if hb.get("phase") == "training"}
+        hbs[self.rank] = {"last_progress": self.last_progress, "steps": self.steps,
+                          "slowest_step": self.slowest_step, "in_collective": self.in_collective}
+        verdict = judge(hbs, now, self.hang_bound)
+        if verdict is None or not verdict.hung or self.rank not in verdict.stalled:
+            return False
+        self.hang_timeout = verdict.bound
+        return True
+
+    def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
+        self._ledger_done = True
+        return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
+                            steps=self.steps, where=(where or None) if where is not None else self.where,
+                            failed_in_collective=failed_in_collective)
 
     def dump_stacks(self, stream: Any) -> None:
         faulthandler.dump_traceback(file=stream, all_threads=True)

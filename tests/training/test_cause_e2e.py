@@ -1,0 +1,194 @@
+"""Cause, not symptom: each row of issue 12's table as a real 2-rank gloo script under `ddp-doctor
+run`, whose report must name the cause, the rank and the evidence (ops, sizes, lines, steps);
+and correct patterns that must stay clean.
+
+The runs are started together by one module fixture (they mostly wait: timeouts, sleeps, a hang
+bound), then each test reads its own run's report.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from helpers.procs import DDP, clean_env, finish, load_json, start
+
+pytestmark = pytest.mark.slow
+SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+AT_ONCE = 3  # runs at a time on 2 cores: each is a launcher, 2 ranks and the parent
+
+# name -> (script, extra options)
+RUNS = {
+    "uneven": ("uneven_inputs.py", []),
+    "sizes": ("size_mismatch.py", []),
+    "slow_checkpoint": ("slow_checkpoint.py", []),
+    "rank0_only": ("rank0_only_allreduce.py", ["--hang-timeout", "6"]),
+    "handset_rank": ("handset_rank.py", []),
+    "env_world": ("env_world_size.py", []),
+    "correct": ("correct_patterns.py", []),
+}
+
+
+def line_of(script: str, text: str) -> str:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return f"{script}:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("cause")
+
+
+@pytest.fixture(scope="module")
+def runs(base):
+    todo = list(RUNS.items())
+    live: dict[str, tuple] = {}
+    done: dict[str, tuple] = {}
+    while todo or live:
+        while todo and len(live) < AT_ONCE:
+            name, (script, extra) = todo.pop(0)
+            report = base / f"{name}.json"
+            cmd = [*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--hang-timeout", "60", *extra,
+                   "--run-dir", str(base / f"{name}-runs"), "--report", str(report), str(SCRIPTS / script)]
+            live[name] = (start(cmd, clean_env(), str(base)), report, time.monotonic())
+        for name, (proc, report, t) in list(live.items()):
+            if proc.poll() is not None:
+                done[name] = (finish(proc, 30, t), report)
+                del live[name]
+        time.sleep(0.2)
+    return {name: (res, load_json(str(report))) for name, (res, report) in done.items()}
+
+
+def ledgers_of(runs_dir: Path) -> dict[int, dict]:
+    """The ledgers a run left in its kept run directory (--run-dir)."""
+    from ddp_doctor.training import records
+    [run_dir] = [p for p in runs_dir.iterdir() if p.name.startswith("ddp-doctor-run-")]
+    return records.read_ledgers(str(run_dir))
+
+
+def errors(rep: dict) -> list[dict]:
+    return [f for f in rep["findings"] if f["severity"] == "error"]
+
+
+def test_uneven_inputs_names_the_rank_that_left_and_the_steps(runs):
+    res, rep = runs["uneven"]
+    assert res.rc == 1, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP892" and cause["ranks"] == [1], rep["findings"]
+    assert "rank 1 ran 3 steps and destroyed its process group" in cause["message"]
+    assert "rank 0 (3 steps done) waits in all_reduce" in cause["message"]
+    assert cause["evidence"]["steps"] == {"0": 3, "1": 3}
+    peer = [f for f in errors(rep) if f["ranks"] == [0]]
+    assert peer and all(f["evidence"].get("consequence") for f in peer)  # the symptom, labelled
+
+
+def test_collectives_of_different_sizes_are_a_mismatch_with_both_lines(runs):
+    res, rep = runs["sizes"]
+    assert res.rc != 0, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP890", rep["findings"]
+    site = line_of("size_mismatch.py", "dist.all_reduce(t)")
+    assert "call #1" in cause["message"]
+    assert "rank 0 all_reduce Float[3] at " in cause["message"] and "rank 1 all_reduce Float[4] at " in cause["message"]
+    assert site in cause["message"]
+    assert sorted(cause["evidence"]["ranks"]) == ["0", "1"]
+
+
+def test_a_timeout_names_the_rank_that_was_elsewhere_and_where(runs):
+    res, rep = runs["slow_checkpoint"]
+    assert res.rc == 1, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP891" and cause["ranks"] == [0], rep["findings"]
+    assert "rank 1 waits in barrier #2" in cause["message"]
+    assert line_of("slow_checkpoint.py", "time.sleep(12)") in cause["message"]  # where rank 0 was
+    timed_out = [f for f in errors(rep) if f["ranks"] == [1] and f["id"] != "DDP891"]
+    assert timed_out and all(f["evidence"].get("consequence") for f in timed_out)
+
+
+def test_a_collective_on_one_rank_only_is_a_mismatch_not_just_a_hang(runs):
+    res, rep = runs["rank0_only"]
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP890", rep["findings"]
+    assert line_of("rank0_only_allreduce.py", "dist.all_reduce(") in cause["message"]
+    assert "rank 0 all_reduce Float[2]" in cause["message"] and "rank 1 barrier" in cause["message"]
+    hang = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang and hang[0]["evidence"].get("consequence")
+
+
+def test_a_rank_written_by_hand_is_reported_at_once(runs):
+    res, rep = runs["handset_rank"]
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP867" and cause["ranks"] == [0, 1], rep["findings"]
+    assert "joined with rank 0 (rank=0 passed at" in cause["message"]
+    assert line_of("handset_rank.py", "dist.init_process_group(") in cause["message"]
+    assert "the launcher gave RANK=0, RANK=1" in cause["message"]
+    # ended by the judgement of the init calls, not by the 60 s hang bound
+    assert not [f for f in rep["findings"] if f["id"] == "DDP801"], rep["findings"]
+
+
+def test_a_world_size_changed_by_the_script_is_reported_at_once(runs):
+    res, rep = runs["env_world"]
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP868" and cause["ranks"] == [0, 1], rep["findings"]
+    assert "joined a world of 4" in cause["message"] and "the launcher started 2" in cause["message"]
+    assert "the launcher set '2'; the script changed it" in cause["message"]
+    assert not [f for f in rep["findings"] if f["id"] == "DDP801"], rep["findings"]
+
+
+def test_correct_patterns_stay_clean(runs):
+    res, rep = runs["correct"]
+    assert res.rc == 0, res.output
+    assert not [f for f in rep["findings"] if f["severity"] in ("error", "warning")], rep["findings"]
+
+
+def test_each_rank_leaves_its_ledger_of_the_scripts_own_collectives(runs, base):
+    ledgers = ledgers_of(base / "sizes-runs")
+    assert sorted(ledgers) == [0, 1]
+    for rank, led in ledgers.items():
+        assert led["rank"] == rank and led["source"] == "flight_recorder" and led["complete"] is True
+        # only the script's collective (the preflight's own group is left out), with its line
+        [entry] = led["entries"]
+        assert entry["profiling_name"] == "gloo:all_reduce" and entry["input_sizes"] == [[3 + rank]]
+        assert entry["user_site"].endswith(line_of("size_mismatch.py", "dist.all_reduce(t)"))
+    assert ledgers[0]["position"] == "destroyed" and ledgers[1]["position"] == "failed"
+    assert ledgers[1]["entries"][0].get("failed_here") is True
+
+
+def test_a_hang_leaves_ledgers_with_the_pending_collectives(runs, base):
+    ledgers = ledgers_of(base / "rank0_only-runs")
+    assert {led["position"] for led in ledgers.values()} == {"hung"}
+    assert [(e["profiling_name"], e["retired"]) for e in ledgers[0]["entries"]] == [("gloo:all_reduce", False)]
+    assert [(e["profiling_name"], e["retired"]) for e in ledgers[1]["entries"]] == [("gloo:barrier", False)]
+    assert "rank0_only_allreduce.py" in ledgers[1]["where"]
+
+
+def test_across_nodes_the_master_nodes_report_names_the_cause_on_the_other_node(tmp_path):
+    """Two simulated nodes (`ddp-doctor run --nnodes 2`, one rank each, host names algo-1/algo-2):
+    rank 1 on node 1 raises; node 0's report, the one read first, names it (from the job's store)."""
+    import sys
+
+    from helpers.nodes import hosts_file, on_node, require_namespaces
+    from helpers.procs import free_port
+    require_namespaces()
+    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
+               "--timeout", "30", "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / "rank1_raises.py")]
+        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
+    results = [finish(p, 120) for p in procs]
+    for node, res in enumerate(results):
+        assert res.rc == 1, res.output
+        rep = load_json(str(tmp_path / f"node{node}.json"))
+        cause = rep["root_cause"]
+        assert cause["id"] == "DDP800" and cause["ranks"] == [1], (node, rep["findings"])
+        assert "ValueError: bad batch on rank 1" in cause["message"]
+        assert not [f for f in rep["findings"] if f["id"] == "DDP003"], rep["findings"]  # no lost "local rank 0"
+    node0 = load_json(str(tmp_path / "node0.json"))
+    peer = [f for f in node0["findings"] if f["ranks"] == [0] and f["severity"] == "error"]
+    assert peer and all(f["evidence"].get("consequence") for f in peer)
