@@ -107,6 +107,8 @@ def _who(calls: list[dict[str, Any]]) -> tuple[str, list[int]]:
 def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
     """Findings over every init_process_group call recorded (one per process)."""
     findings: list[Finding] = []
+    # by the launcher's rank, not in the order the processes happened to call init
+    calls = sorted(calls, key=lambda c: (_launcher_rank(c) is None, _launcher_rank(c) or 0, c.get("pid") or 0))
     by_rdzv: dict[str, list[dict[str, Any]]] = {}
     for c in calls:
         key = _rendezvous(c)
@@ -125,8 +127,7 @@ def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
                 continue
             duplicated |= {c.get("pid") for c in same}
             who, ranks = _who(same)
-            # sorted: the calls come in the order the ranks wrote them, which varies run to run
-            given = [f"RANK={r_}" for r_ in sorted(r_ for r_ in map(_launcher_rank, same) if r_ is not None)]
+            given = [f"RANK={_launcher_rank(c)}" for c in same if _launcher_rank(c) is not None]
             launcher = f"; the launcher gave {', '.join(given)}" if len(given) == len(same) else ""
             sites = sorted({c.get("site") for c in same if c.get("site")})
             message = (f"{who} all joined with rank {r} ({_how(same[0], 'RANK', 'rank_arg')}"

@@ -175,7 +175,7 @@ def _sharded_by_wrapper(have: dict[int, dict[str, Any]]) -> str | None:
 
 def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
     out: list[Finding] = []
-    keyed = {r: _loader_keys(rec) for r, rec in ranks.items()}
+    keyed = {r: _loader_keys(rec) for r, rec in sorted(ranks.items())}  # the lowest rank's details are quoted
     world = max([len(ranks)] + [int(rec.get("world_size") or 0) for rec in ranks.values()])
     ddp_job = _ddp_trained(ranks)
     keys = sorted({k for ks in keyed.values() for k in ks})

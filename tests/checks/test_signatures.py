@@ -352,7 +352,13 @@ def test_consequences_are_labelled_end_to_end(e2e):
         if name == "model_mismatch" and not peers:
             continue  # the launcher ended rank 0 before its own error was recorded (DDP803)
         assert peers and peers[0]["ranks"] == [0] and peers[0]["evidence"]["consequence"] is True, rep["findings"]
-        assert peers[0]["evidence"]["signature"] == "DDP826"
+        ev = peers[0]["evidence"]
+        if "signature" not in ev:
+            # the launcher stopped rank 0 (SIGTERM) before gloo's lost connection reached it: the
+            # other form of the same consequence, said so in its message
+            assert ev["exit_status"] == -15 and "stopped by the launcher" in peers[0]["message"], peers
+            continue
+        assert ev["signature"] == "DDP826", peers
     _, rep, _ = e2e["unused_parameter"]
     assert {r for f in rep["findings"] if f["id"] == "DDP823" for r in f["ranks"]} <= {0, 1}
     assert not [f for f in rep["findings"] if f["id"] == "DDP802"], rep["findings"]

@@ -143,7 +143,8 @@ def assert_clean_output(result: Result) -> None:
 
 
 # Timing judgements (stragglers, slow links, clock skew) can warn on a loaded 2-core machine.
-TIMING_WARNINGS = {"DDP405", "DDP406", "DDP407"}
+# load-dependent: a busy 2-core machine can make a rank slow to load data or to sweep
+TIMING_WARNINGS = {"DDP405", "DDP406", "DDP407", "DDP872"}
 
 
 def assert_healthy(report: dict) -> None:

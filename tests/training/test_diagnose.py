@@ -81,6 +81,15 @@ def test_hang_without_collectives_names_the_minority_location():
     assert f.ranks == [2]
 
 
+def test_hang_with_two_ranks_in_two_collectives_names_no_one_whatever_the_order():
+    a = {"where": "a.py:3 in f", "in_collective": True}
+    b = {"where": "a.py:5 in f", "in_collective": True}
+    for hbs in ({0: a, 1: b}, {1: b, 0: a}):
+        f = hang_finding(hbs, {}, 5)
+        assert f.ranks == [0, 1] and f.message.startswith(
+            "no progress on any rank for 5 s; the ranks are in different places. rank 0: a.py:3"), f.message
+
+
 def test_rank_ended_after_hanging_at_exit_keeps_the_scripts_status():
     findings, code = training_findings({0: outcome(0), 1: outcome(0)}, {1: -signal.SIGKILL}, [0, 1])
     (f,) = findings

@@ -14,8 +14,10 @@ from helpers.procs import DDP, assert_healthy, clean_env, free_port, ids, load_j
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "probe_scripts"
 ROOT = Path(__file__).resolve().parents[2]
+# Not DDP872 (a data-loading straggler): a busy 2-core machine can cause it (helpers.procs.TIMING_WARNINGS);
+# the test that plants a straggler asserts it by name.
 PROBE_IDS = {"DDP850", "DDP852", "DDP853", "DDP860", "DDP861", "DDP862", "DDP863", "DDP864", "DDP865",
-             "DDP870", "DDP871", "DDP872", "DDP880"}
+             "DDP870", "DDP871", "DDP880"}
 
 
 def run_loop(tmp_path: Path, *flags: str, expect_rc: int = 0) -> dict:
@@ -83,7 +85,7 @@ def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(tm
     assert "0.weight" in div["message"] or "0.weight" in str(div["evidence"])
     [buf] = find(rep, "DDP871")
     assert buf["ranks"] == [0, 1] and "input_sum" in buf["message"]
-    assert not ids(rep) & (PROBE_IDS - {"DDP852", "DDP872", "DDP870", "DDP871"}), rep["findings"]
+    assert not ids(rep) & (PROBE_IDS - {"DDP852", "DDP870", "DDP871"}), rep["findings"]
 
 
 @pytest.mark.parametrize("flag,check_id,signature", [("--ddp-first", "DDP861", "DDP833"),

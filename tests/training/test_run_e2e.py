@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, assert_clean_output, clean_env, free_port, load_json, run, run_ranks
+from helpers.procs import DDP, TIMING_WARNINGS, assert_clean_output, clean_env, free_port, load_json, run, run_ranks
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -228,7 +228,7 @@ def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(tmp_path):
     assert rep["status"] in ("pass", "warn")
     # No false positive from the probes on a correct Trainer run; the callback's note made it in.
     training = {f["id"] for f in rep["findings"] if f["phase"] != "preflight"}
-    assert training == {"DDP873"}, rep["findings"]
+    assert training - TIMING_WARNINGS == {"DDP873"}, rep["findings"]
 
 
 def test_rank_stuck_at_exit_is_ended_within_the_teardown_bound(tmp_path, monkeypatch):

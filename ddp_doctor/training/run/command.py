@@ -313,6 +313,7 @@ def detect_hang(run_dir: str, hang_timeout: float | None,
 
 
 INIT_GRACE = 2.0  # seconds a process may wait inside init_process_group before its arguments are judged
+INIT_WAIT_FOR_ALL = 15.0  # seconds the judgement waits for a launched process that has not called init yet
 
 
 def detect_bad_init(run_dir: str) -> bool:
@@ -322,7 +323,13 @@ def detect_bad_init(run_dir: str) -> bool:
     from ddp_doctor.training import records
     calls = records.read_init_calls(run_dir)
     now = time.time()
-    if not any(not c.get("done") and now - float(c.get("time") or now) > INIT_GRACE for c in calls):
+    waits = [now - float(c.get("time") or now) for c in calls if not c.get("done")]
+    if not waits or max(waits) <= INIT_GRACE:
+        return False
+    # Judge once every launched process has called (a finding then names all the ranks it
+    # concerns), or, if one never gets there, after the longer bound.
+    called = {c.get("pid") for c in calls if c.get("launched_rank")}
+    if len(called) < len(records.read_heartbeats(run_dir)) and max(waits) <= INIT_WAIT_FOR_ALL:
         return False
     return blocking(init_argument_findings(calls), calls)
 

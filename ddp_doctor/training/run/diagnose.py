@@ -251,18 +251,24 @@ def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], 
     """Name the ranks that are not where the others are: outside a collective while others wait in
     one, or else the minority location."""
     where, in_coll = _whereabouts(heartbeats)
+    split = False  # the ranks are in different places with no minority among them
     if in_coll and len(in_coll) < len(heartbeats):
         odd = sorted(set(heartbeats) - in_coll)
     else:
         groups: dict[Any, list[int]] = {}
-        for r, w in where.items():
-            groups.setdefault(w, []).append(r)
-        smallest = min(groups.values(), key=len) if len(groups) > 1 else []
-        odd = sorted(smallest)
+        for r in sorted(where):
+            groups.setdefault(where[r], []).append(r)
+        fewest = min(map(len, groups.values()), default=0)
+        smallest = [g for g in groups.values() if len(g) == fewest]
+        # one minority location names its ranks; a tie (two ranks, two places) names no one
+        odd = smallest[0] if len(groups) > 1 and len(smallest) == 1 else []
+        split = len(groups) > 1 and not odd
     parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
                       for r in sorted(where))
-    head = (f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
-            if odd else f"no progress on any rank for {timeout:g} s")
+    if odd:
+        head = f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
+    else:
+        head = f"no progress on any rank for {timeout:g} s" + ("; the ranks are in different places" if split else "")
     return event_finding(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
                        evidence={"where": {str(r): w for r, w in where.items()},
                                  "stacks": {str(r): s for r, s in stacks.items()}},

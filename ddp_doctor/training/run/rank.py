@@ -137,7 +137,7 @@ def run_training_rank(opts: RunOptions) -> int:
     return outcome.exit_code
 
 
-PEER_LEDGER_WAIT = 3.0  # seconds a failing rank waits for its live peers' ledgers (watchdogs poll each second)
+PEER_LEDGER_WAIT = 5.0  # seconds a failing rank waits for its live peers' ledgers (watchdogs poll each second)
 
 
 def _leave_ledger(watch: Any, run_dir: str, rank: int, position: str, outcome: Any) -> None:
@@ -205,7 +205,7 @@ def _wait_for_stop(watch: Any, bound: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-STOPPED_PEERS_WAIT = 2.0  # seconds rank 0 waits for its stopped peers' ledgers before it reports
+STOPPED_PEERS_WAIT = 5.0  # seconds rank 0 waits for its stopped peers' ledgers before it reports
 
 
 def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) -> None:
