@@ -1,5 +1,11 @@
 """The communication suite on real gloo ranks: the sweep inside a preflight, bench-comm's table and
-plot, a faulty transport, a real straggler, and two simulated nodes measured intra and inter."""
+plot, a faulty transport, a real straggler, and two simulated nodes measured intra and inter.
+
+The launches whose assertions do not depend on timing (a faulty transport, bench-comm's table, the
+usage error, the two simulated nodes) are started together by one module fixture, a few at a time,
+and each test reads its own. The sweep (which must raise no straggler or bandwidth warning) and the
+planted straggler are timing judgements: they run alone, in their own tests.
+"""
 from __future__ import annotations
 
 import os
@@ -8,11 +14,72 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, assert_clean_output, clean_env, finish, free_port, ids, load_json, run, start
+from helpers.procs import (
+    DDP,
+    Launch,
+    assert_clean_output,
+    clean_env,
+    finish,
+    free_port,
+    ids,
+    load_json,
+    result_of,
+    run,
+    run_all,
+    start,
+)
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ROOT = str(Path(__file__).resolve().parents[2])
+NODES = ["algo-1", "algo-2"]
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def node_launches(base: Path, rank_args: list, nproc: int) -> dict[str, Launch]:
+    """What helpers.nodes.run_nodes starts, one torchrun per simulated host, as launches."""
+    from helpers.nodes import hosts_file, on_node
+    hosts_path = hosts_file(base, NODES)
+    port = free_port()
+    return {host: Launch(on_node(host, hosts_path, [
+        *TORCHRUN, "--nnodes", str(len(NODES)), "--node-rank", str(i), "--nproc-per-node", str(nproc),
+        "--master-addr", NODES[0], "--master-port", str(port), "-m", "ddp_doctor", *rank_args]),
+        clean_env(), str(base), timeout=180) for i, host in enumerate(NODES)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(name -> result or exception, name -> directory)."""
+    from helpers.nodes import namespaces_work
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("faulty", "bench", "no_mpl", "nodes")}
+    fake = dirs["no_mpl"] / "hide"  # a sitecustomize-free way to hide matplotlib: a module that fails to import
+    (fake / "matplotlib").mkdir(parents=True)
+    (fake / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden for a test')\n")
+    bench_args = [*DDP, "bench-comm", "--max-bytes", "256K", "--iters", "3", "--warmup", "2", "--timeout", "20",
+                  "--report", str(dirs["bench"] / "r.json")]
+    launches = {
+        "faulty": Launch([*DDP, "preflight", "--timeout", "20", "--report", str(dirs["faulty"] / "r.json"),
+                          "--comm-max-bytes", "64K", "--select", "DDP401,DDP402"],
+                         clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.faulty_transport", PYTHONPATH=ROOT),
+                         str(dirs["faulty"])),
+        "bench": Launch(bench_args + (["--plot", str(dirs["bench"] / "bw.png")] if have_matplotlib() else []),
+                        clean_env(), str(dirs["bench"])),
+        "no_mpl": Launch([*DDP, "bench-comm", "--plot", str(dirs["no_mpl"] / "x.png")],
+                         clean_env(PYTHONPATH=f"{fake}{os.pathsep}{ROOT}"), str(dirs["no_mpl"])),
+    }
+    if namespaces_work():  # the two nodes must start together: all start at once (the usage error is short)
+        launches.update(node_launches(dirs["nodes"], ["preflight", "--timeout", "30", "--report",
+                                                      str(dirs["nodes"] / "r.json"), "--select", "DDP401,DDP403",
+                                                      "--comm-max-bytes", "16K"], nproc=2))
+    done = run_all(launches, at_once=len(launches))
+    return done, dirs
 
 
 def test_preflight_sweep_all_sizes_correct(tmp_path):
@@ -33,11 +100,10 @@ def test_preflight_sweep_all_sizes_correct(tmp_path):
     assert_clean_output(res)
 
 
-def test_faulty_transport_is_an_error_naming_the_rank(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.faulty_transport", PYTHONPATH=ROOT)
-    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report), "--comm-max-bytes", "64K",
-               "--select", "DDP401,DDP402"], env, str(tmp_path))
+def test_faulty_transport_is_an_error_naming_the_rank(runs):
+    done, dirs = runs
+    report = dirs["faulty"] / "r.json"
+    res = result_of(done, "faulty")
     assert res.rc == 3, res.output
     rep = load_json(str(report))
     assert {"DDP401", "DDP402"} <= ids(rep, "error")
@@ -47,16 +113,11 @@ def test_faulty_transport_is_an_error_naming_the_rank(tmp_path):
     assert_clean_output(res)
 
 
-def test_bench_comm_prints_table_and_writes_plot(tmp_path):
-    report, png = tmp_path / "r.json", tmp_path / "bw.png"
-    have_mpl = True
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        have_mpl = False
-    args = [*DDP, "bench-comm", "--max-bytes", "256K", "--iters", "3", "--warmup", "2", "--timeout", "20",
-            "--report", str(report)] + (["--plot", str(png)] if have_mpl else [])
-    res = run(args, clean_env(), str(tmp_path))
+def test_bench_comm_prints_table_and_writes_plot(runs):
+    done, dirs = runs
+    report, png = dirs["bench"] / "r.json", dirs["bench"] / "bw.png"
+    have_mpl = have_matplotlib()
+    res = result_of(done, "bench")
     assert res.rc == 0, res.output
     lines = res.stdout.splitlines()
     header = [i for i, line in enumerate(lines) if "busbw(GB/s)" in line and "#wrong" in line]
@@ -73,13 +134,9 @@ def test_bench_comm_prints_table_and_writes_plot(tmp_path):
     assert_clean_output(res)
 
 
-def test_bench_comm_plot_without_matplotlib_is_a_usage_error(tmp_path):
-    # a sitecustomize-free way to hide matplotlib: a module of that name that fails to import
-    fake = tmp_path / "hide"
-    (fake / "matplotlib").mkdir(parents=True)
-    (fake / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden for a test')\n")
-    env = clean_env(PYTHONPATH=f"{fake}{os.pathsep}{ROOT}")
-    res = run([*DDP, "bench-comm", "--plot", str(tmp_path / "x.png")], env, str(tmp_path))
+def test_bench_comm_plot_without_matplotlib_is_a_usage_error(runs):
+    done, _ = runs
+    res = result_of(done, "no_mpl")  # matplotlib hidden by a module of that name that fails to import
     assert res.rc == 2 and "pip install 'ddp-doctor[plot]'" in res.stderr
 
 
@@ -133,12 +190,12 @@ def test_straggler_rank_is_named(tmp_path):
     assert "rank 1" in slow[0]["message"]
 
 
-def test_two_simulated_nodes_measure_intra_and_inter_apart(tmp_path):
-    from helpers.nodes import run_nodes
-    report = tmp_path / "r.json"
-    results = run_nodes(tmp_path, ["algo-1", "algo-2"], [
-        "preflight", "--timeout", "30", "--report", str(report), "--select", "DDP401,DDP403",
-        "--comm-max-bytes", "16K"], nproc=2, timeout=180)
+def test_two_simulated_nodes_measure_intra_and_inter_apart(runs):
+    from helpers.nodes import require_namespaces
+    require_namespaces()
+    done, dirs = runs
+    report = dirs["nodes"] / "r.json"
+    results = [result_of(done, host) for host in NODES]
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     m = rep["measurements"]

@@ -110,6 +110,39 @@ def run(cmd: Sequence[str], env: Mapping[str, str], cwd: str, timeout: float = 1
     return finish(start(cmd, env, cwd), timeout, t)
 
 
+@dataclass
+class Launch:
+    """One command for run_all: what to run, with which environment, where."""
+    cmd: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    timeout: float = 180.0
+
+
+def run_all(launches: Mapping[str, Launch], at_once: int = 3) -> dict[str, Result | BaseException]:
+    """Independent launches, `at_once` at a time, for a module fixture whose tests each read one.
+    A launch mostly waits (interpreters importing torch, rendezvous, bounds), so 2 cores take 3.
+    Each is `run` in its own thread (both pipes read as it goes); an overrun or a survivor is
+    returned as its exception, for the test that reads that launch to raise (see `result_of`)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        futures = {name: pool.submit(run, ln.cmd, ln.env, ln.cwd, ln.timeout) for name, ln in launches.items()}
+        out: dict[str, Result | BaseException] = {}
+        for name, fut in futures.items():
+            try:
+                out[name] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - raised by the test that reads this launch
+                out[name] = e
+    return out
+
+
+def result_of(results: Mapping[str, Result | BaseException], name: str) -> Result:
+    got = results[name]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
 def run_ranks(n: int, args: Sequence[str], env: Mapping[str, str], cwd: str, *, world_size: int | None = None,
               port: int | None = None, per_rank: Mapping[int, Mapping[str, str]] | None = None,
               ranks: Sequence[int] | None = None, timeout: float = 120.0) -> dict[int, Result]:

@@ -1,21 +1,186 @@
-"""End-to-end preflight on real processes: torchrun launches, hand-started ranks, real gloo groups."""
+"""End-to-end preflight on real processes: torchrun launches, hand-started ranks, real gloo groups.
+
+The independent launches are started together by one module fixture, a few at a time, and each
+test reads its own launch's result. Processes that must meet (two ranks of one world started by
+hand, two simulated nodes) are one launch (`together`). The two tests that bound how long a
+failure takes to be diagnosed run alone, in their own tests.
+"""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
+from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, assert_clean_output, assert_healthy, clean_env, free_port, ids, load_json, run, run_ranks
+from helpers.procs import (
+    DDP,
+    Launch,
+    Result,
+    assert_clean_output,
+    assert_healthy,
+    clean_env,
+    free_port,
+    ids,
+    load_json,
+    result_of,
+    run_all,
+    run_ranks,
+)
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+ROOT = str(Path(__file__).resolve().parents[2])
+AT_ONCE = 3  # launches at a time on 2 cores
+NODES = ["algo-1", "algo-2"]
+SLURM_MPICH = {
+    "slurm": lambda r, n: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": str(n),
+                           "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+                           "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURM_JOB_ID": "42"},
+    "mpich": lambda r, n: {"PMI_RANK": str(r), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(r),
+                           "MPI_LOCALNRANKS": str(n)},
+}
 
 
-def test_self_launch_cpu_default_passes(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report)], clean_env(), str(tmp_path))
+def rank_env(env: dict, rank: int, world_size: int, port: int, **extra: str) -> dict:
+    """The variables helpers.procs.run_ranks gives a rank started by hand, as a launcher would."""
+    e = dict(env)
+    e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+             MASTER_ADDR=e.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=str(port))
+    e.update(extra)
+    return e
+
+
+# Processes that must meet (ranks of one world, simulated nodes) as one launch, so that they start
+# together wherever the fixture's queue puts them: each with its own environment and its own
+# output files, and its exit status written when it ends. The launch's bound and its check for
+# survivors cover them all (they share its session).
+TOGETHER = """
+import json, subprocess, sys
+members = json.load(open(sys.argv[1]))
+procs = [subprocess.Popen(m["cmd"], env=m["env"], stdout=open(m["out"], "w"), stderr=open(m["err"], "w"))
+         for m in members]
+for p, m in zip(procs, members):
+    with open(m["rc"], "w") as f:
+        f.write(str(p.wait()))
+"""
+
+
+def together(path: Path, members: dict[str, tuple[list[str], dict]]) -> Launch:
+    spec = [{"cmd": cmd, "env": env, **{k: str(path / f"{name}.{k}") for k in ("out", "err", "rc")}}
+            for name, (cmd, env) in members.items()]
+    (path / "together.json").write_text(json.dumps(spec))
+    return Launch([sys.executable, "-c", TOGETHER, str(path / "together.json")], clean_env(), str(path))
+
+
+class Runs:
+    """The fixture's launches: each test's directory and its launch's result (or exception)."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.done: dict = {}
+
+    def dir(self, name: str) -> Path:
+        return self.base / name
+
+    def report(self, name: str) -> Path:
+        return self.base / name / "r.json"
+
+    def result(self, name: str):
+        return result_of(self.done, name)
+
+    def member(self, name: str, member: str) -> Result:
+        """One process of a `together` launch: its own exit status and output."""
+        whole = self.result(name)
+        path = self.dir(name)
+        return Result(int((path / f"{member}.rc").read_text()), (path / f"{member}.out").read_text(),
+                      (path / f"{member}.err").read_text(), whole.seconds)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from helpers.nodes import hosts_file, namespaces_work, on_node
+    runs = Runs(tmp_path_factory.mktemp("preflight"))
+    names = ["self_launch", "torchrun", "unresolvable", "port_in_use", "missing_master", "sm_gpus", "sm_hosts",
+             "mismatched_env", "crashing_check", "secret", "two_nodes", "mpirun", "slurm", "mpich", "internal"]
+    for name in names:
+        runs.dir(name).mkdir()
+
+    def preflight(name: str, timeout: str, *more: str) -> list[str]:
+        return ["preflight", "--timeout", timeout, "--report", str(runs.report(name)), *more]
+
+    def single(name: str, cmd: list[str], env: dict) -> Launch:
+        return Launch(cmd, env, str(runs.dir(name)))
+
+    launches = {}  # the longer first, so that the queue ends with short ones
+    if namespaces_work():  # what helpers.nodes.run_nodes starts: one torchrun per simulated host
+        hosts_path, port = hosts_file(runs.dir("two_nodes"), NODES), free_port()
+        launches["two_nodes"] = together(runs.dir("two_nodes"), {host: (on_node(host, hosts_path, [
+            *TORCHRUN, "--nnodes", str(len(NODES)), "--node-rank", str(i), "--nproc-per-node", "1",
+            "--master-addr", NODES[0], "--master-port", str(port), "-m", "ddp_doctor",
+            *preflight("two_nodes", "20")]), clean_env()) for i, host in enumerate(NODES)})
+    launches.update({
+        "crashing_check": single("crashing_check", [*DDP, *preflight("crashing_check", "20")],
+                                 clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.crashing_check", PYTHONPATH=ROOT)),
+        "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
+                                      *preflight("sm_gpus", "10")],
+                          clean_env(SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1", SM_NUM_GPUS="8",
+                                    DDP_DOCTOR_SM_ROOT=str(runs.dir("sm_gpus") / "opt_ml"))),
+        "sm_hosts": single("sm_hosts", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
+                                        *preflight("sm_hosts", "10")],
+                           clean_env(SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
+                                     DDP_DOCTOR_SM_ROOT=str(runs.dir("sm_hosts") / "opt_ml"))),
+        "torchrun": single("torchrun", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
+                                        *preflight("torchrun", "20", "--json")], clean_env()),
+        "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")], clean_env()),
+    })
+    secret_env = clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
+                           NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
+                           DDP_DOCTOR_SM_ROOT=str(runs.dir("secret") / "opt_ml"))
+    launches["secret"] = single("secret", [*DDP, *preflight("secret", "20", "--verbose")], secret_env)
+    port = free_port()
+    launches["mismatched_env"] = together(runs.dir("mismatched_env"), {
+        f"rank{r}": ([*DDP, *preflight("mismatched_env", "10")],
+                     rank_env(clean_env(), r, 2, port, **({"NCCL_ALGO": "Tree"} if r == 1 else {})))
+        for r in range(2)})
+    for launcher, make_env in SLURM_MPICH.items():
+        port = free_port()
+        launches[launcher] = together(runs.dir(launcher), {
+            f"rank{r}": ([*DDP, *preflight(launcher, "20")], clean_env(MASTER_PORT=str(port), **make_env(r, 2)))
+            for r in range(2)})
+    if shutil.which("mpirun") is not None:
+        launches["mpirun"] = single("mpirun", ["mpirun", "-np", "2", "--oversubscribe", *DDP,
+                                               *preflight("mpirun", "20")],
+                                    clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    launches.update({
+        "unresolvable": single("unresolvable", [*DDP, *preflight("unresolvable", "2")],
+                               rank_env(clean_env(MASTER_ADDR="no-such-master.invalid"), 1, 2, free_port())),
+        "missing_master": single("missing_master", [*DDP, *preflight("missing_master", "2")],
+                                 {**clean_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                  "LOCAL_WORLD_SIZE": "1"}),
+        "secret_env": single("secret", [*DDP, "env"], secret_env),
+        "internal": single("internal", [*DDP, *preflight("internal", "5")],
+                           rank_env(clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
+                                              PYTHONPATH=ROOT), 0, 1, free_port())),
+    })
+    holder = socket.socket()  # a port in use while the launches run
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    runs.held_port = holder.getsockname()[1]
+    launches["port_in_use"] = single("port_in_use", [*DDP, *preflight("port_in_use", "2")],
+                                     rank_env(clean_env(), 0, 2, runs.held_port))
+    try:
+        runs.done = run_all(launches, at_once=AT_ONCE)
+    finally:
+        holder.close()
+    return runs
+
+
+def test_self_launch_cpu_default_passes(runs):
+    report = runs.report("self_launch")
+    res = runs.result("self_launch")
     assert res.rc == 0, res.output
     assert ("PASS" in res.stdout or "WARN" in res.stdout) and str(report) in res.stdout
     rep = load_json(str(report))
@@ -28,10 +193,9 @@ def test_self_launch_cpu_default_passes(tmp_path):
     assert_clean_output(res)
 
 
-def test_under_torchrun_json_and_report(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "preflight",
-               "--timeout", "20", "--report", str(report), "--json"], clean_env(), str(tmp_path))
+def test_under_torchrun_json_and_report(runs):
+    report = runs.report("torchrun")
+    res = runs.result("torchrun")
     assert res.rc == 0, res.output
     printed = json.loads(res.stdout)  # only rank 0 prints, and only the JSON document
     assert printed["world"]["launcher"] == "torchrun"
@@ -65,51 +229,37 @@ def test_master_refusing_is_diagnosed_within_bound(tmp_path):
     assert_clean_output(r1)
 
 
-def test_unresolvable_master(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(MASTER_ADDR="no-such-master.invalid")
-    res = run_ranks(2, ["preflight", "--timeout", "2", "--report", str(report)], env, str(tmp_path),
-                    ranks=[1])
+def test_unresolvable_master(runs):
+    report = runs.report("unresolvable")
+    res = {1: runs.result("unresolvable")}  # rank 1 of 2, MASTER_ADDR=no-such-master.invalid
     assert res[1].rc == 3
     assert "DDP310" in ids(load_json(str(report) + ".rank1.json"))
     assert_clean_output(res[1])
 
 
-def test_port_already_in_use(tmp_path):
-    report = tmp_path / "r.json"
-    holder = socket.socket()
-    holder.bind(("0.0.0.0", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    try:
-        res = run_ranks(1, ["preflight", "--timeout", "2", "--report", str(report)], clean_env(),
-                        str(tmp_path), world_size=2, port=port, ranks=[0])
-    finally:
-        holder.close()
+def test_port_already_in_use(runs):
+    report = runs.report("port_in_use")
+    port = runs.held_port  # held open by the fixture while rank 0 of 2 tried to serve on it
+    res = {0: runs.result("port_in_use")}
     assert res[0].rc == 3
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP313" and str(port) in rep["root_cause"]["message"]
 
 
-def test_missing_master_addr_multi_node_layout(tmp_path):
+def test_missing_master_addr_multi_node_layout(runs):
     # RANK/WORLD_SIZE set by hand for 2 nodes of 1 process, but no MASTER_ADDR at all.
-    env = clean_env()
-    report = tmp_path / "r.json"
-    res = run([*DDP, "preflight", "--timeout", "2", "--report", str(report)],
-              {**env, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
-              str(tmp_path))
+    report = runs.report("missing_master")
+    res = runs.result("missing_master")
     assert res.rc == 3, res.output
     own = load_json(str(report) + ".rank1.json")
     assert any("MASTER_ADDR" in f["message"] for f in own["findings"] if f["severity"] == "error")
     assert_clean_output(res)
 
 
-def test_sagemaker_env_with_more_gpus_than_visible(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1", SM_NUM_GPUS="8",
-                    DDP_DOCTOR_SM_ROOT=str(tmp_path / "opt_ml"))
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "preflight",
-               "--timeout", "10", "--report", str(report)], env, str(tmp_path))
+def test_sagemaker_env_with_more_gpus_than_visible(runs):
+    tmp_path = runs.dir("sm_gpus")
+    report = runs.report("sm_gpus")
+    res = runs.result("sm_gpus")
     assert res.rc != 0
     rep = load_json(str(report))
     assert rep["status"] == "fail"
@@ -119,33 +269,27 @@ def test_sagemaker_env_with_more_gpus_than_visible(tmp_path):
     assert failure.startswith("ddp-doctor") and len(failure) <= 1024
 
 
-def test_malformed_sm_hosts_is_a_finding_not_a_traceback(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
-                    DDP_DOCTOR_SM_ROOT=str(tmp_path / "opt_ml"))
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "preflight",
-               "--timeout", "10", "--report", str(report)], env, str(tmp_path))
+def test_malformed_sm_hosts_is_a_finding_not_a_traceback(runs):
+    report = runs.report("sm_hosts")
+    res = runs.result("sm_hosts")
     rep = load_json(str(report))
     assert any("SM_HOSTS" in f["message"] for f in rep["findings"] if f["severity"] == "error")
     assert rep["status"] == "fail"
     assert "SM_HOSTS" in res.stdout
 
 
-def test_mismatched_env_between_ranks_is_named(tmp_path):
-    report = tmp_path / "r.json"
-    res = run_ranks(2, ["preflight", "--timeout", "10", "--report", str(report)], clean_env(),
-                    str(tmp_path), per_rank={1: {"NCCL_ALGO": "Tree"}})
+def test_mismatched_env_between_ranks_is_named(runs):
+    report = runs.report("mismatched_env")
+    res = {r: runs.member("mismatched_env", f"rank{r}") for r in range(2)}  # rank 1 with NCCL_ALGO=Tree
     assert res[0].rc in (0, 3), res[0].output
     rep = load_json(str(report))
     env_findings = [f for f in rep["findings"] if f["category"] == "consistency" and "NCCL_ALGO" in f["message"]]
     assert env_findings and 1 in env_findings[0]["ranks"]
 
 
-def test_crashing_check_becomes_internal_finding(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.crashing_check",
-                    PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report)], env, str(tmp_path))
+def test_crashing_check_becomes_internal_finding(runs):
+    report = runs.report("crashing_check")
+    res = runs.result("crashing_check")
     rep = load_json(str(report))
     crashed = [f for f in rep["findings"] if f["id"] == "DDP001"]
     assert crashed and "boom from a test check" in crashed[0]["message"] and crashed[0]["ranks"] == [0, 1]
@@ -154,23 +298,20 @@ def test_crashing_check_becomes_internal_finding(tmp_path):
     assert_clean_output(res)
 
 
-def test_planted_aws_secret_appears_in_no_output(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
-                    NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
-                    DDP_DOCTOR_SM_ROOT=str(tmp_path / "opt_ml"))
-    res = run([*DDP, "preflight", "--timeout", "20", "--report", str(report), "--verbose"], env, str(tmp_path))
-    res_env = run([*DDP, "env"], env, str(tmp_path))
+def test_planted_aws_secret_appears_in_no_output(runs):
+    report = runs.report("secret")
+    res = runs.result("secret")
+    res_env = runs.result("secret_env")
     for text in (res.output, res_env.output, report.read_text()):
         assert SECRET not in text
     assert "AWS_SECRET_ACCESS_KEY" in res_env.stdout
 
 
-def test_two_nodes_simulated_with_two_torchrun_invocations(tmp_path):
-    from helpers.nodes import run_nodes
-    report = tmp_path / "r.json"
-    results = run_nodes(tmp_path, ["algo-1", "algo-2"],
-                        ["preflight", "--timeout", "20", "--report", str(report)])
+def test_two_nodes_simulated_with_two_torchrun_invocations(runs):
+    from helpers.nodes import require_namespaces
+    require_namespaces()
+    report = runs.report("two_nodes")
+    results = [runs.member("two_nodes", host) for host in NODES]
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     assert_healthy(rep)
@@ -178,14 +319,11 @@ def test_two_nodes_simulated_with_two_torchrun_invocations(tmp_path):
     assert sorted((r["node_rank"], r["host"]) for r in rep["ranks"]) == [(0, "algo-1"), (1, "algo-2")]
 
 
-def test_under_mpirun(tmp_path):
-    import shutil
+def test_under_mpirun(runs):
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed (.ci/run installs Debian's openmpi-bin)")
-    report = tmp_path / "r.json"
-    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    res = run(["mpirun", "-np", "2", "--oversubscribe", *DDP, "preflight", "--timeout", "20",
-               "--report", str(report)], env, str(tmp_path))
+    report = runs.report("mpirun")
+    res = runs.result("mpirun")
     assert res.rc == 0, res.output
     rep = load_json(str(report))
     assert rep["world"]["launcher"] == "mpirun" and rep["world"]["world_size"] == 2
@@ -195,32 +333,20 @@ def test_under_mpirun(tmp_path):
     assert "DDP104" in ids(rep, "info")
 
 
-@pytest.mark.parametrize("launcher,make_env", [
-    ("slurm", lambda r, n: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": str(n),
-                            "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
-                            "SLURM_STEP_TASKS_PER_NODE": str(n), "SLURM_JOB_ID": "42"}),
-    ("mpich", lambda r, n: {"PMI_RANK": str(r), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(r),
-                            "MPI_LOCALNRANKS": str(n)}),
-])
-def test_under_slurm_and_mpich_style_launchers(tmp_path, launcher, make_env):
-    """The variables srun and MPICH's hydra set, given to two real processes by hand."""
-    from helpers.procs import finish, start
-    report = tmp_path / "r.json"
-    port = free_port()
-    procs = [start([*DDP, "preflight", "--timeout", "20", "--report", str(report)],
-                   clean_env(MASTER_PORT=str(port), **make_env(r, 2)), str(tmp_path)) for r in range(2)]
-    results = [finish(p, 120) for p in procs]
+@pytest.mark.parametrize("launcher,make_env", list(SLURM_MPICH.items()))
+def test_under_slurm_and_mpich_style_launchers(runs, launcher, make_env):
+    """The variables srun and MPICH's hydra set (make_env), given to two real processes by hand."""
+    report = runs.report(launcher)
+    results = [runs.member(launcher, f"rank{r}") for r in range(2)]
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     assert rep["world"]["launcher"] == launcher and rep["world"]["world_size"] == 2
     assert [r["rank"] for r in rep["ranks"]] == [0, 1]
 
 
-def test_internal_failure_still_writes_a_report_and_exits_1(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
-                    PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    res = run_ranks(1, ["preflight", "--timeout", "5", "--report", str(report)], env, str(tmp_path))
+def test_internal_failure_still_writes_a_report_and_exits_1(runs):
+    report = runs.report("internal")
+    res = {0: runs.result("internal")}  # rank 0 of 1, started by hand
     assert res[0].rc == 1, res[0].output
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP005"

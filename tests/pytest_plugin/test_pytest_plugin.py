@@ -1,17 +1,27 @@
 """The pytest plugin, driven through pytester in a subprocess: N-rank tests (pass, fail on one rank,
-skip, hang, abort at exit, unpicklable fixture), xdist, the session preflight, settings."""
+skip, hang, abort at exit, unpicklable fixture), xdist, the session preflight, settings.
+
+Inner pytest runs that neither send signals nor assert a bound on time are started together by a
+module fixture, a few at a time, as pytester's runpytest_subprocess would start them (`inner`),
+and each test reads its own run. The bounded runs (all rank outcomes, the hang) and those that
+kill or signal pytest run alone, in their own tests.
+"""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
+from helpers.procs import Launch, Result, run
 
 from ddp_doctor.facts.host import visible_gpu_count
 from ddp_doctor.pytest_plugin.rank_pool import wire
@@ -22,6 +32,7 @@ from ddp_doctor.testing import LocalChecks, simulated_sagemaker
 pytest_plugins = ["pytester"]
 TAG_ENV = "DDP_DOCTOR_TEST_TAG"
 CHEAP_PREFLIGHT = "--ddp-preflight-args=--select gpu,launcher_env"
+AT_ONCE = 3  # inner pytest runs at a time on 2 cores
 
 
 @pytest.fixture
@@ -53,6 +64,72 @@ def assert_no_survivors(tag: str, within: float = 5.0) -> None:
     for p in left:
         p.kill()
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def inner(path: Path, files: dict[str, str], args: list[str], *, tag: str | None = None,
+          env: dict[str, str] | None = None, unset: tuple[str, ...] = (), ini: str | None = None) -> Launch:
+    """What pytester.makepyfile/makeini and runpytest_subprocess do, in `path`: the files, pytest in a
+    subprocess with a --basetemp of its own, and pytester's environment (its HOME, PY_COLORS=0, no
+    PYTEST_ADDOPTS, the directory on PYTHONPATH); with `tag`, what the `tag` fixture sets."""
+    for name, text in files.items():
+        (path / f"{name}.py").write_text(textwrap.dedent(text).strip())
+    if ini is not None:
+        (path / "tox.ini").write_text(textwrap.dedent(ini).strip())
+    e = {k: v for k, v in os.environ.items() if k not in ("TOX_ENV_DIR", "PYTEST_ADDOPTS")}
+    (path / "tmproot").mkdir()
+    e.update(PYTEST_DEBUG_TEMPROOT=str(path / "tmproot"), HOME=str(path), USERPROFILE=str(path), PY_COLORS="0",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(path), e.get("PYTHONPATH", "")])))
+    if tag is not None:
+        e.update({TAG_ENV: tag, "OMP_NUM_THREADS": "1"})
+        e.pop("DDP_DOCTOR_REPORT", None)
+    e.update(env or {})
+    for name in unset:
+        e.pop(name, None)
+    return Launch([sys.executable, "-mpytest", f"--basetemp={path / 'runpytest-0'}", *args], e, str(path),
+                  timeout=300)  # runpytest_subprocess has no bound; this one only stops a stuck run
+
+
+def as_run_result(res: Result) -> pytest.RunResult:
+    ret: int | pytest.ExitCode = res.rc
+    try:
+        ret = pytest.ExitCode(res.rc)
+    except ValueError:
+        pass
+    return pytest.RunResult(ret, res.stdout.splitlines(), res.stderr.splitlines(), res.seconds)
+
+
+def run_inner(launches: dict[str, tuple[Launch, str | None]], at_once: int = AT_ONCE) -> dict[str, tuple]:
+    """Inner runs, `at_once` at a time: name -> (RunResult or exception, the survivor check's failure or
+    None). A tagged run's survivors are looked for as soon as it ends, as assert_no_survivors does."""
+    def one(launch: Launch, tag: str | None) -> tuple:
+        try:
+            res = as_run_result(run(launch.cmd, launch.env, launch.cwd, launch.timeout))
+        except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
+            return e, None
+        try:
+            if tag is not None:
+                assert_no_survivors(tag)
+        except AssertionError as e:
+            return res, e
+        return res, None
+
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        futures = {name: pool.submit(one, launch, tag) for name, (launch, tag) in launches.items()}
+        return {name: fut.result() for name, fut in futures.items()}
+
+
+def inner_result(runs: dict[str, tuple], name: str) -> pytest.RunResult:
+    got, _ = runs[name]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def inner_survivors(runs: dict[str, tuple], name: str) -> None:
+    """assert_no_survivors for a run of the fixture, as checked when it ended."""
+    _, failure = runs[name]
+    if failure is not None:
+        raise failure
 
 
 # ---------------------------------------------------------------- pure: how a rank ended
@@ -310,19 +387,6 @@ def test_plain():
 '''
 
 
-@pytest.mark.slow
-def test_xdist_two_workers_one_preflight(pytester: pytest.Pytester, tag: str):
-    pytest.importorskip("xdist")
-    pytester.makepyfile(test_x=XDIST_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", CHEAP_PREFLIGHT,
-                                           "--ddp-report", str(pytester.path / "pre.json"))
-    result.assert_outcomes(passed=8)  # 6 distributed, 1 plain, ddp_doctor::preflight
-    assert result.stdout.str().count("ddp-doctor runner preflight") == 1
-    result.stdout.fnmatch_lines(["*verdict: PASS*", "*gloo x 2 ranks: pass in *"])
-    assert (pytester.path / "pre.json").exists()
-    assert_no_survivors(tag)
-
-
 PREFLIGHT_TESTS = r'''
 import pytest
 import torch.distributed as dist
@@ -339,14 +403,49 @@ def test_plain():
 '''
 
 
+@pytest.fixture(scope="module")
+def slow_runs(tmp_path_factory):
+    """The slow inner runs that neither signal pytest nor bound its time, started together."""
+    import importlib.util
+    launches = {}
+    if importlib.util.find_spec("xdist") is not None:
+        path, tag = tmp_path_factory.mktemp("xdist"), uuid.uuid4().hex
+        launches["xdist"] = (inner(path, {"test_x": XDIST_TESTS}, [
+            "-p", "no:cacheprovider", "-n", "2", CHEAP_PREFLIGHT, "--ddp-report", str(path / "pre.json")],
+            tag=tag), tag)
+    if visible_gpu_count() < 1:
+        path = tmp_path_factory.mktemp("preflight_failure")
+        launches["preflight_failure"] = (inner(path, {"test_p": PREFLIGHT_TESTS}, [
+            "-p", "no:cacheprovider", "--ddp-expect-gpus", "1", CHEAP_PREFLIGHT, "--ddp-report",
+            str(path / "runner.json"), "--junitxml=junit.xml", "-rs"], tag=uuid.uuid4().hex), None)
+        path = tmp_path_factory.mktemp("deselect")
+        launches["deselect"] = (inner(path, {"test_p": PREFLIGHT_TESTS}, [
+            "-p", "no:cacheprovider", CHEAP_PREFLIGHT, "--ddp-preflight-failure", "deselect",
+            "--ddp-expect-gpus=1"], tag=uuid.uuid4().hex), None)
+    return run_inner(launches), {name: Path(launch.cwd) for name, (launch, _) in launches.items()}
+
+
 @pytest.mark.slow
-def test_preflight_failure_is_one_failure_plus_skips_and_junit(pytester: pytest.Pytester, tag: str):
+def test_xdist_two_workers_one_preflight(slow_runs):
+    pytest.importorskip("xdist")
+    runs, paths = slow_runs
+    path = paths["xdist"]
+    result = inner_result(runs, "xdist")
+    result.assert_outcomes(passed=8)  # 6 distributed, 1 plain, ddp_doctor::preflight
+    assert result.stdout.str().count("ddp-doctor runner preflight") == 1
+    result.stdout.fnmatch_lines(["*verdict: PASS*", "*gloo x 2 ranks: pass in *"])
+    assert (path / "pre.json").exists()
+    inner_survivors(runs, "xdist")
+
+
+@pytest.mark.slow
+def test_preflight_failure_is_one_failure_plus_skips_and_junit(slow_runs):
     if visible_gpu_count() >= 1:
         pytest.skip("this runner has a GPU: --ddp-expect-gpus 1 would pass")
-    pytester.makepyfile(test_p=PREFLIGHT_TESTS)
-    report = pytester.path / "runner.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-expect-gpus", "1", CHEAP_PREFLIGHT,
-                                           "--ddp-report", str(report), "--junitxml=junit.xml", "-rs")
+    runs, paths = slow_runs
+    path = paths["preflight_failure"]
+    report = path / "runner.json"
+    result = inner_result(runs, "preflight_failure")
     result.assert_outcomes(passed=1, failed=1, skipped=3)
     result.stdout.fnmatch_lines([
         "*ddp_doctor::preflight*",
@@ -358,7 +457,7 @@ def test_preflight_failure_is_one_failure_plus_skips_and_junit(pytester: pytest.
     ])
     assert str(report) in result.stdout.str()
     assert report.exists()
-    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    suite = ET.parse(path / "junit.xml").getroot().find("testsuite")
     assert suite is not None
     assert (suite.get("failures"), suite.get("skipped"), suite.get("errors")) == ("1", "3", "0")
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
@@ -371,45 +470,64 @@ def test_preflight_failure_is_one_failure_plus_skips_and_junit(pytester: pytest.
 
 
 @pytest.mark.slow
-def test_preflight_failure_deselect_option(pytester: pytest.Pytester, tag: str):
+def test_preflight_failure_deselect_option(slow_runs):
     if visible_gpu_count() >= 1:
         pytest.skip("this runner has a GPU: --ddp-expect-gpus 1 would pass")
-    pytester.makepyfile(test_p=PREFLIGHT_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", CHEAP_PREFLIGHT,
-                                           "--ddp-preflight-failure", "deselect", "--ddp-expect-gpus=1")
+    runs, _ = slow_runs
+    result = inner_result(runs, "deselect")
     result.assert_outcomes(passed=1, failed=1, deselected=3)
 
 
 # ---------------------------------------------------------------- inert and settings
-def test_plugin_is_inert_without_the_marker(pytester: pytest.Pytester):
-    pytester.makepyfile("def test_a():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+A_TEST = "def test_a():\n    pass\n"
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    """The inner runs of the settings tests (no ranks), started together; each in a directory of its
+    own, as pytester would give it (the file named after its test)."""
+    def at(name: str, files: dict[str, str], args: list[str], **kw) -> tuple[Launch, None]:
+        return inner(tmp_path_factory.mktemp(name), files, ["-p", "no:cacheprovider", *args], **kw), None
+
+    bad = {"test_bad_values_name_their_source": A_TEST}
+    launches = {
+        "inert": at("inert", {"test_plugin_is_inert_without_the_marker": A_TEST}, []),
+        "bad_cli": at("bad_cli", bad, ["--ddp-expect-gpus", "many"]),
+        "bad_env": at("bad_env", bad, [], env={"DDP_DOCTOR_TEST_TIMEOUT": "-3"}),
+        "cli_wins": at("cli_wins", bad, ["--ddp-timeout", "5"], env={"DDP_DOCTOR_TEST_TIMEOUT": "-3"}),
+        "bad_ini": at("bad_ini", bad, [], unset=("DDP_DOCTOR_TEST_TIMEOUT",), ini="[pytest]\nddp_doctor = maybe\n"),
+        "marker": at("marker", {"test_marker_arguments_are_checked":
+                                "import pytest\n\n@pytest.mark.distributed(world_size=0)\n"
+                                "def test_a(rank):\n    pass\n"}, ["--no-ddp-doctor"]),
+    }
+    return run_inner(launches), {name: Path(launch.cwd) for name, (launch, _) in launches.items()}
+
+
+def test_plugin_is_inert_without_the_marker(quick_runs):
+    runs, paths = quick_runs
+    result = inner_result(runs, "inert")
     result.assert_outcomes(passed=1)
     assert "ddp-doctor runner preflight" not in result.stdout.str()
-    assert not (pytester.path / "ddp-doctor-report.json").exists()
+    assert not (paths["inert"] / "ddp-doctor-report.json").exists()
 
 
-def test_bad_values_name_their_source(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    pytester.makepyfile("def test_a():\n    pass\n")
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-expect-gpus", "many")
+def test_bad_values_name_their_source(quick_runs):
+    runs, _ = quick_runs
+    r = inner_result(runs, "bad_cli")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines(["*ddp-doctor: command line --ddp-expect-gpus='many': is not a valid value*"])
-    monkeypatch.setenv("DDP_DOCTOR_TEST_TIMEOUT", "-3")
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r = inner_result(runs, "bad_env")  # DDP_DOCTOR_TEST_TIMEOUT=-3
     r.stderr.fnmatch_lines(["*ddp-doctor: environment DDP_DOCTOR_TEST_TIMEOUT='-3': must be more than 0 seconds*"])
     # the command line wins over the environment
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-timeout", "5")
+    r = inner_result(runs, "cli_wins")  # --ddp-timeout 5 and DDP_DOCTOR_TEST_TIMEOUT=-3
     r.assert_outcomes(passed=1)
-    monkeypatch.delenv("DDP_DOCTOR_TEST_TIMEOUT")
-    pytester.makeini("[pytest]\nddp_doctor = maybe\n")
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r = inner_result(runs, "bad_ini")  # no DDP_DOCTOR_TEST_TIMEOUT; tox.ini: ddp_doctor = maybe
     r.stderr.fnmatch_lines(["*ddp-doctor: ini ddp_doctor in *tox.ini='maybe': must be true, false or auto*"])
 
 
-def test_marker_arguments_are_checked(pytester: pytest.Pytester):
-    pytester.makepyfile(
-        "import pytest\n\n@pytest.mark.distributed(world_size=0)\ndef test_a(rank):\n    pass\n")
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--no-ddp-doctor")
+def test_marker_arguments_are_checked(quick_runs):
+    runs, _ = quick_runs
+    r = inner_result(runs, "marker")
     r.assert_outcomes(errors=1)
     r.stdout.fnmatch_lines(["*@pytest.mark.distributed(...) on test_marker_arguments_are_checked.py::test_a: "
                             "world_size=0 must be a whole number of at least 1*"])

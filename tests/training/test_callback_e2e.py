@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, clean_env, ids, load_json, run
+from helpers.procs import DDP, Launch, clean_env, ids, load_json, result_of, run_all
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
@@ -24,19 +24,31 @@ def env() -> dict[str, str]:
     return clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
-def test_trainer_given_a_ddp_model_is_said_at_once_without_the_wrapper(tmp_path):
-    res = run([*TORCHRUN, SCRIPT, "--wrap"], env(), str(tmp_path), timeout=240)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both launches together: under torchrun with the callback alone, and under ddp-doctor run."""
+    base = tmp_path_factory.mktemp("callback")
+    (base / "plain").mkdir()
+    (base / "wrapped").mkdir()
+    launches = {
+        "plain": Launch([*TORCHRUN, SCRIPT, "--wrap"], env(), str(base / "plain"), 240),
+        "wrapped": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", str(base / "wrapped" / "r.json"),
+                           SCRIPT, "--wrap"], env(), str(base / "wrapped"), 240)}
+    return base, run_all(launches, at_once=2)
+
+
+def test_trainer_given_a_ddp_model_is_said_at_once_without_the_wrapper(runs):
+    res = result_of(runs[1], "plain")
     assert res.rc != 0  # the Trainer then fails (empty batches)
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ddp-doctor: DDP860")]
     assert len(lines) == 1 and "DistributedDataParallel-wrapped TinyLM" in lines[0], res.stderr[-3000:]
 
 
-def test_trainer_given_a_ddp_model_is_the_root_cause_under_the_wrapper(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), SCRIPT, "--wrap"], env(),
-              str(tmp_path), timeout=240)
+def test_trainer_given_a_ddp_model_is_the_root_cause_under_the_wrapper(runs):
+    base, results = runs
+    res = result_of(results, "wrapped")
     assert res.rc == 1, res.output
-    rep = load_json(str(report))
+    rep = load_json(str(base / "wrapped" / "r.json"))
     assert rep["root_cause"]["id"] == "DDP860" and rep["root_cause"]["ranks"] == [0, 1]
     assert "DDP832" in ids(rep)  # the Trainer's own failure, listed after its cause
-    assert not (tmp_path / "ddp-doctor-report.json").exists()  # the wrapper reports, not the callback
+    assert not (base / "wrapped" / "ddp-doctor-report.json").exists()  # the wrapper reports, not the callback

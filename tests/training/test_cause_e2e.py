@@ -7,11 +7,10 @@ bound), then each test reads its own run's report.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, clean_env, finish, load_json, start
+from helpers.procs import DDP, Launch, clean_env, finish, load_json, result_of, run_all, start
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -41,22 +40,17 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(base):
-    todo = list(RUNS.items())
-    live: dict[str, tuple] = {}
-    done: dict[str, tuple] = {}
-    while todo or live:
-        while todo and len(live) < AT_ONCE:
-            name, (script, extra) = todo.pop(0)
-            report = base / f"{name}.json"
-            cmd = [*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--hang-timeout", "60", *extra,
-                   "--run-dir", str(base / f"{name}-runs"), "--report", str(report), str(SCRIPTS / script)]
-            live[name] = (start(cmd, clean_env(), str(base)), report, time.monotonic())
-        for name, (proc, report, t) in list(live.items()):
-            if proc.poll() is not None:
-                done[name] = (finish(proc, 30, t), report)
-                del live[name]
-        time.sleep(0.2)
-    return {name: (res, load_json(str(report))) for name, (res, report) in done.items()}
+    launches = {
+        name: Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--hang-timeout", "60", *extra,
+                      "--run-dir", str(base / f"{name}-runs"), "--report", str(base / f"{name}.json"),
+                      str(SCRIPTS / script)], clean_env(), str(base))
+        for name, (script, extra) in RUNS.items()}
+    return {"base": base, "results": run_all(launches, at_once=AT_ONCE)}
+
+
+def ran(runs: dict, name: str) -> tuple:
+    """One launch's result and report; a launch that overran fails only the test that reads it."""
+    return result_of(runs["results"], name), load_json(str(runs["base"] / f"{name}.json"))
 
 
 def ledgers_of(runs_dir: Path) -> dict[int, dict]:
@@ -71,7 +65,7 @@ def errors(rep: dict) -> list[dict]:
 
 
 def test_uneven_inputs_names_the_rank_that_left_and_the_steps(runs):
-    res, rep = runs["uneven"]
+    res, rep = ran(runs, "uneven")
     assert res.rc == 1, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP892" and cause["ranks"] == [1], rep["findings"]
@@ -83,7 +77,7 @@ def test_uneven_inputs_names_the_rank_that_left_and_the_steps(runs):
 
 
 def test_collectives_of_different_sizes_are_a_mismatch_with_both_lines(runs):
-    res, rep = runs["sizes"]
+    res, rep = ran(runs, "sizes")
     assert res.rc != 0, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP890", rep["findings"]
@@ -95,7 +89,7 @@ def test_collectives_of_different_sizes_are_a_mismatch_with_both_lines(runs):
 
 
 def test_a_timeout_names_the_rank_that_was_elsewhere_and_where(runs):
-    res, rep = runs["slow_checkpoint"]
+    res, rep = ran(runs, "slow_checkpoint")
     assert res.rc == 1, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP891" and cause["ranks"] == [0], rep["findings"]
@@ -106,7 +100,7 @@ def test_a_timeout_names_the_rank_that_was_elsewhere_and_where(runs):
 
 
 def test_a_collective_on_one_rank_only_is_a_mismatch_not_just_a_hang(runs):
-    res, rep = runs["rank0_only"]
+    res, rep = ran(runs, "rank0_only")
     assert res.rc == 124, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP890", rep["findings"]
@@ -117,7 +111,7 @@ def test_a_collective_on_one_rank_only_is_a_mismatch_not_just_a_hang(runs):
 
 
 def test_a_rank_written_by_hand_is_reported_at_once(runs):
-    res, rep = runs["handset_rank"]
+    res, rep = ran(runs, "handset_rank")
     assert res.rc == 124, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP867" and cause["ranks"] == [0, 1], rep["findings"]
@@ -129,7 +123,7 @@ def test_a_rank_written_by_hand_is_reported_at_once(runs):
 
 
 def test_a_world_size_changed_by_the_script_is_reported_at_once(runs):
-    res, rep = runs["env_world"]
+    res, rep = ran(runs, "env_world")
     assert res.rc == 124, res.output
     cause = rep["root_cause"]
     assert cause["id"] == "DDP868" and cause["ranks"] == [0, 1], rep["findings"]
@@ -139,7 +133,7 @@ def test_a_world_size_changed_by_the_script_is_reported_at_once(runs):
 
 
 def test_correct_patterns_stay_clean(runs):
-    res, rep = runs["correct"]
+    res, rep = ran(runs, "correct")
     assert res.rc == 0, res.output
     assert not [f for f in rep["findings"] if f["severity"] in ("error", "warning")], rep["findings"]
 

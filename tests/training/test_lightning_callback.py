@@ -10,8 +10,7 @@ Lightning's own gloo group left up at exit is not the script's missing destroy_p
 Known teardown abort (see test_training_entrypoints.py): torch 2.13 on gloo sometimes aborts
 (SIGABRT) at interpreter exit after a correct teardown. A non-zero exit is accepted as that abort
 only when every rank printed its done marker (after fit returned, so after the report was written)
-and the exit status is SIGABRT's; under torchrun only when the launcher names SIGABRT (-6) as the
-root cause and no other exit code than -6 or the SIGTERM (-15) it then sends. Under Lightning's own
+and the exit status is SIGABRT's. Under Lightning's own
 launcher rank 1's exit status is not observable: rank 0 does not wait for it, and Lightning's child
 observer SIGKILLs rank 0 (exit -9, failing the test) if rank 1 fails while rank 0 still runs. The
 report and the output are judged in every case; nothing is retried.
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Result, assert_healthy, clean_env, ids, load_json, run
+from helpers.procs import DDP, Launch, Result, assert_healthy, clean_env, ids, load_json, result_of, run_all
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +35,6 @@ if importlib.util.find_spec("lightning") is None:
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parents[1] / "probe_scripts" / "lightning_train.py"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "0"]
 TIMEOUT = 180.0
 DONE = re.compile(r"^lightning_train: done rank=(\d+) pid=\d+$", re.M)
 SIGABRT_RC = (-6, 134)
@@ -51,36 +48,25 @@ def env() -> dict[str, str]:
     return {k: v for k, v in e.items() if not k.startswith("PL_")}  # PL_GLOBAL_SEED & co. from outside
 
 
-def _launcher_exit_codes(stderr: str) -> tuple[int | None, list[int]]:
-    """torchrun's ChildFailedError: (the root cause's exit code, every failed rank's exit code)."""
-    root = re.search(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", stderr, re.S)
-    codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)]
-    return (int(root.group(1)) if root else None), codes
+def known_teardown_abort(result: Result) -> bool:
+    return sorted(DONE.findall(result.stdout)) == ["0", "1"] and result.rc in SIGABRT_RC
 
 
-def known_teardown_abort(result: Result, *, torchrun: bool) -> bool:
-    if sorted(DONE.findall(result.stdout)) != ["0", "1"]:
-        return False
-    if torchrun:
-        root, codes = _launcher_exit_codes(result.stderr)
-        return result.rc == 1 and root == -6 and all(c in (-6, -15) for c in codes)
-    return result.rc in SIGABRT_RC
-
-
-def assert_finished(result: Result, *, torchrun: bool) -> None:
+def assert_finished(result: Result) -> None:
     """Both ranks finished fit: done markers from ranks 0 and 1 (once each), and a clean exit or the
     known abort at exit."""
     assert sorted(DONE.findall(result.stdout)) == ["0", "1"], (
         f"exit {result.rc}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}")
     if result.rc != 0:
-        assert known_teardown_abort(result, torchrun=torchrun), (
+        assert known_teardown_abort(result), (
             f"exit {result.rc}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}")
         print(f"known gloo teardown abort after both done markers (rc={result.rc})")
 
 
-def assert_no_survivors(marker: str) -> None:
-    """No rank outlives the test (torchrun starts its workers in sessions of their own, out of reach of
-    procs.run's process-group check). Every rank's command line names the test's report path."""
+def survivors(marker: str) -> list[str]:
+    """Ranks still alive a bounded moment after the launch ended, killed (torchrun starts its workers
+    in sessions of their own, out of reach of procs.run's process-group check). Every rank's command
+    line names its launch's report path."""
     import psutil
 
     def alive() -> list[psutil.Process]:
@@ -102,19 +88,37 @@ def assert_no_survivors(marker: str) -> None:
             p.kill()
         except psutil.Error:
             pass
-    assert not left, f"ranks outlived the test: {[(p.pid, p.info['cmdline']) for p in left]}"
+    return [f"{p.pid}: {p.info['cmdline']}" for p in left]
 
 
-def fit(tmp_path: Path, *flags: str, torchrun: bool) -> tuple[Result, dict]:
-    report = tmp_path / "lightning-report.json"
-    cmd = [*TORCHRUN] if torchrun else [sys.executable]
-    try:
-        r = run([*cmd, str(SCRIPT), "--report", str(report), *flags], env(), str(tmp_path), timeout=TIMEOUT)
-    finally:
-        assert_no_survivors(str(report))
-    assert_finished(r, torchrun=torchrun)
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """Both fits, launched together: the plain `python train.py --no-sampler` one under Lightning's
+    own launcher, and the correct one under `ddp-doctor run`. name -> (result or exception, the
+    report path, ranks that outlived it)."""
+    base = tmp_path_factory.mktemp("lightning")
+    plain, wrapped = base / "plain", base / "wrapped"
+    plain.mkdir()
+    wrapped.mkdir()
+    reports = {"plain": plain / "lightning-report.json", "wrapped": wrapped / "r.json"}
+    own = wrapped / "callback-report.json"
+    launches = {
+        "plain": Launch([sys.executable, str(SCRIPT), "--report", str(reports["plain"]), "--no-sampler"],
+                        env(), str(plain), TIMEOUT),
+        "wrapped": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", str(reports["wrapped"]), str(SCRIPT),
+                           "--report", str(own)], env(), str(wrapped), TIMEOUT)}
+    results = run_all(launches, at_once=2)
+    left = {"plain": survivors(str(reports["plain"])), "wrapped": survivors(str(own))}
+    return {name: (results, reports[name], left[name]) for name in launches} | {"own": own}
+
+
+def fit(fits: dict, name: str) -> tuple[Result, dict]:
+    results, report, left = fits[name]
+    assert not left, f"ranks outlived the test: {left}"
+    r = result_of(results, name)
+    assert_finished(r)
     assert report.is_file(), f"rank 0 wrote no report\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-6000:]}"
-    assert not (tmp_path / "ddp-doctor-report.json").exists()  # report_path was honoured
+    assert not (report.parent / "ddp-doctor-report.json").exists()  # report_path was honoured
     rep = load_json(str(report))
     assert rep["phase"] == "training"
     return r, rep
@@ -127,8 +131,8 @@ def batch_note(rep: dict) -> dict:
     return note
 
 
-def test_fit_without_distributed_sampler_draws_the_same_samples(tmp_path):
-    r, rep = fit(tmp_path, "--no-sampler", torchrun=False)
+def test_fit_without_distributed_sampler_draws_the_same_samples(fits):
+    r, rep = fit(fits, "plain")
     [f] = [f for f in rep["findings"] if f["id"] == "DDP850"]
     assert f["severity"] == "error" and f["ranks"] == [0, 1] and f["phase"] == "training", f
     assert f"{SCRIPT}:" in f["message"] and "RandomSampler over TensorDataset of 128" in f["message"], f
@@ -139,18 +143,15 @@ def test_fit_without_distributed_sampler_draws_the_same_samples(tmp_path):
     assert "DDP850" in r.stderr  # rank 0 prints a report that is not a pass
 
 
-def test_correct_fit_under_ddp_doctor_run_has_no_probe_findings(tmp_path):
+def test_correct_fit_under_ddp_doctor_run_has_no_probe_findings(fits):
     # Lightning makes the gloo group itself and leaves it up at exit: that is Lightning's to manage,
     # not a missing destroy_process_group in the script (DDP880 judges groups the script made).
-    own, report = tmp_path / "callback-report.json", tmp_path / "r.json"
-    try:
-        r = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), str(SCRIPT), "--report", str(own)],
-                env(), str(tmp_path), timeout=TIMEOUT)
-    finally:
-        assert_no_survivors(str(own))
+    results, report, left = fits["wrapped"]
+    assert not left, f"ranks outlived the test: {left}"
+    r = result_of(results, "wrapped")
     assert r.rc == 0, r.output[-6000:]
     assert sorted(DONE.findall(r.stdout)) == ["0", "1"], r.stdout
     rep = load_json(str(report))
     assert_healthy(rep)
     assert {f["id"] for f in rep["findings"] if f["phase"] != "preflight"} == {"DDP873"}, rep["findings"]
-    assert not own.exists()  # under the wrapper the wrapper reports, the callback adds its note
+    assert not fits["own"].exists()  # under the wrapper the wrapper reports, the callback adds its note

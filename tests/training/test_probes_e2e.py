@@ -2,14 +2,29 @@
 
 tests/probe_scripts/loop.py is one DDP loop with switches, each introducing one mistake; without
 switches it is the correct recipe and nothing may be reported about it.
+
+The runs are started together by one module fixture (they mostly wait: interpreters importing
+torch, rendezvous), then each test reads its own run's result and report.
 """
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, assert_healthy, clean_env, free_port, ids, load_json, run
+from helpers.procs import (
+    DDP,
+    Launch,
+    assert_healthy,
+    clean_env,
+    free_port,
+    ids,
+    load_json,
+    result_of,
+    run,
+    run_all,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "probe_scripts"
@@ -18,14 +33,83 @@ ROOT = Path(__file__).resolve().parents[2]
 # the test that plants a straggler asserts it by name.
 PROBE_IDS = {"DDP850", "DDP852", "DDP853", "DDP860", "DDP861", "DDP862", "DDP863", "DDP864", "DDP865",
              "DDP870", "DDP871", "DDP880"}
+AT_ONCE = 3  # runs at a time on 2 cores: run_all takes AT_ONCE - 1, the lane of
+# runs started by hand one more
+
+# name -> loop.py's switches, for each run of loop.py under `ddp-doctor run`
+LOOPS = {
+    "set_epoch_straggler_bypass_buffer": ["--no-set-epoch", "--slow-rank", "1", "--bypass-ddp", "--local-buffer"],
+    "correct": [],
+    "own_shard": ["--own-shard"],
+    "no_sampler_no_destroy": ["--no-sampler", "--no-destroy"],
+    "unsharded": ["--no-sampler", "--rank-seed", "--samples", "20000", "--max-batches", "10"],
+    "--ddp-first": ["--ddp-first"],
+    "--init-twice": ["--init-twice"],
+}
 
 
-def run_loop(tmp_path: Path, *flags: str, expect_rc: int = 0) -> dict:
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), str(SCRIPTS / "loop.py"), *flags],
-              clean_env(), str(tmp_path), timeout=180)
+def launches(base: Path) -> dict[str, Launch]:
+    """One command each, for run_all, each in its own directory base/<name> (its cwd)."""
+    out = {}
+    for name, flags in LOOPS.items():
+        (base / name).mkdir()
+        # the probes are the subject: the preflight's bandwidth sweep (CPU on 2 busy cores) is skipped
+        out[name] = Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication",
+                            "--report", str(base / name / "r.json"), str(SCRIPTS / "loop.py"), *flags],
+                           clean_env(), str(base / name), timeout=180)
+    (base / "torchrun").mkdir()
+    out["torchrun"] = Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              "--max-restarts", "0", "-m", "ddp_doctor", "run", "--report",
+                              str(base / "torchrun" / "r.json"), str(SCRIPTS / "loop.py"), "--no-sampler"],
+                             clean_env(), str(base / "torchrun"), timeout=180)
+    return out
+
+
+def spawned(d: Path):
+    """The script spawns its ranks on a port picked as the run starts."""
+    tmp = d / "tmp"
+    tmp.mkdir(parents=True)
+    return run([*DDP, "run", "--report", str(d / "r.json"), str(SCRIPTS / "spawn_loop.py")],
+               clean_env(PORT=str(free_port()), TMPDIR=str(tmp)), str(d), timeout=180)
+
+
+def two_nodes(d: Path) -> list:
+    """One torchrun per simulated node, each with a run directory of its own, as on real hosts."""
+    from helpers.nodes import run_nodes
+
+    d.mkdir()
+
+    def env_for(host: str) -> dict[str, str]:
+        tmp = d / f"tmp-{host}"
+        tmp.mkdir(exist_ok=True)
+        return clean_env(TMPDIR=str(tmp))
+
+    return run_nodes(d, ["algo-1", "algo-2"], ["run", "--report", str(d / "r.json"), str(SCRIPTS / "loop.py"),
+                                               "--no-sampler"], env_for=env_for, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of this module, AT_ONCE at a time: run_all's launches, and beside them one lane
+    with the runs that pick a port or start several launchers, one after another (a skip, such as
+    two_nodes' without namespaces, is raised in the test that reads it)."""
+    base = tmp_path_factory.mktemp("probes")
+    with ThreadPoolExecutor(max_workers=1) as lane:
+        futures = {name: lane.submit(job, base / name) for name, job in (("spawn", spawned), ("two_nodes", two_nodes))}
+        results: dict = run_all(launches(base), at_once=AT_ONCE - 1)
+        for name, fut in futures.items():
+            try:
+                results[name] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
+                results[name] = e
+    return {"base": base, "results": results}
+
+
+def loop_report(runs: dict, name: str, expect_rc: int = 0) -> dict:
+    """The report of one run of loop.py; its own exit status and output pass through."""
+    res = result_of(runs["results"], name)
     assert res.rc == expect_rc, res.output
-    rep = load_json(str(report))
+    rep = load_json(str(runs["base"] / name / "r.json"))
     assert rep["phase"] == "training"
     if expect_rc == 0:  # the script's own exit status and output pass through
         assert sorted(ln.split(" done")[0] for ln in res.stdout.splitlines() if " done" in ln) == ["rank 0", "rank 1"]
@@ -36,22 +120,22 @@ def find(rep: dict, check_id: str) -> list[dict]:
     return [f for f in rep["findings"] if f["id"] == check_id]
 
 
-def test_correct_loop_has_no_probe_findings(tmp_path):
-    rep = run_loop(tmp_path)
+def test_correct_loop_has_no_probe_findings(runs):
+    rep = loop_report(runs, "correct")
     assert_healthy(rep)
     assert not ids(rep) & PROBE_IDS, rep["findings"]
 
 
-def test_each_rank_reading_its_own_data_is_not_overlap(tmp_path):
+def test_each_rank_reading_its_own_data_is_not_overlap(runs):
     # Same indices on both ranks but different samples behind them: the data set is sharded by rank.
-    rep = run_loop(tmp_path, "--own-shard")
+    rep = loop_report(runs, "own_shard")
     assert not ids(rep) & PROBE_IDS, rep["findings"]
 
 
-def test_no_distributed_sampler_and_no_destroy(tmp_path):
+def test_no_distributed_sampler_and_no_destroy(runs):
     # Two mistakes in one run, each judged on its own: every rank draws the same samples, and the
     # group is left up at exit.
-    rep = run_loop(tmp_path, "--no-sampler", "--no-destroy")
+    rep = loop_report(runs, "no_sampler_no_destroy")
     [f] = find(rep, "DDP850")
     assert f["severity"] == "error" and f["ranks"] == [0, 1] and f["phase"] == "training"
     assert "loop.py" in f["message"] and "RandomSampler" in f["message"]
@@ -62,20 +146,20 @@ def test_no_distributed_sampler_and_no_destroy(tmp_path):
     assert not ids(rep) & (PROBE_IDS - {"DDP850", "DDP880"}), rep["findings"]
 
 
-def test_unsharded_loader_without_early_overlap_is_a_warning(tmp_path):
+def test_unsharded_loader_without_early_overlap_is_a_warning(runs):
     # Each rank shuffles 20000 samples with its own seed: the first batches happen not to overlap,
     # but no rank is given a shard of its own.
-    rep = run_loop(tmp_path, "--no-sampler", "--rank-seed", "--samples", "20000", "--max-batches", "10")
+    rep = loop_report(runs, "unsharded")
     [f] = find(rep, "DDP853")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1] and "RandomSampler" in f["message"]
     assert not ids(rep) & (PROBE_IDS - {"DDP853"}), rep["findings"]
 
 
-def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(tmp_path):
+def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(runs):
     # Ranks draw disjoint shards, so a forward pass that skips DDP (model.module(x): gradients never
     # all-reduced) lets the replicas drift, and a buffer fed from each rank's own batches with
     # broadcast_buffers=False drifts too; one rank is slow to load; set_epoch is never called.
-    rep = run_loop(tmp_path, "--no-set-epoch", "--slow-rank", "1", "--bypass-ddp", "--local-buffer")
+    rep = loop_report(runs, "set_epoch_straggler_bypass_buffer")
     [same] = find(rep, "DDP852")
     assert same["ranks"] == [0, 1] and "sampler.epoch stayed 0" in same["message"]
     [slow] = find(rep, "DDP872")
@@ -90,57 +174,41 @@ def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(tm
 
 @pytest.mark.parametrize("flag,check_id,signature", [("--ddp-first", "DDP861", "DDP833"),
                                                       ("--init-twice", "DDP864", "DDP822")])
-def test_init_order_mistakes_are_the_root_cause(tmp_path, flag, check_id, signature):
-    rep = run_loop(tmp_path, flag, expect_rc=1)
+def test_init_order_mistakes_are_the_root_cause(runs, flag, check_id, signature):
+    rep = loop_report(runs, flag, expect_rc=1)
     [f] = find(rep, check_id)
     assert f["ranks"] == [0, 1] and f["category"] == "init_order" and "loop.py:" in f["message"]
     assert signature in ids(rep)  # the exception it led to, as well
     assert rep["root_cause"]["id"] == check_id
 
 
-def test_under_torchrun_rank0_reports_what_the_probes_saw(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--max-restarts", "0", "-m", "ddp_doctor", "run", "--report", str(report),
-               str(SCRIPTS / "loop.py"), "--no-sampler"], clean_env(), str(tmp_path), timeout=180)
+def test_under_torchrun_rank0_reports_what_the_probes_saw(runs):
+    res = result_of(runs["results"], "torchrun")
     assert res.rc == 0, res.output
-    rep = load_json(str(report))
+    rep = load_json(str(runs["base"] / "torchrun" / "r.json"))
     [f] = find(rep, "DDP850")
     assert f["ranks"] == [0, 1]
     assert "DDP850" in res.stderr  # a run that ended well still says what was found
 
 
-def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(tmp_path):
-    report = tmp_path / "r.json"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    res = run([*DDP, "run", "--report", str(report), str(SCRIPTS / "spawn_loop.py")],
-              clean_env(PORT=str(free_port()), TMPDIR=str(tmp)), str(tmp_path), timeout=180)
+def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(runs):
+    res = result_of(runs["results"], "spawn")
+    d = runs["base"] / "spawn"
     assert res.rc == 0, res.output
     assert res.stdout.count("done") == 2
-    assert not list(tmp.glob("ddp-doctor-run-*"))  # the one-process run's directory is removed
-    rep = load_json(str(report))
+    assert not list((d / "tmp").glob("ddp-doctor-run-*"))  # the one-process run's directory is removed
+    rep = load_json(str(d / "r.json"))
     [f] = find(rep, "DDP850")
     assert f["ranks"] == [0, 1] and "spawn_loop.py" in f["message"]
     assert not ids(rep) & (PROBE_IDS - {"DDP850"}), rep["findings"]  # they destroyed their group
 
 
-def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(tmp_path):
-    from helpers.nodes import run_nodes
-
-    report = tmp_path / "r.json"
-
-    def env_for(host: str) -> dict[str, str]:
-        tmp = tmp_path / f"tmp-{host}"  # each node's run directory is its own, as on real hosts
-        tmp.mkdir(exist_ok=True)
-        return clean_env(TMPDIR=str(tmp))
-
-    results = run_nodes(tmp_path, ["algo-1", "algo-2"], ["run", "--report", str(report),
-                                                         str(SCRIPTS / "loop.py"), "--no-sampler"],
-                        env_for=env_for, timeout=180)
+def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(runs):
+    results = result_of(runs["results"], "two_nodes")
+    d = runs["base"] / "two_nodes"
     assert all(r.rc == 0 for r in results), [r.output[-3000:] for r in results]
-    rep = load_json(str(report))
+    rep = load_json(str(d / "r.json"))
     [f] = find(rep, "DDP850")
     assert f["ranks"] == [0, 1]
-    assert list((tmp_path / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-1.json"))
-    assert not list((tmp_path / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-0.json"))
+    assert list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-1.json"))
+    assert not list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-0.json"))

@@ -1,50 +1,180 @@
-"""`ddp-doctor run` on real processes: handover, passthrough, failures, hangs, spawn scripts."""
+"""`ddp-doctor run` on real processes: handover, passthrough, failures, hangs, spawn scripts.
+
+The runs are started together by one module fixture (they mostly wait: interpreters importing
+torch, rendezvous, bounds), then each test reads its own run's result and report.
+"""
 from __future__ import annotations
 
+import importlib.util
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
-from helpers.procs import DDP, TIMING_WARNINGS, assert_clean_output, clean_env, free_port, load_json, run, run_ranks
+from helpers.procs import (
+    DDP,
+    TIMING_WARNINGS,
+    Launch,
+    assert_clean_output,
+    clean_env,
+    finish,
+    free_port,
+    load_json,
+    result_of,
+    run,
+    run_all,
+    run_ranks,
+    start,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SCRIPTS_OK = str(SCRIPTS / "ok_allreduce.py")
+AT_ONCE = 3  # runs at a time on 2 cores: run_all takes AT_ONCE - 1, the lane of
+# runs started by hand one more
 
 
 def script(name: str) -> str:
     return str(SCRIPTS / name)
 
 
-def test_self_launched_run_passes_output_argv_and_exit_code_through(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), script("ok_allreduce.py"),
-               "a", "--flag"], clean_env(EXIT="7"), str(tmp_path))
+def launches(base: Path) -> dict[str, Launch]:
+    """One command each, for run_all; in each its own directory base/<name> (its cwd), longest first."""
+    def at(name: str) -> str:
+        (base / name).mkdir()
+        return str(base / name)
+
+    def report(name: str) -> str:
+        return str(base / name / "r.json")
+
+    out = {
+        "hang": Launch([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", report("hang"),
+                        script("rank1_sleeps.py")], clean_env(), at("hang"), timeout=90),
+    }
+    if importlib.util.find_spec("transformers"):  # else its test skips
+        hf = at("hf_trainer")
+        out["hf_trainer"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("hf_trainer"), "-m",
+                                    "ddp_doctor.training.hf_trainer", "--max-steps", "4"],
+                                   clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=f"{hf}/model",
+                                             SM_OUTPUT_DATA_DIR=f"{hf}/out"), hf, timeout=300)
+    out |= {
+        "raises": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("raises"), "--timeout", "20",
+                          "--trace", str(base / "raises" / "trace.json"), script("rank1_raises.py")],
+                         clean_env(), at("raises"), timeout=120),
+        "segfault": Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "20", "--report", report("segfault"),
+                            script("rank1_segfaults.py")], clean_env(), at("segfault"), timeout=120),
+        "torchrun_raises": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "run",
+                                   "--timeout", "20", "--report", report("torchrun_raises"),
+                                   script("rank1_raises.py")], clean_env(), at("torchrun_raises"), timeout=120),
+        "passthrough": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("passthrough"),
+                               script("ok_allreduce.py"), "a", "--flag"], clean_env(EXIT="7"), at("passthrough"),
+                              timeout=120),
+        "stuck_at_exit": Launch([sys.executable, "-c", (
+            "import sys; import ddp_doctor.training.run.command as r; r.TEARDOWN_BOUND = 2.0; "
+            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))"), "run", "--nproc-per-node", "2",
+            "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(), at("stuck_at_exit"),
+            timeout=120),
+        "abort_at_exit": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("abort_at_exit"),
+                                 script("abort_at_exit.py")], clean_env(), at("abort_at_exit"), timeout=120),
+        "api_torchrun": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")],
+                               clean_env(PYTHONPATH=str(ROOT)), at("api_torchrun"), timeout=120),
+        "api_fails": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")],
+                            clean_env(PYTHONPATH=str(ROOT), SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
+                                      DDP_DOCTOR_SM_ROOT=str(base / "api_fails" / "opt_ml")),
+                            at("api_fails"), timeout=120),
+        "module_form": Launch([*DDP, "run", "-m", "tests.run_scripts.as_module", "--x", "1"],
+                              clean_env(PYTHONPATH=str(ROOT)), at("module_form"), timeout=120),
+    }
+    return out
+
+
+def by_hand(base: Path) -> dict[str, Callable[[], object]]:
+    """Runs that start several processes by hand, or pick a port: each picks its port as it starts."""
+    d = {name: base / name for name in ("failed_preflight", "env_handover", "spawn_child_fails", "api_env",
+                                        "api_spawn")}
+    for path in d.values():
+        path.mkdir()
+
+    def api_env() -> list:
+        port = free_port()
+        procs = [start([sys.executable, script("api_one_line.py")],
+                       clean_env(PYTHONPATH=str(ROOT), RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                 LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                       str(d["api_env"])) for r in range(2)]
+        return [finish(p, 120) for p in procs]
+
+    return {
+        "failed_preflight": lambda: run_ranks(
+            2, ["run", "--timeout", "6", "--report", str(d["failed_preflight"] / "r.json"),
+                script("writes_marker.py")], clean_env(MARKER_DIR=str(d["failed_preflight"])),
+            str(d["failed_preflight"]), world_size=3),
+        "env_handover": lambda: run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce.py"), "x"], clean_env(),
+                                          str(d["env_handover"])),
+        "spawn_child_fails": lambda: run([*DDP, "run", "--report", str(d["spawn_child_fails"] / "r.json"),
+                                          script("spawn_child_fails.py")], clean_env(TEST_PORT=str(free_port())),
+                                         str(d["spawn_child_fails"])),
+        "api_env": api_env,
+        "api_spawn": lambda: run([sys.executable, script("api_spawn.py"), str(free_port())],
+                                 clean_env(PYTHONPATH=str(ROOT)), str(d["api_spawn"])),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of this module, AT_ONCE at a time: run_all's launches, and beside them one lane
+    with the runs started by hand, one after another."""
+    base = tmp_path_factory.mktemp("run")
+    jobs = by_hand(base)
+    with ThreadPoolExecutor(max_workers=1) as lane:
+        futures = {name: lane.submit(job) for name, job in jobs.items()}
+        results: dict = run_all(launches(base), at_once=AT_ONCE - 1)
+        for name, fut in futures.items():
+            try:
+                results[name] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
+                results[name] = e
+    return {"base": base, "results": results}
+
+
+def ran(runs: dict, name: str):
+    """One run's result; a run that overran fails only the test that reads it."""
+    return result_of(runs["results"], name)
+
+
+def dir_of(runs: dict, name: str) -> Path:
+    return runs["base"] / name
+
+
+def report_of(runs: dict, name: str) -> dict:
+    return load_json(str(runs["base"] / name / "r.json"))
+
+
+def test_self_launched_run_passes_output_argv_and_exit_code_through(runs):
+    res = ran(runs, "passthrough")
     assert res.rc == 7, res.output
     lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank"))
     assert lines == ["rank 0 sum 3.0 argv ['a', '--flag']", "rank 1 sum 3.0 argv ['a', '--flag']"]
     assert "ddp-doctor" not in res.stdout  # stdout is the script's own
-    rep = load_json(str(report))
+    rep = report_of(runs, "passthrough")
     assert rep["phase"] == "training" and rep["status"] in ("pass", "warn")
 
 
-def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(tmp_path):
+def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(runs):
     """Also the Chrome trace of this failing run (--trace): one launch, both sets of assertions."""
-    report, path = tmp_path / "r.json", tmp_path / "trace.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), "--timeout", "20",
-               "--trace", str(path), script("rank1_raises.py")], clean_env(), str(tmp_path))
+    res = ran(runs, "raises")
     assert res.rc == 1, res.output
     assert "ValueError: bad batch on rank 1" in res.stderr  # the user's traceback, as Python prints it
-    rep = load_json(str(report))
+    rep = report_of(runs, "raises")
     assert rep["status"] == "fail"
     assert rep["root_cause"]["id"] == "DDP800" and rep["root_cause"]["ranks"] == [1]
     peer = [f for f in rep["findings"] if f["id"] == "DDP802"]
     assert peer and peer[0]["ranks"] == [0] and peer[0]["evidence"]["consequence"]
     assert "Root cause: DDP800" in res.stderr
     assert rep["measurements"]["stage_seconds"]["group_checks"] > 0
-    assert_failing_run_trace(path, res.stderr)
+    assert_failing_run_trace(dir_of(runs, "raises") / "trace.json", res.stderr)
 
 
 def assert_failing_run_trace(path: Path, stderr: str) -> None:
@@ -77,12 +207,10 @@ def assert_failing_run_trace(path: Path, stderr: str) -> None:
     assert coll and coll[0]["args"]["seq_id"] == 1 and coll[0]["args"]["input_sizes"] == [[4]]
 
 
-def test_a_native_crash_is_the_root_cause_with_its_python_line(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--timeout", "20", "--report", str(report),
-               script("rank1_segfaults.py")], clean_env(), str(tmp_path), timeout=120)
+def test_a_native_crash_is_the_root_cause_with_its_python_line(runs):
+    res = ran(runs, "segfault")
     assert res.rc == 128 + 11, res.output  # the crashed rank's status, as a shell reports it
-    rep = load_json(str(report))
+    rep = report_of(runs, "segfault")
     cause = rep["root_cause"]
     crash_line = Path(script("rank1_segfaults.py")).read_text().splitlines().index(
         "    ctypes.string_at(0)  # reads address 0: SIGSEGV inside native code") + 1
@@ -93,12 +221,10 @@ def test_a_native_crash_is_the_root_cause_with_its_python_line(tmp_path):
     assert rank0 and all(f["evidence"].get("consequence") for f in rank0), rank0
 
 
-def test_a_hang_is_reported_with_stacks_within_the_bound(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", str(report),
-               script("rank1_sleeps.py")], clean_env(), str(tmp_path), timeout=90)
+def test_a_hang_is_reported_with_stacks_within_the_bound(runs):
+    res = ran(runs, "hang")
     assert res.rc == 124, res.output
-    rep = load_json(str(report))
+    rep = report_of(runs, "hang")
     sleep_line = Path(script("rank1_sleeps.py")).read_text().splitlines().index("    time.sleep(600)") + 1
     # the cause from the ledgers: rank 0 waits in the all_reduce rank 1 never issued, and where rank 1 is
     cause = rep["root_cause"]
@@ -114,51 +240,43 @@ def test_a_hang_is_reported_with_stacks_within_the_bound(tmp_path):
     assert_clean_output(res)
 
 
-def test_failed_preflight_does_not_start_the_script(tmp_path):
-    report = tmp_path / "r.json"
-    env = clean_env(MARKER_DIR=str(tmp_path))
-    res = run_ranks(2, ["run", "--timeout", "3", "--report", str(report), script("writes_marker.py")],
-                    env, str(tmp_path), world_size=3)
+def test_failed_preflight_does_not_start_the_script(runs):
+    res = ran(runs, "failed_preflight")
     assert sorted(res) == [0, 1]
     assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
-    assert not list(tmp_path.glob("ran-*"))
-    assert load_json(str(report))["root_cause"]["id"] == "DDP320"
+    assert not list(dir_of(runs, "failed_preflight").glob("ran-*"))
+    assert report_of(runs, "failed_preflight")["root_cause"]["id"] == "DDP320"
 
 
-def test_handover_under_an_env_launch_where_rank_0_hosts_the_store(tmp_path):
+def test_handover_under_an_env_launch_where_rank_0_hosts_the_store(runs):
     # Preflight's store on MASTER_PORT must be gone before the script's own init_process_group
     # hosts one on the same port.
-    res = run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce.py"), "x"], clean_env(), str(tmp_path))
+    res = ran(runs, "env_handover")
     assert sorted(res) == [0, 1]
     for r, x in res.items():
         assert x.rc == 0, x.output
         assert f"rank {r} sum 3.0 argv ['x']" in x.stdout
 
 
-def test_handover_under_torchrun_and_its_summary_names_the_root_cause(tmp_path):
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "run",
-               "--timeout", "20", "--report", str(tmp_path / "r.json"), script("rank1_raises.py")],
-              clean_env(), str(tmp_path))
+def test_handover_under_torchrun_and_its_summary_names_the_root_cause(runs):
+    res = ran(runs, "torchrun_raises")
     assert res.rc != 0
     # torchrun's own failure summary shows our diagnosis for the first failure
     assert "DDPDoctorTrainingError" in res.stderr and "DDP800" in res.stderr
     assert "rank 1 raised ValueError: bad batch on rank 1" in res.stderr
 
 
-def test_single_process_spawn_script_names_the_failing_child(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--report", str(report), script("spawn_child_fails.py")],
-              clean_env(TEST_PORT=str(free_port())), str(tmp_path))
+def test_single_process_spawn_script_names_the_failing_child(runs):
+    res = ran(runs, "spawn_child_fails")
     assert res.rc == 1, res.output
-    rep = load_json(str(report))
+    rep = report_of(runs, "spawn_child_fails")
     cause = rep["root_cause"]
     assert cause["ranks"] == [1] and "KeyError: 'LOCAL_RANK'" in cause["message"]
     assert cause["evidence"]["spawn_process"] == 1
 
 
-def test_module_form_keeps_python_m_semantics(tmp_path):
-    env = clean_env(PYTHONPATH=str(ROOT))
-    res = run([*DDP, "run", "-m", "tests.run_scripts.as_module", "--x", "1"], env, str(tmp_path))
+def test_module_form_keeps_python_m_semantics(runs):
+    res = ran(runs, "module_form")
     assert res.rc == 5
     assert "module main True ['--x', '1']" in res.stdout and "to stderr" in res.stderr
 
@@ -177,80 +295,59 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, argv, needle):
     assert_clean_output(res)
 
 
-def test_one_line_api_under_torchrun_then_the_scripts_own_init(tmp_path):
-    env = clean_env(PYTHONPATH=str(ROOT))
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")], env,
-              str(tmp_path))
+def test_one_line_api_under_torchrun_then_the_scripts_own_init(runs):
+    res = ran(runs, "api_torchrun")
     assert res.rc == 0, res.output
     assert "after preflight rank 0 [2.0, 2.0]" in res.stdout and "after preflight rank 1" in res.stdout
 
 
-def test_one_line_api_under_an_env_launch(tmp_path):
+def test_one_line_api_under_an_env_launch(runs):
     # rank 0 hosts the preflight's store on MASTER_PORT, then the script hosts its own there
-    port = free_port()
-    from helpers.procs import finish, start
-    procs = [start([sys.executable, script("api_one_line.py")],
-                   clean_env(PYTHONPATH=str(ROOT), RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                             LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-                   str(tmp_path)) for r in range(2)]
-    results = [finish(p, 120) for p in procs]
+    results = ran(runs, "api_env")
     assert all(r.rc == 0 for r in results), [r.output for r in results]
 
 
-def test_one_line_api_inside_spawn_workers(tmp_path):
-    res = run([sys.executable, script("api_spawn.py"), str(free_port())], clean_env(PYTHONPATH=str(ROOT)),
-              str(tmp_path))
+def test_one_line_api_inside_spawn_workers(runs):
+    res = ran(runs, "api_spawn")
     assert res.rc == 0, res.output
     assert "spawn rank 0 pass" in res.stdout or "spawn rank 0 warn" in res.stdout
     assert "spawn rank 1" in res.stdout
 
 
-def test_one_line_api_failure_exits_3_before_the_script(tmp_path):
-    env = clean_env(PYTHONPATH=str(ROOT), SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
-                    DDP_DOCTOR_SM_ROOT=str(tmp_path / "opt_ml"))
-    res = run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")], env,
-              str(tmp_path))
+def test_one_line_api_failure_exits_3_before_the_script(runs):
+    res = ran(runs, "api_fails")
     assert res.rc != 0 and "after preflight" not in res.stdout
     assert "exitcode  : 3" in res.stderr and "SM_HOSTS" in res.stderr
 
 
-def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(tmp_path):
+def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(runs):
     pytest.importorskip("transformers")
-    report = tmp_path / "r.json"
-    env = clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=str(tmp_path / "model"),
-                    SM_OUTPUT_DATA_DIR=str(tmp_path / "out"))
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), "-m",
-               "ddp_doctor.training.hf_trainer", "--max-steps", "4"], env, str(tmp_path), timeout=300)
+    res = ran(runs, "hf_trainer")
     assert res.rc == 0, res.output
     assert "world_size=2" in res.stdout
-    assert (tmp_path / "out" / "metrics.json").is_file() and any((tmp_path / "model").iterdir())
-    rep = load_json(str(report))
+    hf = dir_of(runs, "hf_trainer")
+    assert (hf / "out" / "metrics.json").is_file() and any((hf / "model").iterdir())
+    rep = report_of(runs, "hf_trainer")
     assert rep["status"] in ("pass", "warn")
     # No false positive from the probes on a correct Trainer run; the callback's note made it in.
     training = {f["id"] for f in rep["findings"] if f["phase"] != "preflight"}
     assert training - TIMING_WARNINGS == {"DDP873"}, rep["findings"]
 
 
-def test_rank_stuck_at_exit_is_ended_within_the_teardown_bound(tmp_path, monkeypatch):
+def test_rank_stuck_at_exit_is_ended_within_the_teardown_bound(runs):
     # The bound is 60 s in production; this test uses a copy of the run with a short bound.
-    report = tmp_path / "r.json"
-    code = ("import sys; import ddp_doctor.training.run.command as r; r.TEARDOWN_BOUND = 2.0; "
-            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))")
-    res = run([sys.executable, "-c", code, "run", "--nproc-per-node", "2", "--report", str(report),
-               script("stuck_at_exit.py")], clean_env(), str(tmp_path), timeout=120)
+    res = ran(runs, "stuck_at_exit")
     assert res.rc == 0, res.output
-    rep = load_json(str(report))
+    rep = report_of(runs, "stuck_at_exit")
     stuck = [f for f in rep["findings"] if f["id"] == "DDP806"]
     assert stuck and sorted(stuck[0]["ranks"] + [r for f in stuck[1:] for r in f["ranks"]]) == [0, 1]
 
 
-def test_abort_at_exit_after_the_script_ended_is_teardown_info_not_a_failure(tmp_path):
-    report = tmp_path / "r.json"
-    res = run([*DDP, "run", "--nproc-per-node", "2", "--report", str(report), script("abort_at_exit.py")],
-              clean_env(), str(tmp_path))
+def test_abort_at_exit_after_the_script_ended_is_teardown_info_not_a_failure(runs):
+    res = ran(runs, "abort_at_exit")
     assert res.rc == 0, res.output  # the script's own status: it ended well
     assert sorted(ln.split(" done")[0] for ln in res.stdout.splitlines() if " done" in ln) == ["rank 0", "rank 1"]
-    rep = load_json(str(report))
+    rep = report_of(runs, "abort_at_exit")
     aborts = [f for f in rep["findings"] if f["id"] == "DDP804"]
     assert aborts and all(f["severity"] == "info" and f["phase"] == "teardown" for f in aborts)
     # A rank still shutting down when the launcher saw its peer abort gets SIGTERM from it instead
