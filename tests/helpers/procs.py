@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 # Variables a launcher or SageMaker sets; stripped so the test decides what a rank sees.
 LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_", "ROLE_",
@@ -119,15 +119,20 @@ class Launch:
     timeout: float = 180.0
 
 
-def run_all(launches: Mapping[str, Launch], at_once: int = 3) -> dict[str, Result | BaseException]:
+def run_all(jobs: Mapping[str, Launch | Callable[[], Any]], at_once: int = 3) -> dict[str, Any]:
     """Independent launches, `at_once` at a time, for a module fixture whose tests each read one.
     A launch mostly waits (interpreters importing torch, rendezvous, bounds), so 2 cores take 3.
-    Each is `run` in its own thread (both pipes read as it goes); an overrun or a survivor is
-    returned as its exception, for the test that reads that launch to raise (see `result_of`)."""
+    A Launch is `run` in its own thread (both pipes read as it goes); a callable is a launch started
+    by hand (ranks that pick a port as they start, several launchers). What one raised (an overrun,
+    a survivor, a skip) is returned in its place, for the test that reads it to raise (`result_of`)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    def call(job: Launch | Callable[[], Any]) -> Any:
+        return run(job.cmd, job.env, job.cwd, job.timeout) if isinstance(job, Launch) else job()
+
     with ThreadPoolExecutor(max_workers=at_once) as pool:
-        futures = {name: pool.submit(run, ln.cmd, ln.env, ln.cwd, ln.timeout) for name, ln in launches.items()}
-        out: dict[str, Result | BaseException] = {}
+        futures = {name: pool.submit(call, job) for name, job in jobs.items()}
+        out: dict[str, Any] = {}
         for name, fut in futures.items():
             try:
                 out[name] = fut.result()
@@ -136,7 +141,7 @@ def run_all(launches: Mapping[str, Launch], at_once: int = 3) -> dict[str, Resul
     return out
 
 
-def result_of(results: Mapping[str, Result | BaseException], name: str) -> Result:
+def result_of(results: Mapping[str, Any], name: str) -> Any:
     got = results[name]
     if isinstance(got, BaseException):
         raise got

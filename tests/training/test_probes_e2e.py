@@ -9,7 +9,6 @@ torch, rendezvous), then each test reads its own run's result and report.
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the test that plants a straggler asserts it by name.
 PROBE_IDS = {"DDP850", "DDP852", "DDP853", "DDP860", "DDP861", "DDP862", "DDP863", "DDP864", "DDP865",
              "DDP870", "DDP871", "DDP880"}
-AT_ONCE = 3  # runs at a time on 2 cores: run_all takes AT_ONCE - 1, the lane of
-# runs started by hand one more
+AT_ONCE = 3  # runs at a time on 2 cores
 
 # name -> loop.py's switches, for each run of loop.py under `ddp-doctor run`
 LOOPS = {
@@ -90,18 +88,12 @@ def two_nodes(d: Path) -> list:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every run of this module, AT_ONCE at a time: run_all's launches, and beside them one lane
-    with the runs that pick a port or start several launchers, one after another (a skip, such as
-    two_nodes' without namespaces, is raised in the test that reads it)."""
+    """Every run of this module, AT_ONCE at a time (a skip, such as two_nodes' without namespaces,
+    is raised in the test that reads it)."""
     base = tmp_path_factory.mktemp("probes")
-    with ThreadPoolExecutor(max_workers=1) as lane:
-        futures = {name: lane.submit(job, base / name) for name, job in (("spawn", spawned), ("two_nodes", two_nodes))}
-        results: dict = run_all(launches(base), at_once=AT_ONCE - 1)
-        for name, fut in futures.items():
-            try:
-                results[name] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
-                results[name] = e
+    jobs: dict = {"spawn": lambda: spawned(base / "spawn"), "two_nodes": lambda: two_nodes(base / "two_nodes"),
+                  **launches(base)}
+    results = run_all(jobs, at_once=AT_ONCE)
     return {"base": base, "results": results}
 
 

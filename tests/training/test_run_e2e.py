@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -33,8 +32,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SCRIPTS_OK = str(SCRIPTS / "ok_allreduce.py")
-AT_ONCE = 3  # runs at a time on 2 cores: run_all takes AT_ONCE - 1, the lane of
-# runs started by hand one more
+AT_ONCE = 3  # runs at a time on 2 cores
 
 
 def script(name: str) -> str:
@@ -124,18 +122,9 @@ def by_hand(base: Path) -> dict[str, Callable[[], object]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every run of this module, AT_ONCE at a time: run_all's launches, and beside them one lane
-    with the runs started by hand, one after another."""
+    """Every run of this module, AT_ONCE at a time: the launches and the runs started by hand."""
     base = tmp_path_factory.mktemp("run")
-    jobs = by_hand(base)
-    with ThreadPoolExecutor(max_workers=1) as lane:
-        futures = {name: lane.submit(job) for name, job in jobs.items()}
-        results: dict = run_all(launches(base), at_once=AT_ONCE - 1)
-        for name, fut in futures.items():
-            try:
-                results[name] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
-                results[name] = e
+    results = run_all({**by_hand(base), **launches(base)}, at_once=AT_ONCE)
     return {"base": base, "results": results}
 
 

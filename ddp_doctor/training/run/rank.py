@@ -205,7 +205,7 @@ def _wait_for_stop(watch: Any, bound: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-STOPPED_PEERS_WAIT = 5.0  # seconds rank 0 waits for its stopped peers' ledgers before it reports
+STOPPED_PEERS_WAIT = 5.0  # seconds a stopped rank waits for its node's ledgers (rank 0) or rank 0's
 
 
 def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) -> None:
@@ -216,6 +216,10 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     stop = Interrupt(signo)
     watch.stopping = True
     try:
+        if watch.phase == "training":
+            # first: in a collective at its last sample, that one did not complete, even if a peer
+            # that exits first makes it fail (torch then retires it) before this dump
+            watch.write_ledger("running", failed_in_collective=watch.in_collective)
         sys.stderr.write(f"ddp-doctor: rank {watch.rank} stopped by {stop.name}; where it was follows\n")
         watch.dump_stacks(sys.stderr)
         if watch._stack_file is not None:
@@ -224,13 +228,13 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
             "exit_code": stop.exit_code, "exception": None, "interrupted": stop.to_dict(),
             "host": os.uname().nodename, "phase": watch.phase})
         if watch.phase == "training":
-            # in a collective at its last sample: that one did not complete, even if the peer that
-            # was stopped first made it fail (torch then retires it) before this dump
-            watch.write_ledger("running", failed_in_collective=watch.in_collective)
-            if watch.rank == 0:  # the node's other ranks, stopped at the same moment, write theirs now
-                from ddp_doctor.training.run import ledger
-                peers = [r for r in records.read_heartbeats(watch.run_dir) if r != watch.rank]
-                ledger.wait_for(watch.run_dir, peers, time.time() - 1.0, STOPPED_PEERS_WAIT)
+            from ddp_doctor.training.run import ledger
+            local = list(records.read_heartbeats(watch.run_dir))
+            # Rank 0 reports from its node's ledgers: it waits for them; the others stay until
+            # rank 0's is written (their exit would make its pending collective fail first).
+            wanted = [r for r in local if r != watch.rank] if watch.rank == 0 else [r for r in local if r == 0]
+            if wanted:
+                ledger.wait_for(watch.run_dir, wanted, started, STOPPED_PEERS_WAIT)
         _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
     finally:
         sys.stderr.flush()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import select
 import signal
 import sys
 import threading
@@ -120,7 +121,7 @@ class ProgressWatch:
         last_sig: Any = None
         last_steps = -1
         fired = False
-        while not self._stop.wait(self.interval):
+        while not self._tick():
             stack = stack_of(self._main)
             sig = tuple(stack)
             now = time.time()
@@ -146,6 +147,17 @@ class ProgressWatch:
             stop = self.stop_signal()
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
+
+    def _tick(self) -> bool:
+        """Wait one interval, less when a signal arrives on the wakeup pipe (every rank of a stopped
+        job then acts at once, before a peer's exit makes its collective fail); True once stopped."""
+        if self._wake_fd is not None:
+            try:
+                select.select([self._wake_fd], [], [], self.interval)
+                return self._stop.is_set()
+            except (OSError, ValueError):  # the pipe was closed under us: the plain interval
+                pass
+        return self._stop.wait(self.interval)
 
     def watch_stop_signals(self, on_stop: Callable[["ProgressWatch", int], None]) -> None:
         """Under an outside launcher (torchrun, SageMaker's toolkit), SIGTERM and SIGHUP end the
