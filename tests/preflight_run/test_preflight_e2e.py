@@ -1,8 +1,8 @@
 """End-to-end preflight on real processes: torchrun launches, hand-started ranks, real gloo groups.
 
 The independent launches are started together by one module fixture, a few at a time, and each
-test reads its own launch's result. Processes that must meet (two ranks of one world started by
-hand, two simulated nodes) are one launch (`together`). The two tests that bound how long a
+test reads its own launch's result. Processes that must meet (ranks of one world started by hand,
+two simulated nodes) are one job of the queue, started together. The two tests that bound how long a
 failure takes to be diagnosed run alone, in their own tests.
 """
 from __future__ import annotations
@@ -21,12 +21,14 @@ from helpers.procs import (
     assert_clean_output,
     assert_healthy,
     clean_env,
+    finish,
     free_port,
     ids,
     load_json,
     result_of,
     run_all,
     run_ranks,
+    start,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,37 +44,6 @@ SLURM_MPICH = {
     "mpich": lambda r, n: {"PMI_RANK": str(r), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(r),
                            "MPI_LOCALNRANKS": str(n)},
 }
-
-
-def rank_env(env: dict, rank: int, world_size: int, port: int, **extra: str) -> dict:
-    """The variables helpers.procs.run_ranks gives a rank started by hand, as a launcher would."""
-    e = dict(env)
-    e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-             MASTER_ADDR=e.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=str(port))
-    e.update(extra)
-    return e
-
-
-# Processes that must meet (ranks of one world, simulated nodes) as one launch, so that they start
-# together wherever the fixture's queue puts them: each with its own environment and its own
-# output files, and its exit status written when it ends. The launch's bound and its check for
-# survivors cover them all (they share its session).
-TOGETHER = """
-import json, subprocess, sys
-members = json.load(open(sys.argv[1]))
-procs = [subprocess.Popen(m["cmd"], env=m["env"], stdout=open(m["out"], "w"), stderr=open(m["err"], "w"))
-         for m in members]
-for p, m in zip(procs, members):
-    with open(m["rc"], "w") as f:
-        f.write(str(p.wait()))
-"""
-
-
-def together(path: Path, members: dict[str, tuple[list[str], dict]]) -> Launch:
-    spec = [{"cmd": cmd, "env": env, **{k: str(path / f"{name}.{k}") for k in ("out", "err", "rc")}}
-            for name, (cmd, env) in members.items()]
-    (path / "together.json").write_text(json.dumps(spec))
-    return Launch([sys.executable, "-c", TOGETHER, str(path / "together.json")], clean_env(), str(path))
 
 
 class Runs:
@@ -91,17 +62,9 @@ class Runs:
     def result(self, name: str):
         return result_of(self.done, name)
 
-    def member(self, name: str, member: str) -> Result:
-        """One process of a `together` launch: its own exit status and output."""
-        whole = self.result(name)
-        path = self.dir(name)
-        return Result(int((path / f"{member}.rc").read_text()), (path / f"{member}.out").read_text(),
-                      (path / f"{member}.err").read_text(), whole.seconds)
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from helpers.nodes import hosts_file, namespaces_work, on_node
     runs = Runs(tmp_path_factory.mktemp("preflight"))
     names = ["self_launch", "torchrun", "unresolvable", "port_in_use", "missing_master", "sm_gpus", "sm_hosts",
              "mismatched_env", "crashing_check", "secret", "two_nodes", "mpirun", "slurm", "mpich", "internal"]
@@ -114,14 +77,28 @@ def runs(tmp_path_factory):
     def single(name: str, cmd: list[str], env: dict) -> Launch:
         return Launch(cmd, env, str(runs.dir(name)))
 
-    launches = {}  # the longer first, so that the queue ends with short ones
-    if namespaces_work():  # what helpers.nodes.run_nodes starts: one torchrun per simulated host
-        hosts_path, port = hosts_file(runs.dir("two_nodes"), NODES), free_port()
-        launches["two_nodes"] = together(runs.dir("two_nodes"), {host: (on_node(host, hosts_path, [
-            *TORCHRUN, "--nnodes", str(len(NODES)), "--node-rank", str(i), "--nproc-per-node", "1",
-            "--master-addr", NODES[0], "--master-port", str(port), "-m", "ddp_doctor",
-            *preflight("two_nodes", "20")]), clean_env()) for i, host in enumerate(NODES)})
-    launches.update({
+    def ranks(name: str, n: int, timeout: str, env: dict, **kw):
+        """Ranks started by hand (helpers.procs.run_ranks), together, when the queue gets to them."""
+        return lambda: run_ranks(n, preflight(name, timeout), env, str(runs.dir(name)), **kw)
+
+    def by_hand(name: str, make_env):
+        """The variables srun and MPICH's hydra set, given to two real processes by hand."""
+        def go() -> list[Result]:
+            port = free_port()
+            procs = [start([*DDP, *preflight(name, "20")], clean_env(MASTER_PORT=str(port), **make_env(r, 2)),
+                           str(runs.dir(name))) for r in range(2)]
+            return [finish(p, 120) for p in procs]
+        return go
+
+    def two_nodes() -> list[Result]:
+        from helpers.nodes import run_nodes
+        return run_nodes(runs.dir("two_nodes"), NODES, preflight("two_nodes", "20"))
+
+    secret_env = clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
+                           NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
+                           DDP_DOCTOR_SM_ROOT=str(runs.dir("secret") / "opt_ml"))
+    jobs: dict = {  # the longer first, so that the queue ends with short ones
+        "two_nodes": two_nodes,
         "crashing_check": single("crashing_check", [*DDP, *preflight("crashing_check", "20")],
                                  clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.crashing_check", PYTHONPATH=ROOT)),
         "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
@@ -135,44 +112,29 @@ def runs(tmp_path_factory):
         "torchrun": single("torchrun", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                         *preflight("torchrun", "20", "--json")], clean_env()),
         "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")], clean_env()),
-    })
-    secret_env = clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
-                           NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
-                           DDP_DOCTOR_SM_ROOT=str(runs.dir("secret") / "opt_ml"))
-    launches["secret"] = single("secret", [*DDP, *preflight("secret", "20", "--verbose")], secret_env)
-    port = free_port()
-    launches["mismatched_env"] = together(runs.dir("mismatched_env"), {
-        f"rank{r}": ([*DDP, *preflight("mismatched_env", "10")],
-                     rank_env(clean_env(), r, 2, port, **({"NCCL_ALGO": "Tree"} if r == 1 else {})))
-        for r in range(2)})
-    for launcher, make_env in SLURM_MPICH.items():
-        port = free_port()
-        launches[launcher] = together(runs.dir(launcher), {
-            f"rank{r}": ([*DDP, *preflight(launcher, "20")], clean_env(MASTER_PORT=str(port), **make_env(r, 2)))
-            for r in range(2)})
+        "secret": single("secret", [*DDP, *preflight("secret", "20", "--verbose")], secret_env),
+        "mismatched_env": ranks("mismatched_env", 2, "10", clean_env(), per_rank={1: {"NCCL_ALGO": "Tree"}}),
+        **{launcher: by_hand(launcher, make_env) for launcher, make_env in SLURM_MPICH.items()},
+    }
     if shutil.which("mpirun") is not None:
-        launches["mpirun"] = single("mpirun", ["mpirun", "-np", "2", "--oversubscribe", *DDP,
-                                               *preflight("mpirun", "20")],
-                                    clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
-    launches.update({
-        "unresolvable": single("unresolvable", [*DDP, *preflight("unresolvable", "2")],
-                               rank_env(clean_env(MASTER_ADDR="no-such-master.invalid"), 1, 2, free_port())),
+        jobs["mpirun"] = single("mpirun", ["mpirun", "-np", "2", "--oversubscribe", *DDP, *preflight("mpirun", "20")],
+                                clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    jobs.update({
+        "unresolvable": ranks("unresolvable", 2, "2", clean_env(MASTER_ADDR="no-such-master.invalid"), ranks=[1]),
         "missing_master": single("missing_master", [*DDP, *preflight("missing_master", "2")],
                                  {**clean_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                                   "LOCAL_WORLD_SIZE": "1"}),
         "secret_env": single("secret", [*DDP, "env"], secret_env),
-        "internal": single("internal", [*DDP, *preflight("internal", "5")],
-                           rank_env(clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
-                                              PYTHONPATH=ROOT), 0, 1, free_port())),
+        "internal": ranks("internal", 1, "5", clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
+                                                       PYTHONPATH=ROOT)),
     })
     holder = socket.socket()  # a port in use while the launches run
     holder.bind(("0.0.0.0", 0))
     holder.listen()
     runs.held_port = holder.getsockname()[1]
-    launches["port_in_use"] = single("port_in_use", [*DDP, *preflight("port_in_use", "2")],
-                                     rank_env(clean_env(), 0, 2, runs.held_port))
+    jobs["port_in_use"] = ranks("port_in_use", 1, "2", clean_env(), world_size=2, port=runs.held_port, ranks=[0])
     try:
-        runs.done = run_all(launches, at_once=AT_ONCE)
+        runs.done = run_all(jobs, at_once=AT_ONCE)
     finally:
         holder.close()
     return runs
@@ -231,7 +193,7 @@ def test_master_refusing_is_diagnosed_within_bound(tmp_path):
 
 def test_unresolvable_master(runs):
     report = runs.report("unresolvable")
-    res = {1: runs.result("unresolvable")}  # rank 1 of 2, MASTER_ADDR=no-such-master.invalid
+    res = runs.result("unresolvable")  # rank 1 of 2, MASTER_ADDR=no-such-master.invalid
     assert res[1].rc == 3
     assert "DDP310" in ids(load_json(str(report) + ".rank1.json"))
     assert_clean_output(res[1])
@@ -240,7 +202,7 @@ def test_unresolvable_master(runs):
 def test_port_already_in_use(runs):
     report = runs.report("port_in_use")
     port = runs.held_port  # held open by the fixture while rank 0 of 2 tried to serve on it
-    res = {0: runs.result("port_in_use")}
+    res = runs.result("port_in_use")
     assert res[0].rc == 3
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP313" and str(port) in rep["root_cause"]["message"]
@@ -280,7 +242,7 @@ def test_malformed_sm_hosts_is_a_finding_not_a_traceback(runs):
 
 def test_mismatched_env_between_ranks_is_named(runs):
     report = runs.report("mismatched_env")
-    res = {r: runs.member("mismatched_env", f"rank{r}") for r in range(2)}  # rank 1 with NCCL_ALGO=Tree
+    res = runs.result("mismatched_env")  # rank 1 with NCCL_ALGO=Tree
     assert res[0].rc in (0, 3), res[0].output
     rep = load_json(str(report))
     env_findings = [f for f in rep["findings"] if f["category"] == "consistency" and "NCCL_ALGO" in f["message"]]
@@ -311,7 +273,7 @@ def test_two_nodes_simulated_with_two_torchrun_invocations(runs):
     from helpers.nodes import require_namespaces
     require_namespaces()
     report = runs.report("two_nodes")
-    results = [runs.member("two_nodes", host) for host in NODES]
+    results = runs.result("two_nodes")
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     assert_healthy(rep)
@@ -337,7 +299,7 @@ def test_under_mpirun(runs):
 def test_under_slurm_and_mpich_style_launchers(runs, launcher, make_env):
     """The variables srun and MPICH's hydra set (make_env), given to two real processes by hand."""
     report = runs.report(launcher)
-    results = [runs.member(launcher, f"rank{r}") for r in range(2)]
+    results = runs.result(launcher)
     assert all(r.rc == 0 for r in results), [r.output for r in results]
     rep = load_json(str(report))
     assert rep["world"]["launcher"] == launcher and rep["world"]["world_size"] == 2
@@ -346,7 +308,7 @@ def test_under_slurm_and_mpich_style_launchers(runs, launcher, make_env):
 
 def test_internal_failure_still_writes_a_report_and_exits_1(runs):
     report = runs.report("internal")
-    res = {0: runs.result("internal")}  # rank 0 of 1, started by hand
+    res = runs.result("internal")  # rank 0 of 1, started by hand
     assert res[0].rc == 1, res[0].output
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP005"

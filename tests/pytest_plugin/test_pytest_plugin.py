@@ -16,12 +16,11 @@ import textwrap
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers.procs import Launch, Result, run
+from helpers.procs import Launch, Result, run, run_all
 
 from ddp_doctor.facts.host import visible_gpu_count
 from ddp_doctor.pytest_plugin.rank_pool import wire
@@ -99,23 +98,22 @@ def as_run_result(res: Result) -> pytest.RunResult:
 
 
 def run_inner(launches: dict[str, tuple[Launch, str | None]], at_once: int = AT_ONCE) -> dict[str, tuple]:
-    """Inner runs, `at_once` at a time: name -> (RunResult or exception, the survivor check's failure or
-    None). A tagged run's survivors are looked for as soon as it ends, as assert_no_survivors does."""
-    def one(launch: Launch, tag: str | None) -> tuple:
-        try:
+    """Inner runs, `at_once` at a time (procs.run_all): name -> (RunResult or exception, the survivor
+    check's failure or None). A tagged run's survivors are looked for as soon as it ends, as
+    assert_no_survivors does."""
+    def job(launch: Launch, tag: str | None):
+        def one() -> tuple:
             res = as_run_result(run(launch.cmd, launch.env, launch.cwd, launch.timeout))
-        except BaseException as e:  # noqa: BLE001 - raised by the test that reads this run
-            return e, None
-        try:
-            if tag is not None:
-                assert_no_survivors(tag)
-        except AssertionError as e:
-            return res, e
-        return res, None
+            try:
+                if tag is not None:
+                    assert_no_survivors(tag)
+            except AssertionError as e:
+                return res, e
+            return res, None
+        return one
 
-    with ThreadPoolExecutor(max_workers=at_once) as pool:
-        futures = {name: pool.submit(one, launch, tag) for name, (launch, tag) in launches.items()}
-        return {name: fut.result() for name, fut in futures.items()}
+    done = run_all({name: job(launch, tag) for name, (launch, tag) in launches.items()}, at_once)
+    return {name: got if isinstance(got, tuple) else (got, None) for name, got in done.items()}
 
 
 def inner_result(runs: dict[str, tuple], name: str) -> pytest.RunResult:
