@@ -79,6 +79,7 @@ class ProgressWatch:
         self.on_stop: Callable[["ProgressWatch", int], None] | None = None
         self.stopping = False  # a stop signal is being reported (the process ends right after)
         self._wake_fd: int | None = None
+        self._stop_seen: int | None = None  # a stop signal read from the pipe while waiting
         self._ours: set[int] = set()
         self.on_hang, self.interval = on_hang, interval
         self.steps = 0
@@ -144,20 +145,25 @@ class ProgressWatch:
             elif self.on_hang and not fired and self._hung(now):
                 fired = True
                 self.on_hang(self)
-            stop = self.stop_signal()
+            stop, self._stop_seen = self._stop_seen or self.stop_signal(), None
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
 
     def _tick(self) -> bool:
-        """Wait one interval, less when a signal arrives on the wakeup pipe (every rank of a stopped
-        job then acts at once, before a peer's exit makes its collective fail); True once stopped."""
-        if self._wake_fd is not None:
+        """Wait one interval, less when a stop signal arrives on the wakeup pipe (every rank of a
+        stopped job then acts at once, before a peer's exit makes its collective fail); other
+        signals a script handles (a profiler's timer) do not shorten it. True once stopped."""
+        if self._wake_fd is None:
+            return self._stop.wait(self.interval)
+        deadline = time.monotonic() + self.interval
+        while (left := deadline - time.monotonic()) > 0 and self._stop_seen is None:
             try:
-                select.select([self._wake_fd], [], [], self.interval)
-                return self._stop.is_set()
+                ready, _, _ = select.select([self._wake_fd], [], [], left)
             except (OSError, ValueError):  # the pipe was closed under us: the plain interval
-                pass
-        return self._stop.wait(self.interval)
+                return self._stop.wait(left)
+            if ready:
+                self._stop_seen = self.stop_signal()
+        return self._stop.is_set()
 
     def watch_stop_signals(self, on_stop: Callable[["ProgressWatch", int], None]) -> None:
         """Under an outside launcher (torchrun, SageMaker's toolkit), SIGTERM and SIGHUP end the
