@@ -323,6 +323,19 @@ def nccl_network(lines: Iterable[str]) -> NcclNetwork:
     return NcclNetwork(None, None, (), tuple(failed[-3:]), provider)
 
 
+NCCL_LOG_PATTERN = "nccl-debug.%h.%p.log"  # one file per process: NCCL substitutes the host and pid
+
+
+def nccl_log_env(env: dict[str, str], directory: str) -> None:
+    """NCCL's INFO log of INIT and NET into `directory` rather than the user's output, unless the
+    user set NCCL_DEBUG or NCCL_DEBUG_FILE: which network NCCL chose (EFA through aws-ofi-nccl, or
+    TCP sockets) is read from it (DDP335). Nothing is logged on gloo."""
+    if "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env:
+        env["NCCL_DEBUG"] = "INFO"
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+        env["NCCL_DEBUG_FILE"] = os.path.join(directory, NCCL_LOG_PATTERN)
+
+
 def expand_nccl_debug_file(pattern: str, *, hostname: str | None = None, pid: int | None = None) -> str:
     """NCCL_DEBUG_FILE's name for one process: %h is the host name, %p the process id."""
     host = hostname if hostname is not None else socket.gethostname()

@@ -20,6 +20,7 @@ from typing import Any
 
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks.training_failures import INTERRUPTED
+from ddp_doctor.facts.efa import nccl_log_env
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run.stop_signals import SignalCatcher, unblock_in_child
 from ddp_doctor.report import build as reportlib
@@ -104,11 +105,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         launched = time.time()
         env["DDP_DOCTOR_LAUNCHED_AT"] = repr(launched)  # the ranks' "startup" stage begins here
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to silence its banner
-        if "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env:
-            # NCCL's INFO log of INIT and NET into the launch directory, not the output: which
-            # network NCCL chose is read from it (DDP335); nothing is logged on gloo
-            env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=env.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
-                       NCCL_DEBUG_FILE=os.path.join(tmp, "nccl-debug.%h.%p.log"))
+        nccl_log_env(env, tmp)  # into the launch directory, not the output (DDP335 reads it)
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
         timed_out = False
         deadline = time.monotonic() + bound
@@ -193,8 +190,9 @@ def launch_timelines(tmp: str) -> tuple[dict[int, list[dict[str, Any]]], dict[in
             r = int(d["rank"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        timelines[r] = list(d.get("timeline") or [])
-        hosts[r] = (d.get("view") or {}).get("hostname")
+        timeline, view = d.get("timeline"), d.get("view")
+        timelines[r] = [e for e in timeline if isinstance(e, dict)] if isinstance(timeline, list) else []
+        hosts[r] = view.get("hostname") if isinstance(view, dict) else None
     return timelines, hosts
 
 

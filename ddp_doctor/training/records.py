@@ -15,12 +15,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 import time
 from typing import Any
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # two threads of a rank may write one record
     try:
         text = json.dumps(data, default=str)  # one write: json.dump streams many small ones
         with open(tmp, "w", encoding="utf-8") as f:
@@ -89,28 +90,35 @@ def write_ledger(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
 
 
-def _read_all(pattern: str) -> dict[int, dict[str, Any]]:
+SAME_JOB = 5.0  # seconds: records written this long before a rank started may be its job's (the
+# ranks of a job start within seconds of each other). Under an outside launcher the run directory
+# can be shared by jobs (torchrun's default --rdzv-id "none"): older records are another job's.
+
+
+def _read_all(pattern: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for p in glob.glob(pattern):
         try:
             with open(p, encoding="utf-8") as f:
                 d = json.load(f)
-            out[int(d["rank"])] = d
-        except (OSError, ValueError, KeyError, TypeError):
+            if float(d.get("time") or 0) >= since:
+                out[int(d["rank"])] = d
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 
 
-def read_outcomes(run_dir: str) -> dict[int, dict[str, Any]]:
-    return _read_all(os.path.join(run_dir, "rank-*.json"))
+def read_outcomes(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    return _read_all(os.path.join(run_dir, "rank-*.json"), since)
 
 
-def read_heartbeats(run_dir: str) -> dict[int, dict[str, Any]]:
-    return _read_all(os.path.join(run_dir, "hb-*.json"))
+def read_heartbeats(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    """Heartbeats last written at `since` or later (a live rank writes one every second)."""
+    return _read_all(os.path.join(run_dir, "hb-*.json"), since)
 
 
-def read_ledgers(run_dir: str) -> dict[int, dict[str, Any]]:
-    return _read_all(os.path.join(run_dir, "ledger-*.json"))
+def read_ledgers(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    return _read_all(os.path.join(run_dir, "ledger-*.json"), since)
 
 
 def _read_text(path: str) -> str | None:

@@ -172,3 +172,15 @@ def test_stage_seconds_per_rank_and_the_slowest_rank_across_ranks():
         {"bytes": 4, "time_us": 2.0, "correct": True}]})
     assert merged["stage_seconds"] == {"rendezvous": 0.5, "teardown": 0.05}
     assert merged["all_reduce"][0]["time_us"] == 2.0
+
+
+def test_a_garbled_rank_file_in_the_launch_directory_gives_an_empty_lane_not_a_lost_report(tmp_path):
+    import json
+
+    from ddp_doctor.preflight_run.local_launch import launch_timelines
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "timeline": "oops", "view": ["x"]}))
+    (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "timeline": [{"name": "probe"}, 3],
+                                                      "view": {"hostname": "algo-2"}}))
+    (tmp_path / "rank-2.json").write_text("{not json")
+    timelines, hosts = launch_timelines(str(tmp_path))
+    assert timelines == {0: [], 1: [{"name": "probe"}]} and hosts == {0: None, 1: "algo-2"}

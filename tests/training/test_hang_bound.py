@@ -138,3 +138,15 @@ def test_the_watchdog_wakes_at_once_for_a_stop_signal_and_not_for_a_scripts_othe
         for s, h in saved.items():
             signal.signal(s, h)
         signal.set_wakeup_fd(-1)
+
+
+def test_a_stop_is_reported_by_one_thread_only(tmp_path):
+    """One SIGTERM reaches the pipe and the handler's note: the main thread (its script just ended)
+    and the watchdog may both read one; only the first to claim reports it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddp_doctor.training.run.watchdog import ProgressWatch
+    watch = ProgressWatch(str(tmp_path), 0, None)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        claims = list(pool.map(lambda _: watch.claim_stop(), range(64)))
+    assert claims.count(True) == 1 and watch.stopping

@@ -149,3 +149,39 @@ def test_without_a_flight_recorder_the_python_calls_are_the_ledger(tmp_path, mon
     other = {**led, "rank": 1, "entries": [{**led["entries"][0], "input_sizes": [[4]]}, led["entries"][1]]}
     found = ledger_findings({0: led, 1: other})
     assert [f.id for f in found] == ["DDP890"] and "Float[3]" in found[0].message
+
+
+def test_an_ending_put_in_the_job_store_is_redacted(tmp_path):
+    """Endings travel through the launcher's store (no authentication) to other nodes' run
+    directories: a secret in the failing rank's error message must not travel with them."""
+    from ddp_doctor.training import records
+    from ddp_doctor.training.run.endings import ending_of
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    records.write_outcome(str(tmp_path), 1, {"exit_code": 1, "exception": {
+        "type": "RuntimeError", "message": f"upload failed: AWS_SECRET_ACCESS_KEY={secret}",
+        "traceback": f"Traceback ...\nRuntimeError: upload failed: AWS_SECRET_ACCESS_KEY={secret}"}})
+    ending = ending_of(str(tmp_path), 1)
+    assert ending["outcome"]["exception"]["type"] == "RuntimeError"
+    assert "AWS_SECRET_ACCESS_KEY=" in ending["outcome"]["exception"]["message"]
+    assert secret not in repr(ending)
+
+
+def test_records_of_an_earlier_job_in_a_shared_run_directory_are_not_this_jobs(tmp_path):
+    """torchrun's default --rdzv-id is "none": jobs on a host share /tmp/ddp-doctor-run-none. An
+    earlier job's ledger request, heartbeats and outcomes must not count for this one."""
+    import json
+    import time
+    run_dir = str(tmp_path)
+    old = time.time() - 600
+    ledger.request(run_dir, reason="peer failed")
+    with open(records.ledger_request_path(run_dir), "w", encoding="utf-8") as f:
+        json.dump({"time": old, "reason": "peer failed"}, f)
+    records.write_json(records.heartbeat_path(run_dir, 3), {"rank": 3, "time": old, "phase": "training"})
+    records.write_heartbeat(run_dir, 1, {"time": time.time(), "phase": "training"})
+    records.write_json(records.outcome_path(run_dir, 1), {"rank": 1, "time": old, "exit_code": 0})
+    since = time.time() - records.SAME_JOB
+    assert not ledger.requested(run_dir, since) and ledger.requested(run_dir)
+    assert ledger.live_ranks(run_dir, but=0, since=since) == [1]  # not 3 (gone), 1 is not ended
+    assert ledger.live_ranks(run_dir, but=0) == [3]  # without the bound: both misread
+    ledger.request(run_dir, reason="peer failed")
+    assert ledger.requested(run_dir, since)

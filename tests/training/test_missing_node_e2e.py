@@ -41,12 +41,10 @@ def test_the_parent_ends_a_launcher_that_outwaits_the_bound(tmp_path):
     run_dir = str(tmp_path)
     torchrun = ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--master-port", "29999"]
     opts = SimpleNamespace(timeout=10.0)
-    command._LAUNCHED[run_dir] = time.monotonic()
-    assert not command.nodes_never_met(run_dir, torchrun, opts)
-    command._LAUNCHED[run_dir] = time.monotonic() - 10.0 - command.NODES_GRACE - 1
-    assert command.nodes_never_met(run_dir, torchrun, opts)
+    assert not command.nodes_never_met(run_dir, torchrun, opts, time.monotonic())
+    assert command.nodes_never_met(run_dir, torchrun, opts, time.monotonic() - 10.0 - command.NODES_GRACE - 1)
     with open(tmp_path / "preflight" / "report.json", encoding="utf-8") as f:
         rep = json.load(f)
     assert rep["root_cause"]["id"] == "DDP320" and rep["root_cause"]["ranks"] == [2, 3]
     assert "node 1 never joined" in rep["root_cause"]["message"] and "29999" in rep["root_cause"]["message"]
-    assert not command.nodes_never_met(str(tmp_path / "one"), ["--nnodes", "1"], opts)
+    assert not command.nodes_never_met(str(tmp_path / "one"), ["--nnodes", "1"], opts, time.monotonic() - 999)

@@ -149,6 +149,7 @@ def write_node_report(run_dir: str, finding: Any) -> None:
     """Leave `finding` where the parent (command.py finish) reads a self-launched preflight:
     the merged report of this node, and a final record for its first local rank (none started)."""
     from ddp_doctor.report import build as reportlib
+    from ddp_doctor.training import records
     pf_dir = os.path.join(run_dir, "preflight")
     ev = finding.evidence or {}
     nnodes, nproc = int(ev.get("nnodes") or 1), int(ev.get("nproc_per_node") or 1)
@@ -159,10 +160,7 @@ def write_node_report(run_dir: str, finding: Any) -> None:
         os.makedirs(pf_dir, exist_ok=True)
         for name, data in (("report.json", rep),
                            ("rank-0.json", {"rank": 0, "final": True, "view": {}, "findings": []})):
-            tmp = os.path.join(pf_dir, f".{name}.tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f)
-            os.replace(tmp, os.path.join(pf_dir, name))
+            records.write_json(os.path.join(pf_dir, name), data)
     except OSError:
         pass
 

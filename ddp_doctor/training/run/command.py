@@ -72,7 +72,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], Target]:
 
 def _positive(text: str) -> float:
     v = float(text)
-    if v <= 0:
+    if not math.isfinite(v) or v <= 0:  # inf/nan: no bound at all, and torchrun's options take whole seconds
         raise ValueError(text)
     return v
 
@@ -187,6 +187,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     slow: dict[str, Any] = {}  # the longest wait for a slow rank, not (yet) a hang
     with SignalCatcher() as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
         proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
+        launched = time.monotonic()
         try:
             while proc.poll() is None and stop.wait(0.5) is None:
                 end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
@@ -194,7 +195,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                 stuck_in_init = detect_bad_init(run_dir)
                 if hang is not None or stuck_in_init:
                     break
-                if nodes_never_met(run_dir, torchrun, opts):  # ends the agent; finish reports it
+                if nodes_never_met(run_dir, torchrun, opts, launched):  # ends the agent; finish reports it
                     break
             if stop.caught is not None and proc.poll() is None:
                 sys.stderr.write(f"ddp-doctor: {stop.caught.describe()}: taking the ranks' stacks and ledgers, "
@@ -214,7 +215,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                       interrupted=stop.caught, slow=slow)
     finally:
         from ddp_doctor.training.run.nccl_dumps import dump_files
-        if keep_in:
+        if keep_in:  # the user's --run-dir: everything stays
             pass
         elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
             sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
@@ -224,18 +225,17 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
 
 
 NODES_GRACE = 20.0  # seconds past the rendezvous bound before the parent ends a waiting launcher
-_LAUNCHED: dict[str, float] = {}  # run directory -> when its launch loop first looked
 
 
-def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any) -> bool:
+def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: float) -> bool:
     """Several nodes, and no rank of this one started within the launcher's rendezvous bound
     (+ NODES_GRACE): the launcher still waits for a node that never came. Then the finding that
     names the missing node(s) is left where finish reads the preflight, and True is returned (the
-    caller ends the launcher). The launcher's own bound (agent_command) normally ends it first."""
+    caller ends the launcher). The launcher's own bound (agent_command) normally ends it first.
+    `launched`: time.monotonic() when the launcher was started."""
     nnodes = torchrun_value(torchrun, "--nnodes") or "1"
     if nnodes == "1":
         return False
-    first = _LAUNCHED.setdefault(run_dir, time.monotonic())
     from ddp_doctor.training import records
     if os.path.isdir(os.path.join(run_dir, "preflight")) or records.read_heartbeats(run_dir):
         return False  # a rank started: the nodes met
@@ -252,7 +252,7 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any) -> bool:
         rdzv_endpoint=value(torchrun, "--rdzv-endpoint", "--rdzv_endpoint") or "",
         rdzv_conf=value(torchrun, "--rdzv-conf", "--rdzv_conf") or "")
     bound = max(float(opts.timeout), agent.rendezvous_bound(args) or 0.0)
-    waited = time.monotonic() - first
+    waited = time.monotonic() - launched
     if waited < bound + NODES_GRACE:
         return False
     agent.write_node_report(run_dir, agent.rendezvous_finding(

@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from ddp_doctor.report.redact import redact_obj
 from ddp_doctor.time_limit import call_with_time_limit
 from ddp_doctor.training import records
 
@@ -46,7 +47,9 @@ def ending_of(run_dir: str, rank: int) -> dict[str, Any]:
     ledger = records.read_ledgers(run_dir).get(rank)
     if ledger is not None:
         ledger = {**ledger, "entries": (ledger.get("entries") or [])[-LEDGER_TAIL:]}
-    return {"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger}
+    # redacted as the rank views are (preflight_run/rank_view.py): the store has no authentication
+    # and other nodes keep a copy in their run directory
+    return redact_obj({"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger})
 
 
 def exchange(run_dir: str, rank: int, *, failed: bool, env: Any = None) -> list[int]:

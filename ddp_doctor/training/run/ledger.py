@@ -128,8 +128,13 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
         return False
 
 
-def requested(run_dir: str) -> bool:
-    return os.path.exists(records.ledger_request_path(run_dir))
+def requested(run_dir: str, since: float = 0.0) -> bool:
+    """Whether a ledger was asked for at `since` or later (an older request is another job's)."""
+    try:
+        with open(records.ledger_request_path(run_dir), encoding="utf-8") as f:
+            return float(json.load(f).get("time") or 0) >= since
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
 
 
 def request(run_dir: str, reason: str = "hang") -> None:
@@ -146,10 +151,11 @@ def request_reason(run_dir: str) -> str | None:
         return None
 
 
-def live_ranks(run_dir: str, but: int) -> list[int]:
-    """Ranks of this run directory still in their script (a heartbeat in training, no outcome)."""
-    ended = records.read_outcomes(run_dir)
-    return sorted(r for r, hb in records.read_heartbeats(run_dir).items()
+def live_ranks(run_dir: str, but: int, since: float = 0.0) -> list[int]:
+    """Ranks of this run directory still in their script (a heartbeat in training, no outcome),
+    counting records written at `since` or later."""
+    ended = records.read_outcomes(run_dir, since)
+    return sorted(r for r, hb in records.read_heartbeats(run_dir, since).items()
                   if r != but and r not in ended and hb.get("phase") == "training")
 
 

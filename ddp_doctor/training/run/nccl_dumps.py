@@ -28,12 +28,14 @@ import pickle
 import re
 from typing import Any
 
+from ddp_doctor.facts.env_values import env_bool
+
 DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 OLD_DUMP_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # torch before the flight recorder's rename
 DYNAMIC_NAME_ENV = "TORCH_FR_DUMP_DYNAMIC_FILE_NAME"  # torch writes to the exact value, no rank suffix
 DUMP_ON_TIMEOUT_ENV = "TORCH_NCCL_DUMP_ON_TIMEOUT"
 FILE_PREFIX = "nccl-fr-rank-"
-MAX_DUMP_BYTES = 256 * 1024 * 1024  # a dump of 2000 entries with stacks is a few MiB
+MAX_DUMP_BYTES = 32 * 1024 * 1024  # a dump of 2000 entries with stacks is a few MiB; read whole, per rank
 
 
 def dump_prefix(run_dir: str) -> str:
@@ -43,12 +45,9 @@ def dump_prefix(run_dir: str) -> str:
 def dump_env(env: Any, run_dir: str) -> None:
     """Dump on timeout, into the run directory, unless the user chose where (or to not dump)."""
     env.setdefault(DUMP_ON_TIMEOUT_ENV, "1")
-    if DUMP_ENV in env or OLD_DUMP_ENV in env or _truthy(env.get(DYNAMIC_NAME_ENV)):
+    if DUMP_ENV in env or OLD_DUMP_ENV in env or env_bool(env, DYNAMIC_NAME_ENV):
         return  # the user's own dump location: never moved
     env[DUMP_ENV] = env[OLD_DUMP_ENV] = dump_prefix(run_dir)
-
-
-DEBUG_FILE_PATTERN = "nccl-debug.%h.%p.log"  # NCCL substitutes the host name and the pid
 
 
 def aids_env(env: Any, run_dir: str) -> None:
@@ -57,10 +56,8 @@ def aids_env(env: Any, run_dir: str) -> None:
     sockets; read by DDP335) into the run directory rather than the user's output, the heartbeat
     monitor of torch's NCCL watchdog, and error handling that tears the job down on a timeout
     (torch before 2.2 defaulted to none, and a timed-out rank hung)."""
-    if "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env:
-        env["NCCL_DEBUG"] = "INFO"
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-        env["NCCL_DEBUG_FILE"] = os.path.join(run_dir, DEBUG_FILE_PATTERN)
+    from ddp_doctor.facts.efa import nccl_log_env
+    nccl_log_env(env, run_dir)
     env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
     env.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "480")  # torch's default, said explicitly
     if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env and "NCCL_ASYNC_ERROR_HANDLING" not in env:
@@ -76,10 +73,6 @@ def torch_before(major: int, minor: int) -> bool:
     except Exception:  # noqa: BLE001 - no torch metadata: assume the older names are needed
         return True
     return found is None or (int(found.group(1)), int(found.group(2))) < (major, minor)
-
-
-def _truthy(value: Any) -> bool:
-    return str(value or "").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -117,7 +117,7 @@ def run_training_rank(opts: RunOptions) -> int:
     if signo is not None:
         _end_stopped_rank(watch, signo, started, opts)
     if watch.stopping:  # the watchdog thread is reporting it and ends the process
-        _wait_for_stop(watch)
+        _wait_for_stop()
     watch.phase = "teardown"  # from here the watchdog leaves the ledger to this thread
     position = _ledger_position(outcome)
     if probe is not None:
@@ -150,7 +150,7 @@ def _leave_ledger(watch: Any, run_dir: str, rank: int, position: str, outcome: A
         return
     in_collective, where = ledger.from_exception(outcome.exception)
     watch.write_ledger(position, where=where or "", failed_in_collective=in_collective)
-    live = ledger.live_ranks(run_dir, but=rank)
+    live = ledger.live_ranks(run_dir, but=rank, since=watch.job_since)
     if live:
         asked = time.time()
         ledger.request(run_dir, reason="peer failed")
@@ -198,11 +198,10 @@ def _install_probes(run_dir: str) -> Any:
     return probe
 
 
-def _wait_for_stop(watch: Any, bound: float = 30.0) -> None:
-    """The main thread, while the watchdog thread reports the stop and ends the process."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+def _wait_for_stop(bound: float = 30.0) -> None:
+    """The main thread, while the watchdog thread reports the stop and ends the process (os._exit);
+    past the bound the main thread goes on to its own ending."""
+    time.sleep(bound)
 
 
 STOPPED_PEERS_WAIT = 5.0  # seconds a stopped rank waits for its node's ledgers (rank 0) or rank 0's
@@ -213,8 +212,9 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     rank's stacks, ledger and outcome, the report (rank 0's, or this rank's own file), then exit
     128 + the signal as the default action would. Runs on the watchdog thread."""
     from ddp_doctor.preflight_run.stop_signals import Interrupt
+    if not watch.claim_stop():
+        return  # the other thread reports this stop and ends the process
     stop = Interrupt(signo)
-    watch.stopping = True
     try:
         if watch.phase == "training":
             # first: in a collective at its last sample, that one did not complete, even if a peer
@@ -229,7 +229,7 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
             "host": os.uname().nodename, "phase": watch.phase})
         if watch.phase == "training":
             from ddp_doctor.training.run import ledger
-            local = list(records.read_heartbeats(watch.run_dir))
+            local = list(records.read_heartbeats(watch.run_dir, watch.job_since))
             # Rank 0 reports from its node's ledgers: it waits for them; the others stay until
             # rank 0's is written (their exit would make its pending collective fail first).
             wanted = [r for r in local if r != watch.rank] if watch.rank == 0 else [r for r in local if r == 0]
@@ -255,13 +255,14 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     from ddp_doctor.training.run.diagnose import training_findings, with_ledgers
     if rank == 0 and not failed:
         _wait_for_local_ranks(run_dir, started)
-    outcomes = {r: o for r, o in records.read_outcomes(run_dir).items() if o.get("time", 0) >= started - 5}
+    since = started - records.SAME_JOB
+    outcomes = records.read_outcomes(run_dir, since)
     findings, _ = training_findings(outcomes, {}, sorted(outcomes))
-    ledgers = {r: d for r, d in records.read_ledgers(run_dir).items() if d.get("time", 0) >= started - 5}
+    ledgers = records.read_ledgers(run_dir, since)
     from ddp_doctor.training.run.nccl_dumps import merged
-    findings = with_ledgers(findings, merged(run_dir, ledgers, since=started - 5))  # + NCCL's dumps
+    findings = with_ledgers(findings, merged(run_dir, ledgers, since=since))  # + NCCL's dumps
     failed_job = failed or any(o.get("exception") or o.get("exit_code") for o in outcomes.values())
-    findings += probe_findings(records.read_probes(run_dir, since=started - 5), failed=failed_job)
+    findings += probe_findings(records.read_probes(run_dir, since=since), failed=failed_job)
     if interrupted is not None:
         from ddp_doctor.training.run.diagnose import interrupted_finding
         beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank}
@@ -296,7 +297,7 @@ def _wait_for_local_ranks(run_dir: str, started: float) -> None:
     want = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
     deadline = time.time() + LOCAL_WAIT
     while time.time() < deadline:
-        done = [p for p in records.read_probes(run_dir, since=started - 5) if p.get("ended")]
+        done = [p for p in records.read_probes(run_dir, since=started - records.SAME_JOB) if p.get("ended")]
         if len(done) >= want:
             return
         time.sleep(0.1)

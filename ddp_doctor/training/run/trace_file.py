@@ -58,7 +58,7 @@ def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, 
             recs += tracelib.probe_records(p)
         recs += tracelib.step_records(hb)
         recs += tracelib.stall_records(hb)
-        recs += tracelib.ledger_records(ledger, failed_in_collective=failed_in_collective(outcome))
+        recs += tracelib.ledger_records(ledger, failed_in_collective=_failed_in_collective(outcome))
         recs += tracelib.outcome_records(outcome, crashes[r][1] if r in crashes else None)
         recs += found.get(r, [])
         host = hosts.get(r) or (outcome or {}).get("host") or next((p.get("host") for p in probes.get(r, [])), None)
@@ -66,22 +66,10 @@ def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, 
     return lanes
 
 
-COLLECTIVE_ERRORS = ("DDP824", "DDP825", "DDP826", "DDP838")  # timeouts, a lost peer, NCCL errors
-
-
-def failed_in_collective(outcome: dict[str, Any] | None) -> bool:
-    """Whether a rank's exception came out of a collective: raised inside torch.distributed's
-    collectives, or one of the error signatures of a collective that failed or timed out (DDP's
-    gradient all_reduce fails inside autograd, with no torch.distributed frame)."""
-    from ddp_doctor.checks.signatures import classify
-    exc = (outcome or {}).get("exception") or {}
-    if not exc:
-        return False
-    text = f"{exc.get('type')}: {exc.get('message')}\n{exc.get('traceback') or ''}"
-    if "distributed_c10d.py" in text:
-        return True
-    sig = classify(text)
-    return sig is not None and sig.entry.id in COLLECTIVE_ERRORS
+def _failed_in_collective(outcome: dict[str, Any] | None) -> bool:
+    """As the report judges it (ledger.from_exception): the lane then marks the same collective."""
+    from ddp_doctor.training.run.ledger import from_exception
+    return from_exception((outcome or {}).get("exception"))[0]
 
 
 def write_trace_if_asked(opts: Any, run_dir: str, rep: dict[str, Any] | None) -> None:

@@ -78,6 +78,7 @@ class ProgressWatch:
         self.in_collective = False
         self.on_stop: Callable[["ProgressWatch", int], None] | None = None
         self.stopping = False  # a stop signal is being reported (the process ends right after)
+        self._claim = threading.Lock()
         self._wake_fd: int | None = None
         self._stop_seen: int | None = None  # a stop signal read from the pipe while waiting
         self._ours: set[int] = set()
@@ -86,6 +87,7 @@ class ProgressWatch:
         self.step_times: deque[float] = deque(maxlen=STEP_TIMES)
         self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
         self.last_progress = time.time()
+        self.job_since = self.last_progress - records.SAME_JOB  # older records are another job's
         self.phase = "preflight"
         self.where: str | None = None  # innermost user frame of the last sample
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
@@ -135,7 +137,7 @@ class ProgressWatch:
                 "time": now, "last_progress": self.last_progress, "steps": self.steps,
                 "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
                 **where})
-            if self.phase == "training" and not self._ledger_done and ledger.requested(self.run_dir):
+            if self.phase == "training" and not self._ledger_done and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
                 self.write_ledger("hung" if ledger.request_reason(self.run_dir) == "hang" else "running")
             if self.phase != "training" or _waiting_for_spawned_ranks(stack):
@@ -145,9 +147,18 @@ class ProgressWatch:
             elif self.on_hang and not fired and self._hung(now):
                 fired = True
                 self.on_hang(self)
-            stop, self._stop_seen = self._stop_seen or self.stop_signal(), None
+            stop = self.stop_signal()
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
+
+    def claim_stop(self) -> bool:
+        """Whether the calling thread reports the stop: once per process. One signal reaches both
+        the pipe and the handler's note, so the main thread and this one may each read it."""
+        with self._claim:
+            if self.stopping:
+                return False
+            self.stopping = True
+            return True
 
     def _tick(self) -> bool:
         """Wait one interval, less when a stop signal arrives on the wakeup pipe (every rank of a
@@ -162,7 +173,7 @@ class ProgressWatch:
             except (OSError, ValueError):  # the pipe was closed under us: the plain interval
                 return self._stop.wait(left)
             if ready:
-                self._stop_seen = self.stop_signal()
+                self._stop_seen = self._read_stop()
         return self._stop.is_set()
 
     def watch_stop_signals(self, on_stop: Callable[["ProgressWatch", int], None]) -> None:
@@ -186,7 +197,13 @@ class ProgressWatch:
                 self._ours.add(int(sig))
 
     def stop_signal(self) -> int | None:
-        """A stop signal that arrived since the last look, if its handler is still ours."""
+        """A stop signal that arrived since the last look, if its handler is still ours; each
+        signal is handed out once, to whichever thread looks first."""
+        with self._claim:
+            seen, self._stop_seen = self._stop_seen, None
+        return seen if seen is not None else self._read_stop()
+
+    def _read_stop(self) -> int | None:
         import signal as signals
         if self._wake_fd is None:
             return None
@@ -205,7 +222,8 @@ class ProgressWatch:
         """Outside launcher: this rank judges from its own node's heartbeats (a peer of this node
         still working is a slow rank, not a hang)."""
         from ddp_doctor.training.run.hang_bound import judge
-        hbs = {r: hb for r, hb in records.read_heartbeats(self.run_dir).items() if hb.get("phase") == "training"}
+        hbs = {r: hb for r, hb in records.read_heartbeats(self.run_dir, self.job_since).items()
+               if hb.get("phase") == "training"}
         hbs[self.rank] = {"last_progress": self.last_progress, "steps": self.steps,
                           "slowest_step": self.slowest_step, "in_collective": self.in_collective}
         verdict = judge(hbs, now, self.hang_bound)
