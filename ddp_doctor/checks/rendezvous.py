@@ -39,11 +39,15 @@ MASTER_TIMEOUT = declare(
 PORT_IN_USE = declare(
     "DDP313", category="network", severity="error", title="MASTER_PORT already in use",
     doc="""
-    What: Rank 0 could not listen on MASTER_PORT because another process holds it.
-    Why: torch fails with "Address already in use" (often a previous job or a hung test that still
-    holds the port), and the other ranks then wait for a master that never comes.
+    What: The process that hosts the rendezvous store (rank 0, or under `ddp-doctor run` the
+    launcher on node 0) could not listen on MASTER_PORT because another process holds it; the
+    finding names that process (pid and command line) when this host lets it be seen.
+    Why: torch fails with "Address already in use" (EADDRINUSE, errno 98: often a previous job, a
+    hung test or a dev server that still holds the port); no rank starts, and the other nodes
+    wait for a master that never comes. No node is missing: this node could not host the meeting.
     Fix: Stop the process holding the port (`ss -ltnp 'sport = :PORT'`), or choose a free
-    MASTER_PORT (torchrun --master-port, or --standalone for single-node jobs).
+    MASTER_PORT (torchrun --master-port, the same on every node), or for a single-node job leave
+    --master-port out (`ddp-doctor run` then passes --standalone, which picks a free port).
     """)
 
 MASTER_NOT_LOCAL = declare(

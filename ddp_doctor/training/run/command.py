@@ -233,15 +233,15 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: floa
     names the missing node(s) is left where finish reads the preflight, and True is returned (the
     caller ends the launcher). The launcher's own bound (agent_command) normally ends it first.
     `launched`: time.monotonic() when the launcher was started."""
-    nnodes = torchrun_value(torchrun, "--nnodes") or "1"
-    if nnodes == "1":
-        return False
-    from ddp_doctor.training import records
-    if os.path.isdir(os.path.join(run_dir, "preflight")) or records.read_heartbeats(run_dir):
-        return False  # a rank started: the nodes met
     from types import SimpleNamespace
 
     from ddp_doctor.training.run import agent
+    nnodes = torchrun_value(torchrun, "--nnodes") or "1"
+    if agent.nodes_of(SimpleNamespace(nnodes=nnodes))[0] <= 1:
+        return False  # one node ("1", "1:1"): there is no other node to wait for
+    from ddp_doctor.training import records
+    if os.path.isdir(os.path.join(run_dir, "preflight")) or records.read_heartbeats(run_dir):
+        return False  # a rank started: the nodes met
     value = torchrun_value
     args = SimpleNamespace(
         nnodes=nnodes, node_rank=value(torchrun, "--node-rank", "--node_rank") or "0",
