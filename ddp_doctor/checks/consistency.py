@@ -111,19 +111,48 @@ def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
 
 
 def _gpu_key(view: Mapping[str, Any]) -> Hashable:
+    """Which GPU a rank uses, as comparable across the ranks of its host; None for a CPU rank.
+    The device UUID when known; else the physical GPU its cuda:N stands for through its
+    CUDA_VISIBLE_DEVICES (cuda:0 under CUDA_VISIBLE_DEVICES=1 is GPU 1), or N when that is unset."""
     device = str(view.get("device") or "cpu")
     if not device.startswith("cuda"):
         return None
     uuid = view.get("device_uuid")
-    return (host_key(view), "uuid", uuid) if uuid else (host_key(view), "device", device)
+    if uuid:
+        return (host_key(view), "uuid", uuid)
+    index = device.partition(":")[2] or "0"
+    visible = (view.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return (host_key(view), "gpu", index)
+    entries = [e.strip() for e in str(visible).split(",")]
+    if index.isdigit() and int(index) < len(entries) and entries[int(index)]:
+        return (host_key(view), "gpu", entries[int(index)])
+    return (host_key(view), "visible", str(visible), index)  # not resolvable: equal only when all is equal
+
+
+def _gpu_phrase(views: Views, key: Any, ranks: list[int]) -> str:
+    """"GPU GPU-1234", "cuda:0", or "GPU 1" when the ranks reach it through CUDA_VISIBLE_DEVICES."""
+    first = views[ranks[0]]
+    if key[1] == "uuid":
+        return f"GPU {first.get('device_uuid')}"
+    through_visible = any("CUDA_VISIBLE_DEVICES" in (views[r].get("env") or {}) for r in ranks)
+    if key[1] == "gpu" and through_visible:
+        return f"GPU {key[2]} (through CUDA_VISIBLE_DEVICES)"
+    return str(first.get("device"))
+
+
+def _one_local_rank(views: Views, ranks: list[int]) -> bool:
+    """All of `ranks` have one known LOCAL_RANK."""
+    local = {views[r].get("local_rank") for r in ranks}
+    return len(local) == 1 and None not in local
 
 
 @check("DDP701", category="consistency", severity="error", title="Two ranks use the same GPU",
        stage="cross_rank")
 def gpus_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
-    What: No two ranks on one host use the same GPU (same device UUID, or the same cuda:N when
-    the UUID is unknown).
+    What: No two ranks on one host use the same GPU (same device UUID, or, when the UUID is
+    unknown, the same cuda:N under the same CUDA_VISIBLE_DEVICES).
     Why: Ranks that share a GPU run out of memory or run at a fraction of the speed, and NCCL
     refuses ("Duplicate GPU detected"). The usual cause is code that never calls
     torch.cuda.set_device, so every rank lands on cuda:0.
@@ -131,36 +160,62 @@ def gpus_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
     wrap the model with DistributedDataParallel(model, device_ids=[local_rank]).
     """
     for key, ranks in group_ranks(views, _gpu_key):
-        if key is None or len(ranks) < 2:
-            continue
+        if key is None or len(ranks) < 2 or _one_local_rank(views, ranks):
+            continue  # one LOCAL_RANK for all: two launchers on one host, DDP702's finding
         first = views[ranks[0]]
-        what = f"GPU {first.get('device_uuid')}" if key[1] == "uuid" else str(first.get("device"))
         devices = ", ".join(f"{r}: {views[r].get('device')}" for r in ranks)
         yield Problem(
-            message=f"{ranks_phrase(ranks)} on host {host_label(first)} all use {what} (rank: device {devices}).",
+            message=f"{ranks_phrase(ranks)} on host {host_label(first)} all use {_gpu_phrase(views, key, ranks)} "
+                    f"(rank: device {devices}).",
             ranks=tuple(ranks),
             evidence={"host": host_label(first), "device_uuid": first.get("device_uuid"),
-                      "devices": {str(r): views[r].get("device") for r in ranks}},
-        )
+                      "devices": {str(r): views[r].get("device") for r in ranks}})
 
 
 @check("DDP702", category="consistency", severity="error", title="Two ranks claim one local rank on a host",
-       stage="cross_rank")
+       stage="cross_rank", severities=("warning",))
 def local_ranks_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
-    What: On each host, every rank has its own LOCAL_RANK.
-    Why: Ranks that share a local rank pick the same GPU and the same per-node resources; it means
-    two launchers started on one host, or the launcher's variables were overwritten.
-    Fix: Start one launcher per node (torchrun --nnodes N --node-rank K on each), and do not set
-    LOCAL_RANK in the job's environment yourself.
+    What: Ranks on one host that have the same LOCAL_RANK do not use the same GPU, and one
+    launcher (one node rank) gives each of its ranks its own LOCAL_RANK. Ranks of two launchers
+    on one host that share nothing (gloo ranks on CPU, or GPUs kept apart by CUDA_VISIBLE_DEVICES
+    or by their UUIDs) are fine: that is how several nodes are tried on one machine.
+    Why: Ranks that share a local rank pick the same GPU (cuda:LOCAL_RANK): they run out of memory
+    or NCCL refuses ("Duplicate GPU detected"). It means two launchers started on one host without
+    their own GPUs, or the launcher's variables were overwritten; then per-node work guarded by
+    LOCAL_RANK == 0 (downloads, caches) also runs twice.
+    Fix: Start one launcher per node (torchrun --nnodes N --node-rank K on each), or give each
+    launcher on a shared host its own GPUs (CUDA_VISIBLE_DEVICES); do not set LOCAL_RANK in the
+    job's environment yourself.
+    Severity: error when the ranks use the same GPU; a warning when CPU ranks (or ranks on distinct
+    GPUs) of one launcher share a LOCAL_RANK.
     """
     groups = group_ranks(views, lambda v: (host_key(v), v.get("local_rank")))
     for (_hk, local_rank), ranks in groups:
         if local_rank is None or len(ranks) < 2:
             continue
-        yield Problem(
-            message=f"{ranks_phrase(ranks)} on host {host_label(views[ranks[0]])} all have LOCAL_RANK={local_rank}.",
-            ranks=tuple(ranks), evidence={"host": host_label(views[ranks[0]]), "local_rank": local_rank})
+        host = host_label(views[ranks[0]])
+        apart = list(ranks)  # ranks that share no GPU with another of this local rank
+        for key, shared in group_ranks({r: views[r] for r in ranks}, _gpu_key):
+            if key is None or len(shared) < 2:
+                continue
+            apart = [r for r in apart if r not in shared]
+            yield Problem(
+                message=f"{ranks_phrase(shared)} on host {host} all have LOCAL_RANK={local_rank} and use "
+                        f"{_gpu_phrase(views, key, shared)}.",
+                ranks=tuple(shared),
+                evidence={"host": host, "local_rank": local_rank, "shared": "gpu",
+                          "device_uuid": views[shared[0]].get("device_uuid"),
+                          "devices": {str(r): views[r].get("device") for r in shared}})
+        for node_rank, same_launcher in group_ranks({r: views[r] for r in apart}, lambda v: v.get("node_rank")):
+            if node_rank is None or len(same_launcher) < 2:
+                continue  # ranks of different launchers (node ranks) that share nothing: fine
+            yield Problem(
+                message=f"{ranks_phrase(same_launcher)} on host {host} (node rank {node_rank}) all have "
+                        f"LOCAL_RANK={local_rank}; they share no GPU, but per-node work guarded by "
+                        f"LOCAL_RANK == 0 runs on each of them.",
+                severity="warning", ranks=tuple(same_launcher),
+                evidence={"host": host, "local_rank": local_rank, "node_rank": node_rank, "shared": None})
 
 
 def _agreed(views: Views, field: str) -> Any:
@@ -198,7 +253,7 @@ def local_ranks_contiguous(ctx: RankContext, views: Views) -> Iterator[Problem]:
     for _hk, ranks in _by_host(views).items():
         local = sorted(views[r].get("local_rank") for r in ranks if views[r].get("local_rank") is not None)
         if len(local) != len(ranks) or len(set(local)) != len(local):
-            continue  # unknown local ranks, or duplicates (DDP702 reports those)
+            continue  # unknown local ranks, or duplicates (DDP702 judges those)
         host = host_label(views[ranks[0]])
         if local != list(range(len(ranks))):
             yield Problem(
@@ -296,7 +351,9 @@ def same_code(ctx: RankContext, views: Views) -> Iterator[Problem]:
 def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     """
     What: The NCCL_*, FI_*, GLOO_*, TORCH_NCCL_*, SMDATAPARALLEL_* variables (and, as information,
-    CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS) have the same value on every rank.
+    CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS) have the same value on every rank, as the user set
+    them: what ddp-doctor sets for its own ranks where the user did not (NCCL's log and flight
+    recorder dumps in each node's run directory) is not compared.
     Why: NCCL settings must match across ranks: one node with NCCL_PROTO=simple or
     NCCL_IB_DISABLE=1 and another without negotiate different protocols and may hang or run
     slowly. A variable exported in one node's shell profile but not another's is the usual cause.

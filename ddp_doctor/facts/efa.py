@@ -31,6 +31,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from ddp_doctor.facts.own_env import default_own, set_own
+
 SYS_ROOT_ENV = "DDP_DOCTOR_SYS_ROOT"        # test seam: a directory standing for "/" (tests only)
 INSTANCE_TYPE_ENV = "DDP_DOCTOR_INSTANCE_TYPE"  # say the instance type where nothing else can
 DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
@@ -329,11 +331,12 @@ NCCL_LOG_PATTERN = "nccl-debug.%h.%p.log"  # one file per process: NCCL substitu
 def nccl_log_env(env: dict[str, str], directory: str) -> None:
     """NCCL's INFO log of INIT and NET into `directory` rather than the user's output, unless the
     user set NCCL_DEBUG or NCCL_DEBUG_FILE: which network NCCL chose (EFA through aws-ofi-nccl, or
-    TCP sockets) is read from it (DDP335). Nothing is logged on gloo."""
+    TCP sockets) is read from it (DDP335). Nothing is logged on gloo. The values are marked as
+    ddp-doctor's own (facts/own_env.py), so they are never compared across nodes as the user's."""
     if "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env:
-        env["NCCL_DEBUG"] = "INFO"
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-        env["NCCL_DEBUG_FILE"] = os.path.join(directory, NCCL_LOG_PATTERN)
+        set_own(env, "NCCL_DEBUG", "INFO")
+        default_own(env, "NCCL_DEBUG_SUBSYS", "INIT,NET")
+        set_own(env, "NCCL_DEBUG_FILE", os.path.join(directory, NCCL_LOG_PATTERN))  # per node: never compared
 
 
 def expand_nccl_debug_file(pattern: str, *, hostname: str | None = None, pid: int | None = None) -> str:

@@ -17,9 +17,10 @@ from importlib import metadata
 from typing import Any
 
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts.own_env import user_env
 from ddp_doctor.report.redact import redact_env, redact_obj
 
-# Communication settings compared across ranks.
+# Communication settings compared across ranks (as the user set them: facts/own_env.py).
 ENV_PREFIXES = ("NCCL_", "FI_", "GLOO_", "TORCH_NCCL_", "SMDATAPARALLEL_")
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 # Packages whose versions are read from metadata (name in the view -> distribution name).
@@ -38,7 +39,7 @@ def collect_view(ctx: RankContext) -> dict[str, Any]:
         "pid": os.getpid(), "time": time.time(),
         "device": device, "device_uuid": _device_uuid(ctx, device),
         "versions": versions(),
-        "env": redact_env(comm_env(ctx.env)),
+        "env": redact_env(comm_env(user_env(ctx.env))),  # the user's: never ddp-doctor's per-node paths
         "entry_script": script_digest(ctx.entry_script),
     }
     return redact_obj(view)

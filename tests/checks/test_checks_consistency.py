@@ -128,6 +128,16 @@ def test_distinct_uuids_behind_the_same_index_are_fine() -> None:
     assert run("DDP701", views) == []
 
 
+def test_one_gpu_reached_through_cuda_visible_devices() -> None:
+    # no UUID (no NVML): rank 1's cuda:0 under CUDA_VISIBLE_DEVICES=1 is rank 0's cuda:1
+    views = {0: make_view(0, device="cuda:1"), 1: make_view(1, device="cuda:0")}
+    views[1]["env"] = {**views[1]["env"], "CUDA_VISIBLE_DEVICES": "1"}
+    (f,) = run("DDP701", views)
+    assert "all use GPU 1 (through CUDA_VISIBLE_DEVICES)" in f.message and f.ranks == [0, 1]
+    views[0]["env"] = {**views[0]["env"], "CUDA_VISIBLE_DEVICES": "0,2"}  # its cuda:1 is GPU 2
+    assert run("DDP701", views) == []
+
+
 def test_cpu_ranks_share_no_gpu() -> None:
     views = {r: make_view(r, device="cpu", backend="gloo") for r in range(2)}
     assert run("DDP701", views) == []
@@ -138,8 +148,58 @@ def test_cpu_ranks_share_no_gpu() -> None:
 def test_duplicate_local_rank_on_a_host() -> None:
     views = {r: make_view(r, world_size=3, local_rank=0 if r < 2 else 1) for r in range(3)}
     (f,) = run("DDP702", views)
-    assert f.message == "ranks 0-1 on host node-a all have LOCAL_RANK=0." and f.ranks == [0, 1]
+    assert f.message == "ranks 0-1 on host node-a all have LOCAL_RANK=0 and use cuda:0." and f.ranks == [0, 1]
+    assert f.severity == "error"
     assert run("DDP703", views) == []  # reported once, by DDP702
+    assert run("DDP701", views) == []  # one problem, one finding: DDP702 names its cause
+
+
+def one_host_two_launchers(**over: Any) -> Views:
+    """`ddp-doctor run --nnodes 2 --node-rank K --nproc-per-node 1` twice on one host: node ranks 0
+    and 1, each with LOCAL_RANK=0."""
+    return {r: make_view(r, world_size=2, local_world_size=1, local_rank=0, **over) for r in range(2)}
+
+
+def test_two_launchers_on_one_host_sharing_a_gpu_is_an_error() -> None:
+    views = one_host_two_launchers()  # nccl: both on cuda:0, CUDA_VISIBLE_DEVICES the same (unset)
+    assert [v["node_rank"] for v in views.values()] == [0, 1]
+    (f,) = run("DDP702", views)
+    assert f.severity == "error" and f.ranks == [0, 1]
+    assert f.message == "ranks 0-1 on host node-a all have LOCAL_RANK=0 and use cuda:0."
+    assert "CUDA_VISIBLE_DEVICES" in f.hint and "one launcher per node" in f.hint
+    same_uuid = one_host_two_launchers(uuid="GPU-aaaa")
+    (f,) = run("DDP702", same_uuid)
+    assert f.severity == "error" and "use GPU GPU-aaaa" in f.message
+    same_visible = one_host_two_launchers(env={"CUDA_VISIBLE_DEVICES": "3"})
+    (f,) = run("DDP702", same_visible)
+    assert f.severity == "error" and "use GPU 3 (through CUDA_VISIBLE_DEVICES)" in f.message
+
+
+def test_two_launchers_on_one_host_on_cpu_share_nothing() -> None:
+    views = one_host_two_launchers(device="cpu", backend="gloo")
+    for check_id in CHECK_IDS:
+        assert run(check_id, views) == [], check_id
+
+
+@pytest.mark.parametrize("per_rank", [
+    [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}],  # cuda:0 of each is a different GPU
+    [{"env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"env": {"CUDA_VISIBLE_DEVICES": "1"}}],
+    [{"env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, {"env": {"CUDA_VISIBLE_DEVICES": "1,0"}}],
+])
+def test_two_launchers_on_one_host_with_their_own_gpus_are_fine(per_rank: list[dict[str, Any]]) -> None:
+    views = {r: make_view(r, world_size=2, local_world_size=1, local_rank=0, **per_rank[r]) for r in range(2)}
+    assert run("DDP702", views) == [] and run("DDP701", views) == []
+
+
+def test_one_launchers_cpu_ranks_with_one_local_rank_warn() -> None:
+    # the launcher's LOCAL_RANK overwritten: one node rank, so per-node work runs twice
+    views = {r: make_view(r, world_size=2, local_world_size=2, local_rank=0, device="cpu", backend="gloo")
+             for r in range(2)}
+    assert {v["node_rank"] for v in views.values()} == {0}
+    (f,) = run("DDP702", views)
+    assert f.severity == "warning" and f.ranks == [0, 1]
+    assert f.message == ("ranks 0-1 on host node-a (node rank 0) all have LOCAL_RANK=0; they share no GPU, "
+                         "but per-node work guarded by LOCAL_RANK == 0 runs on each of them.")
 
 
 def test_local_ranks_with_a_gap() -> None:
@@ -230,6 +290,37 @@ def test_per_rank_variables_are_not_compared() -> None:
         v["env"] = {**v["env"], "CUDA_VISIBLE_DEVICES": str(r % 2), "SMDATAPARALLEL_LOCAL_RANK": str(r % 2)}
     (f,) = run("DDP706", views)
     assert f.evidence["variable"] == "CUDA_VISIBLE_DEVICES" and f.severity == "info"
+
+
+def node_views(run_dirs: list[str], user_env: list[dict[str, str]]) -> Views:
+    """One rank per node, each under `ddp-doctor run` (its own run directory, its own settings of
+    NCCL's log and dumps) on top of the user's environment, through collect_view."""
+    from ddp_doctor.training.run.ledger import recorder_env
+    views: Views = {}
+    for r, (run_dir, mine) in enumerate(zip(run_dirs, user_env)):
+        env = {**torchrun_env(rank=r, world_size=2, local_world_size=1), **mine}
+        recorder_env(env, run_dir)  # what `ddp-doctor run` sets for its ranks
+        views[r] = json.loads(json.dumps(collect_view(make_ctx(env, hostname=f"node-{r}"))))
+    return views
+
+
+def test_ddp_doctors_own_per_node_paths_are_not_compared(tmp_path: Path) -> None:
+    views = node_views([str(tmp_path / "run-a"), str(tmp_path / "run-b")], [{}, {}])
+    assert run("DDP706", views) == []
+    assert "NCCL_DEBUG_FILE" not in views[0]["env"]  # ddp-doctor's, not the user's
+
+
+def test_the_users_own_settings_are_still_compared(tmp_path: Path) -> None:
+    run_dirs = [str(tmp_path / "run-a"), str(tmp_path / "run-b")]
+    # set on node 0 only: node 1 has ddp-doctor's NCCL_DEBUG=INFO, which is not the user's
+    (f,) = run("DDP706", node_views(run_dirs, [{"NCCL_DEBUG": "WARN"}, {}]))
+    assert f.message == "NCCL_DEBUG differs between ranks: 'WARN' on rank 0 (node-0), unset on rank 1 (node-1)"
+    assert f.severity == "warning"
+    # set differently on each node, and the user's own per-node dump prefix
+    findings = run("DDP706", node_views(run_dirs, [
+        {"NCCL_DEBUG": "INFO", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/a/fr_"},
+        {"NCCL_DEBUG": "WARN", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/b/fr_"}]))
+    assert {f.evidence["variable"] for f in findings} == {"NCCL_DEBUG", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
 
 
 # --- the pipeline composes: real contexts -> collect_view -> checks -------------------------

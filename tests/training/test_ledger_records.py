@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from ddp_doctor.facts.own_env import OWN_ENV
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger
 
@@ -35,7 +36,7 @@ def test_recorder_env_never_overrides_the_users_size(monkeypatch):
     monkeypatch.setattr(nccl_dumps, "torch_before", lambda major, minor: False)  # torch 2.8 on: one name
     env: dict[str, str] = {}
     ledger.recorder_env(env)
-    assert env == {"TORCH_FR_BUFFER_SIZE": "2000"}
+    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", OWN_ENV: "TORCH_FR_BUFFER_SIZE"}  # marked as ddp-doctor's
     env = {"TORCH_FR_BUFFER_SIZE": "50"}
     ledger.recorder_env(env)
     assert env == {"TORCH_FR_BUFFER_SIZE": "50"}

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from ddp_doctor.checks.signatures import classify
+from ddp_doctor.facts.own_env import set_own
 from ddp_doctor.training import records
 from ddp_doctor.training.frames import not_user_code_dirs
 from ddp_doctor.training.probes import collective_sites
@@ -38,13 +39,15 @@ COLLECTIVE_FAILURES = ("DDP824", "DDP825", "DDP826", "DDP838")
 def recorder_env(env: Any, run_dir: str | None = None) -> None:
     """Turn the flight recorder on in the ranks' environment, unless the user chose a size; with
     `run_dir`, NCCL also dumps it there when a collective times out (training/run/nccl_dumps.py).
-    Never overrides a value the user set. `env`: a dict, or os.environ itself (a rank under an
-    outside launcher, before its first process group)."""
+    Never overrides a value the user set, and marks each value it sets as ddp-doctor's own
+    (facts/own_env.py: the run directory is per node, so these are never compared across nodes as
+    user settings). `env`: a dict, or os.environ itself (a rank under an outside launcher, before
+    its first process group)."""
     if BUFFER_ENV not in env and OLD_BUFFER_ENV not in env:
-        env[BUFFER_ENV] = DEFAULT_BUFFER
+        set_own(env, BUFFER_ENV, DEFAULT_BUFFER)
         from ddp_doctor.training.run.nccl_dumps import torch_before
         if torch_before(2, 8):  # older torch reads only the NCCL-era name (newer warns it is deprecated)
-            env[OLD_BUFFER_ENV] = DEFAULT_BUFFER
+            set_own(env, OLD_BUFFER_ENV, DEFAULT_BUFFER)
     if run_dir:
         from ddp_doctor.training.run.nccl_dumps import aids_env, dump_env
         dump_env(env, run_dir)

@@ -29,6 +29,7 @@ import re
 from typing import Any
 
 from ddp_doctor.facts.env_values import env_bool
+from ddp_doctor.facts.own_env import default_own, set_own
 
 DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 OLD_DUMP_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # torch before the flight recorder's rename
@@ -44,10 +45,11 @@ def dump_prefix(run_dir: str) -> str:
 
 def dump_env(env: Any, run_dir: str) -> None:
     """Dump on timeout, into the run directory, unless the user chose where (or to not dump)."""
-    env.setdefault(DUMP_ON_TIMEOUT_ENV, "1")
+    default_own(env, DUMP_ON_TIMEOUT_ENV, "1")
     if DUMP_ENV in env or OLD_DUMP_ENV in env or env_bool(env, DYNAMIC_NAME_ENV):
         return  # the user's own dump location: never moved
-    env[DUMP_ENV] = env[OLD_DUMP_ENV] = dump_prefix(run_dir)
+    for name in (DUMP_ENV, OLD_DUMP_ENV):  # a per-node path, ddp-doctor's: never compared across nodes
+        set_own(env, name, dump_prefix(run_dir))
 
 
 def aids_env(env: Any, run_dir: str) -> None:
@@ -55,14 +57,15 @@ def aids_env(env: Any, run_dir: str) -> None:
     its INFO log for INIT and NET (which network it chose: EFA through aws-ofi-nccl, or TCP
     sockets; read by DDP335) into the run directory rather than the user's output, the heartbeat
     monitor of torch's NCCL watchdog, and error handling that tears the job down on a timeout
-    (torch before 2.2 defaulted to none, and a timed-out rank hung)."""
+    (torch before 2.2 defaulted to none, and a timed-out rank hung). Each value set here is marked
+    as ddp-doctor's own (facts/own_env.py): the cross-rank comparison (DDP706) reads the user's."""
     from ddp_doctor.facts.efa import nccl_log_env
     nccl_log_env(env, run_dir)
-    env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
-    env.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "480")  # torch's default, said explicitly
+    default_own(env, "TORCH_NCCL_ENABLE_MONITORING", "1")
+    default_own(env, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "480")  # torch's default, said explicitly
     if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env and "NCCL_ASYNC_ERROR_HANDLING" not in env:
         if torch_before(2, 2):
-            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+            set_own(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
 
 def torch_before(major: int, minor: int) -> bool:
