@@ -65,6 +65,30 @@ UNEVEN_INPUTS = declare(
     torch.distributed.algorithms.Join([model]) so that ranks that run out shadow the others.
     """)
 
+OWN_WAY = declare(
+    "DDP893", category="training_failure", severity="error",
+    title="A rank issued a collective the other ranks never issue (its code went its own way)",
+    doc="""
+    What: At one call number of a process group, the rank(s) named issued a collective that no other
+    rank has issued in this job (a new line, operation or shape), or issued it out of the order
+    every rank had kept until then, while the other ranks issued a collective every rank had issued
+    before (the next step's gradient all_reduce, typically) or had ended. The named rank took a
+    code path of its own: a collective inside `if rank == 0:` (a barrier after a rank-0 checkpoint
+    indented into the block, a metric reduced or `self.log(..., sync_dist=True)` on rank 0 only, an
+    evaluation that gathers on rank 0 only), or a loop it left on its own data (a NaN check and
+    `break`) before a collective the others never reach. The finding names the rank, the
+    collective and its line, and what the others issued instead.
+    Why: Collectives are matched by order: the odd rank's call pairs with whatever the others
+    issue next, so the ranks exchange the wrong data, fail with a size error, or block until the
+    collective timeout (30 minutes by default). The ranks that wait are a consequence: their own
+    line is correct.
+    Fix: Go to the line named and make every rank reach the same collectives: move a barrier out
+    of the `if rank == 0:` block (every rank must call it), reduce metrics on every rank (or use
+    `sync_dist=True` on every rank, or `rank_zero_only=True` without syncing), evaluate on every
+    rank or under `torch.no_grad()` through `model.module` without collectives, and when one rank
+    must stop early (NaN loss), make every rank agree first (all_reduce a stop flag every step).
+    """)
+
 # Collectives whose inputs legitimately differ between ranks (scatter's source holds the list,
 # all_to_all splits unevenly): only the operation is compared for these.
 _UNEVEN_INPUT_OPS = frozenset({"scatter", "all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
@@ -182,7 +206,9 @@ class _Rank:
         self.ledger = ledger
         self.calls = calls
         self.last = max(calls) if calls else 0
-        self.waiting = any(_pending(e) for e in calls.values())  # in this group
+        # in this group; a rank whose script ended waits in nothing (the recorder may not have
+        # retired its last call yet when the ledger was written: seen with DDP's last bucket)
+        self.waiting = ledger.get("position") not in _LEFT_POSITIONS and any(_pending(e) for e in calls.values())
         dumped = ledger.get("time")
         self.dumped_ns = int(float(dumped) * 1e9) if isinstance(dumped, (int, float)) else None
 
@@ -207,6 +233,46 @@ def _waiting_elsewhere(ledger: dict[str, Any], pg: str) -> dict[str, Any] | None
 def _entries(ledger: dict[str, Any]) -> list[dict[str, Any]]:
     entries = ledger.get("entries")
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+# How far a rank's call at the disagreement strays from what every rank did before it.
+ROUTINE, NEW_ORDER, NEW_CALL = 0, 1, 2
+
+
+def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """A call as the ranks' code issues it: operation, tensors and the user's line (none for the
+    collectives torch issues itself, such as DDP's gradient all_reduces)."""
+    return (_signature(entry), _site(entry))
+
+
+class _History:
+    """What the ranks of one group issued before call #n: every call, and which call followed
+    which. A rank's call at #n that no rank ever issued (or never right after the call before it)
+    comes from a path of its own; one that every rank has issued is the job's routine."""
+
+    def __init__(self, ranks: list[_Rank], n: int):
+        self.keys: set[tuple[Any, ...]] = set()
+        self.pairs: set[tuple[tuple[Any, ...], tuple[Any, ...]]] = set()
+        for r in ranks:
+            for s in sorted(r.calls):
+                if s >= n:
+                    break
+                key = _key(r.calls[s])
+                self.keys.add(key)
+                if s - 1 in r.calls:
+                    self.pairs.add((_key(r.calls[s - 1]), key))
+
+    def novelty(self, rank: _Rank, n: int) -> int:
+        entry = rank.calls.get(n)
+        if entry is None:
+            return ROUTINE
+        key = _key(entry)
+        if key not in self.keys:
+            return NEW_CALL
+        before = rank.calls.get(n - 1)
+        if before is not None and (_key(before), key) not in self.pairs:
+            return NEW_ORDER
+        return ROUTINE
 
 
 # ------------------------------------------------------------------------------------ judging
@@ -273,28 +339,82 @@ def _align(pg: str, name: str, ranks: list[_Rank]) -> list[Finding]:
         behind = [r for r in ranks if r.last < n and not r.waiting
                   and not any(r.dumped_before(w.calls[n]) for w in waiting)]
         if waiting and behind:
-            return _stuck(pg, name, label, n, waiting, behind)
+            return _stuck(pg, name, label, n, waiting, behind, _History(ranks, n))
     return []
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def _decide(present: dict[int, dict[str, Any]], by_sig: dict[tuple[Any, ...], list[int]],
+            history: _History, by_rank: dict[int, _Rank], n: int) -> tuple[list[int], str | None]:
+    """The ranks whose path diverged at call #n, and the evidence that decided: the ranks whose
+    call is new (or out of the order kept so far) while the others' is routine; else the minority
+    when one variant is held by more ranks than any other; else nobody (None: it cannot be told)."""
+    level = {rank: history.novelty(by_rank[rank], n) for rank in present}
+    if max(level.values()) > min(level.values()):
+        top = max(level.values())
+        return sorted(r for r, v in level.items() if v == top), ("new_call" if top == NEW_CALL else "new_order")
+    groups = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs[0]))
+    if len(groups[0]) > len(groups[1]):
+        return sorted(r for rs in groups[1:] for r in rs), "majority"
+    return sorted(present), None
+
+
+def _steps_text(ranks: list[_Rank]) -> str:
+    counts = {r.ledger.get("steps") for r in ranks}
+    if len(counts) == 1 and isinstance(next(iter(counts)), int):
+        return f" ({next(iter(counts))} steps done on each)"
+    if all(isinstance(r.ledger.get("steps"), int) for r in ranks):
+        return " (steps done: " + ", ".join(f"rank {r.rank} {r.ledger['steps']}" for r in ranks) + ")"
+    return ""
 
 
 def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[str, Any]],
               by_sig: dict[tuple[Any, ...], list[int]], ranks: list[_Rank]) -> Finding:
-    groups = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs[0]))
-    # When one variant is held by more ranks than any other, the others are the odd ones out.
-    odd = [r for rs in groups[1:] for r in rs] if len(groups[0]) > len(groups[1]) else sorted(present)
-    parts = []
-    for rs in sorted(groups, key=lambda rs: rs[0]):
-        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {format_ranks(rs)}"
-        parts.append(f"{who} {_describe(present[rs[0]])}")
-    message = f"collectives differ at call #{n} of {label}: " + ", ".join(parts)
     by_rank = {r.rank: r for r in ranks}
-    evidence = {
-        "process_group": {"id": pg, "name": name}, "collective_seq_id": n,
+    odd, decided_by = _decide(present, by_sig, _History(ranks, n), by_rank, n)
+    others = sorted(r for r in present if r not in odd)
+    evidence: dict[str, Any] = {
+        "process_group": {"id": pg, "name": name}, "collective_seq_id": n, "decided_by": decided_by,
         "ranks": {str(rank): {"entry": _entry_evidence(e), **_whereabouts(by_rank[rank].ledger),
-                              "odd": rank in odd, **({"consequence": True} if _pending(e) else {})}
+                              "odd": rank in odd,
+                              **({"consequence": True} if _pending(e) and (rank not in odd or not others) else {})}
                   for rank, e in sorted(present.items())},
     }
-    return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=sorted(odd), evidence=evidence,
+    own_path = decided_by in ("new_call", "new_order") and (
+        {(_op(present[r]), _site(present[r])) for r in odd}.isdisjoint(
+            {(_op(present[r]), _site(present[r])) for r in others}))
+    if own_path:
+        # a collective of its own (another operation or line): the rank's code went its own way
+        what = _describe(present[odd[0]])
+        if decided_by == "new_call":
+            why = "a collective no other rank issued"
+        else:
+            before = by_rank[odd[0]].calls.get(n - 1)
+            why = ("out of the order every rank had kept" +
+                   (f" (never before right after {_describe(before)})" if before is not None else ""))
+        message = (f"{_who(odd)} went its own way at call #{n} of {label}: issued {what}, {why}; "
+                   f"{_who(others)} issued {_describe(present[others[0]])}, as every rank had before"
+                   + _steps_text([by_rank[r] for r in sorted(present)]))
+        return event_finding(OWN_WAY, message, rank=None, ranks=odd, evidence=evidence, phase="training")
+    parts = []
+    for rs in sorted(by_sig.values(), key=lambda rs: rs[0]):
+        parts.append(f"{_who(rs)} {_describe(present[rs[0]])}")
+    message = f"collectives differ at call #{n} of {label}: " + ", ".join(parts)
+    if decided_by is None:
+        sites = {_site(e) for e in present.values()}
+        if len(sites) == 1 and None not in sites:
+            message += ("; every rank issued it from the same line with other tensors: their shape "
+                        "depends on each rank's data")
+        else:
+            message += "; which rank went its own way cannot be told from the ledgers (no call was routine)"
+        evidence["undecided"] = True
+    elif decided_by in ("new_call", "new_order"):
+        message += (f"; {_who(odd)} issued tensors no rank had issued there before, "
+                    f"{_who(others)} the ones every rank had")
+    return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=odd, evidence=evidence,
                          phase="training")
 
 
@@ -302,7 +422,8 @@ def _whereabouts(ledger: dict[str, Any]) -> dict[str, Any]:
     return {k: ledger[k] for k in ("position", "steps", "where") if ledger.get(k) is not None}
 
 
-def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind: list[_Rank]) -> list[Finding]:
+def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind: list[_Rank],
+           history: _History) -> list[Finding]:
     entry = waiting[0].calls[n]
     op = _op(entry)
     wait_ranks = [r.rank for r in waiting]
@@ -318,6 +439,10 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
     findings: list[Finding] = []
     base = {"process_group": {"id": pg, "name": name}, "collective_seq_id": n}
 
+    if left and not elsewhere and not failed:
+        extra = _extra_collective(pg, name, label, n, waiting, left, history, waiting_evidence)
+        if extra is not None:
+            return [extra]
     if left:
         steps_known = all(isinstance(r.ledger.get("steps"), int) for r in left + waiting)
         descr = []
@@ -335,7 +460,7 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
         them = f"rank {left[0].rank}" if len(left) == 1 else f"ranks {format_ranks(r.rank for r in left)}"
         message = "; ".join(descr) + f"; {who} in {op} #{n}" + (f" (issued at {site})" if site else "") \
             + f", which {them} never issued"
-        evidence = {**base, "ranks": {
+        evidence = {**base, "decided_by": "left_early", "ranks": {
             **{str(r.rank): {"issued": r.last, **_whereabouts(r.ledger),
                              **({"last_entry": _entry_evidence(r.calls[r.last])} if r.last in r.calls else {})}
                for r in left},
@@ -362,7 +487,7 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
             last = f"its last was #{r.last}" if r.last else "it issued none"
             descr.append(f"rank {r.rank} never issued #{n} ({last}): {at}")
         message = f"{waits_text}; " + "; ".join(descr)
-        evidence = {**base, "ranks": {
+        evidence = {**base, "decided_by": "elsewhere", "ranks": {
             **{str(r.rank): {"issued": r.last, **_whereabouts(r.ledger),
                              **({"waits_in": _entry_evidence(o)} if (o := _waiting_elsewhere(r.ledger, pg)) else {})}
                for r in elsewhere},
@@ -373,3 +498,34 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
     # waiting for it are a consequence of that, not a new finding here.
     return findings
 
+
+def _extra_collective(pg: str, name: str, label: str, n: int, waiting: list[_Rank], left: list[_Rank],
+                      history: _History, waiting_evidence: dict[str, Any]) -> Finding | None:
+    """Ranks that ended while others wait: the waiting ranks went their own way (DDP893) when the
+    collective they wait in is one no rank had issued (or not in that order), while the ranks that
+    ended had run every step they did. The usual case, the next step's gradient all_reduce, is a
+    routine call: then the ranks that ended left early (uneven inputs, DDP892), and None is returned."""
+    # Only a call no rank ever issued decides here: after a rank ended, a routine call in a new
+    # order is what the first extra step of uneven inputs looks like.
+    level = {r.rank: history.novelty(r, n) for r in waiting}
+    if min(level.values()) != NEW_CALL:
+        return None
+    steps = {r.rank: r.ledger.get("steps") for r in waiting + left}
+    if all(isinstance(v, int) for v in steps.values()) and \
+            max(steps[r.rank] for r in left) < min(steps[r.rank] for r in waiting):
+        return None  # the ranks that ended ran fewer steps: they left early, whatever the others do now
+    entry = waiting[0].calls[n]
+    odd = [r.rank for r in waiting]
+    why = "a collective no other rank issued"
+    how = {("finished" if r.ledger.get("position") == "finished" else "destroyed its process group")
+           for r in left}
+    message = (f"{_who(odd)} went its own way after call #{n - 1} of {label}: "
+               f"{'waits' if len(odd) == 1 else 'wait'} in {_describe(entry)} (#{n}), {why}; "
+               f"{_who([r.rank for r in left])} {' or '.join(sorted(how))} after "
+               + (f"the same {n - 1} collectives" if all(r.last == n - 1 for r in left)
+                  else ", ".join(f"{r.last} collectives (rank {r.rank})" for r in left))
+               + _steps_text(sorted(waiting + left, key=lambda r: r.rank)))
+    evidence = {"process_group": {"id": pg, "name": name}, "collective_seq_id": n, "decided_by": "new_call",
+                "ranks": {**{str(r.rank): {"issued": r.last, **_whereabouts(r.ledger)} for r in left},
+                          **{k: {**v, "odd": True} for k, v in waiting_evidence.items()}}}
+    return event_finding(OWN_WAY, message, rank=None, ranks=odd, evidence=evidence, phase="training")

@@ -73,8 +73,9 @@ def test_desync_op() -> None:
     (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: ledger(1, b, "hung")})
     assert f.id == "DDP890" and f.severity == "error" and f.phase == "training"
     assert f.message == ("collectives differ at call #7 of process group 0 (default_pg): "
-                         "rank 0 all_reduce Float[3] at train.py:12, rank 1 broadcast Float[3] at train.py:14")
-    assert sorted(f.ranks) == [0, 1]
+                         "rank 0 all_reduce Float[3] at train.py:12, rank 1 broadcast Float[3] at train.py:14; "
+                         "which rank went its own way cannot be told from the ledgers (no call was routine)")
+    assert sorted(f.ranks) == [0, 1] and f.evidence["undecided"] is True
     assert f.evidence["collective_seq_id"] == 7
     assert f.evidence["ranks"]["1"]["entry"]["profiling_name"] == "gloo:broadcast"
 
@@ -306,3 +307,101 @@ def test_world_size_bounds_ranks() -> None:
     b = real_prefix()[:-1] + [entry(6, "all_reduce", [[99]])]
     assert ids(ledger_findings({0: ledger(0, a), 1: ledger(1, b)}, world_size=2)) == ["DDP890"]
     assert ledger_findings({0: ledger(0, a), 1: ledger(1, b)}, world_size=1) == []
+
+
+# ----------------------------------------------------------------------------- DDP893: who went its own way
+
+def test_a_barrier_only_rank_0_reaches_names_rank_0_not_the_rank_in_the_next_step() -> None:
+    # `if rank == 0: save(); dist.barrier()` after 3 steps: rank 1 goes on to step 4's all_reduce
+    done = ddp_construction() + steps(4, 3)
+    a = done + [entry(7, "barrier", user_site="train.py:25", retired=False)]
+    b = [dict(e) for e in done] + [entry(7, "all_reduce", [[10]], retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung", steps=3), 1: ledger(1, b, "hung", steps=3)})
+    assert f.id == "DDP893" and f.ranks == [0], f.message
+    assert f.message == ("rank 0 went its own way at call #7 of process group 0 (default_pg): issued barrier at "
+                         "train.py:25, a collective no other rank issued; rank 1 issued all_reduce Float[10], "
+                         "as every rank had before (3 steps done on each)")
+    assert f.evidence["decided_by"] == "new_call"
+    assert f.evidence["ranks"]["1"]["consequence"] is True and "consequence" not in f.evidence["ranks"]["0"]
+
+
+def test_a_rank_that_broke_out_of_its_loop_into_a_barrier_is_named() -> None:
+    # rank 1 sees a NaN at step 4 and breaks to the barrier before destroy; rank 0 is in step 5
+    done = ddp_construction() + steps(4, 4)
+    a = done + [entry(8, "all_reduce", [[10]], retired=False)]
+    b = [dict(e) for e in done] + [entry(8, "barrier", user_site="train.py:31", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung", steps=4), 1: ledger(1, b, "hung", steps=4)})
+    assert f.id == "DDP893" and f.ranks == [1]
+    assert "rank 1 went its own way at call #8" in f.message and "barrier at train.py:31" in f.message
+
+
+def test_a_metric_reduced_on_rank_0_only_is_named_with_its_line() -> None:
+    # Lightning's self.log(..., sync_dist=True) under is_global_zero: a scalar all_reduce
+    done = ddp_construction() + steps(4, 2)
+    a = done + [entry(6, "all_reduce", [[]], user_site="model.py:40", retired=False)]
+    b = [dict(e) for e in done] + [entry(6, "all_reduce", [[10]], retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: ledger(1, b, "hung")})
+    assert f.id == "DDP893" and f.ranks == [0] and "all_reduce Float[] at model.py:40" in f.message
+
+
+def test_an_extra_collective_after_training_names_the_rank_that_issued_it_not_the_one_that_ended() -> None:
+    # both ranks ran the same 3 steps; then rank 0 alone evaluates, and its evaluation gathers
+    done = ddp_construction() + steps(4, 3)
+    a = done + [entry(7, "all_reduce", [[1]], user_site="train.py:44", retired=False)]
+    b = [dict(e) for e in done]
+    (f,) = ledger_findings({0: ledger(0, a, "hung", steps=3), 1: ledger(1, b, "finished", steps=3)})
+    assert f.id == "DDP893" and f.ranks == [0]
+    assert f.message == ("rank 0 went its own way after call #6 of process group 0 (default_pg): waits in "
+                         "all_reduce Float[1] at train.py:44 (#7), a collective no other rank issued; rank 1 "
+                         "finished after the same 6 collectives (3 steps done on each)")
+
+
+def test_a_rank_that_ran_fewer_steps_left_early_whatever_the_others_wait_in() -> None:
+    # uneven inputs with an epoch-end metric: rank 1 ran out after 2 steps; rank 0 ran 3, then waits
+    # in the epoch-end all_reduce rank 1 never reached
+    a = ddp_construction() + steps(4, 3) + [entry(7, "all_reduce", [[1]], user_site="train.py:44", retired=False)]
+    b = ddp_construction() + steps(4, 2)
+    (f,) = ledger_findings({0: ledger(0, a, "hung", steps=3), 1: ledger(1, b, "finished", steps=2)})
+    assert f.id == "DDP892" and f.ranks == [1] and f.evidence["decided_by"] == "left_early"
+
+
+def test_a_call_out_of_the_kept_order_is_the_odd_one() -> None:
+    # a model with buffers: every step broadcasts them, then reduces gradients. Rank 0 runs one
+    # evaluation forward through the DDP wrapper: broadcast, broadcast; rank 1 keeps the order
+    bcast = lambda seq, **kw: entry(seq, "broadcast", [[4]], **kw)  # noqa: E731
+    grads = lambda seq, **kw: entry(seq, "all_reduce", [[10]], **kw)  # noqa: E731
+    done = ddp_construction() + [bcast(4), grads(5), bcast(6), grads(7), bcast(8)]
+    a = done + [bcast(9, retired=False)]
+    b = [dict(e) for e in done] + [grads(9, retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung", where="train.py:50 in evaluate"), 1: ledger(1, b, "hung")})
+    assert f.id == "DDP893" and f.ranks == [0] and f.evidence["decided_by"] == "new_order"
+    assert "out of the order every rank had kept (never before right after broadcast Float[4])" in f.message
+
+
+def test_a_new_call_outweighs_the_majority() -> None:
+    # `if rank in (0, 1): dist.barrier()` in a world of 3: the two ranks with the barrier went their way
+    done = ddp_construction() + steps(4, 2)
+    mine = [entry(6, "barrier", user_site="train.py:9", retired=False)]
+    theirs = [entry(6, "all_reduce", [[10]], retired=False)]
+    (f,) = ledger_findings({0: ledger(0, done + mine), 1: ledger(1, [dict(e) for e in done] + mine),
+                            2: ledger(2, [dict(e) for e in done] + theirs)})
+    assert f.id == "DDP893" and f.ranks == [0, 1]
+
+
+def test_the_same_line_with_other_shapes_says_the_shape_depends_on_the_data() -> None:
+    a = real_prefix() + [entry(7, "all_gather", [[3]], user_site="train.py:20", retired=False)]
+    b = real_prefix() + [entry(7, "all_gather", [[5]], user_site="train.py:20", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: ledger(1, b, "hung")})
+    assert f.id == "DDP890" and f.ranks == [0, 1] and f.evidence["undecided"] is True
+    assert f.message.endswith("every rank issued it from the same line with other tensors: their shape "
+                              "depends on each rank's data")
+
+
+def test_a_finished_rank_whose_last_call_was_not_yet_retired_waits_in_nothing() -> None:
+    # seen on gloo: the script ended right after DDP's last bucket, before the recorder retired it
+    done = ddp_construction() + steps(4, 2)
+    a = done + steps(6, 1) + [entry(7, "all_reduce", [[1]], user_site="train.py:44", retired=False)]
+    b = [dict(e) for e in done] + steps(6, 1)
+    b[-1]["retired"] = False
+    (f,) = ledger_findings({0: ledger(0, a, "failed", steps=3), 1: ledger(1, b, "finished", steps=3)})
+    assert f.id == "DDP893" and f.ranks == [0]

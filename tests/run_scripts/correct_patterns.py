@@ -1,5 +1,6 @@
-"""Correct DDP patterns that must stay clean: gradient accumulation with no_sync, uneven inputs
-under Join, evaluation on rank 0 through model.module, barriers around a rank-0 checkpoint."""
+"""Correct DDP patterns that must stay clean: gradient accumulation with no_sync and by toggling
+require_backward_grad_sync (nanoGPT), uneven inputs under Join, evaluation on rank 0 under no_grad
+through the DDP wrapper and through model.module, barriers around a rank-0 checkpoint."""
 import os
 import tempfile
 
@@ -28,6 +29,22 @@ for epoch in range(2):
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
+
+# nanoGPT's accumulation: it toggles DDP's flag instead of using no_sync()
+for micro in range(4):
+    model.require_backward_grad_sync = micro == 3
+    model(torch.randn(4, 4)).sum().backward()
+opt.step()
+opt.zero_grad()
+
+# evaluation on rank 0 only through the DDP wrapper under no_grad (a model without buffers): no
+# collective. (Not after Join below: a DDP model that once joined all_reduces in every forward.)
+if rank == 0:
+    with torch.no_grad():  # evaluation on rank 0 only through the DDP wrapper (no buffers): no collective
+        model.eval()
+        model(data.tensors[0])
+        model.train()
+dist.barrier()
 
 # uneven inputs, handled: rank 1 has fewer batches, Join shadows its missing steps
 batches = 5 if rank == 0 else 3

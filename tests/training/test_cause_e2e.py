@@ -25,6 +25,9 @@ RUNS = {
     "handset_rank": ("handset_rank.py", []),
     "env_world": ("env_world_size.py", []),
     "correct": ("correct_patterns.py", []),
+    "barrier_in_block": ("barrier_in_rank0_block.py", ["--hang-timeout", "6"]),
+    "extra_eval": ("rank0_evaluates_after_training.py", []),
+    "nan_break": ("leaves_loop_on_nan.py", ["--hang-timeout", "6"]),
 }
 
 
@@ -186,3 +189,72 @@ def test_across_nodes_the_master_nodes_report_names_the_cause_on_the_other_node(
     node0 = load_json(str(tmp_path / "node0.json"))
     peer = [f for f in node0["findings"] if f["ranks"] == [0] and f["severity"] == "error"]
     assert peer and all(f["evidence"].get("consequence") for f in peer)
+
+
+# ----------------------------------------------------------------------------- who went its own way
+
+def test_a_barrier_indented_into_the_rank0_block_names_rank_0_and_its_line(runs):
+    res, rep = ran(runs, "barrier_in_block")
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
+    assert line_of("barrier_in_rank0_block.py", "dist.barrier()") in cause["message"]
+    assert "rank 1 issued all_reduce" in cause["message"] and cause["evidence"]["decided_by"] == "new_call"
+    # the hang names the rank that went its own way, never the one that only waited
+    (hang,) = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang["ranks"] == [0] and hang["evidence"]["explained_by"] == "DDP893", hang
+    assert not [f for f in errors(rep) if f["ranks"] == [1] and not f["evidence"].get("consequence")]
+
+
+def test_an_evaluation_on_rank_0_only_after_training_names_rank_0_not_the_rank_that_ended(runs):
+    res, rep = ran(runs, "extra_eval")
+    assert res.rc != 0, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
+    assert line_of("rank0_evaluates_after_training.py", "dist.all_reduce(loss)") in cause["message"]
+    assert "rank 1 finished after the same" in cause["message"] and "4 steps done on each" in cause["message"]
+    assert not [f for f in rep["findings"] if f["id"] == "DDP892"], rep["findings"]
+    # rank 0's "Connection closed by peer" is the consequence of its own extra collective
+    assert all(f["evidence"].get("consequence") for f in errors(rep) if f["id"] != "DDP893"), rep["findings"]
+
+
+def test_a_rank_that_left_its_loop_on_its_own_data_is_named_not_the_rank_still_training(runs):
+    res, rep = ran(runs, "nan_break")
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP893" and cause["ranks"] == [1], rep["findings"]
+    assert line_of("leaves_loop_on_nan.py", "dist.barrier()") in cause["message"]
+    assert "rank 0 issued all_reduce" in cause["message"]
+    (hang,) = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang["ranks"] == [1], hang
+
+
+def test_a_hang_on_another_node_is_named_on_every_node_with_its_line(tmp_path):
+    """Two simulated nodes, one rank each: rank 1 (node 1) blocks on a queue before its next
+    all_reduce while rank 0 (node 0) waits in it. Each node finds the hang on its own; the ranks
+    share their ledgers and stacks through the job's store, so both reports name rank 1 and its line."""
+    import sys
+
+    from helpers.nodes import hosts_file, on_node, require_namespaces
+    from helpers.procs import free_port
+    require_namespaces()
+    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
+               "--timeout", "30", "--hang-timeout", "8", "--skip", "communication",
+               "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / "rank1_blocks_on_queue.py")]
+        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
+    results = [finish(p, 150) for p in procs]
+    blocked = line_of("rank1_blocks_on_queue.py", "batches.get()")
+    for node, res in enumerate(results):
+        assert res.rc == 124, (node, res.output)
+        rep = load_json(str(tmp_path / f"node{node}.json"))
+        cause = rep["root_cause"]
+        assert cause["id"] == "DDP891" and cause["ranks"] == [1], (node, rep["findings"])
+        assert blocked in cause["message"] and "rank 0 waits in all_reduce" in cause["message"]
+        (hang,) = [f for f in rep["findings"] if f["id"] == "DDP801"]
+        assert hang["ranks"] == [1] and hang["evidence"]["consequence"], (node, hang)
+        assert blocked in hang["evidence"]["stacks"]["1"].replace('", line ', ":"), (node, hang["evidence"]["stacks"])

@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 from ddp_doctor.checks.collectives import _pending, ledger_findings
+from ddp_doctor.facts.own_env import OWN_ENV
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger, nccl_dumps
@@ -81,11 +82,12 @@ def test_recorder_env_sets_the_older_buffer_name_only_for_older_torch(monkeypatc
     monkeypatch.setattr(nccl_dumps, "torch_before", lambda major, minor: True)
     env: dict[str, str] = {}
     ledger.recorder_env(env)
-    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                   OWN_ENV: "TORCH_FR_BUFFER_SIZE,TORCH_NCCL_TRACE_BUFFER_SIZE"}  # marked as ddp-doctor's
     monkeypatch.setattr(nccl_dumps, "torch_before", lambda major, minor: False)
     env = {}
     ledger.recorder_env(env)
-    assert env == {"TORCH_FR_BUFFER_SIZE": "2000"}
+    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", OWN_ENV: "TORCH_FR_BUFFER_SIZE"}
 
 
 def test_recorder_env_never_overrides_the_users_dump_settings(tmp_path):
@@ -108,7 +110,7 @@ def test_recorder_env_works_on_os_environ(tmp_path, monkeypatch):
     names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_DYNAMIC_FILE_NAME",
              "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "TORCH_NCCL_ENABLE_MONITORING",
-             "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+             "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_ASYNC_ERROR_HANDLING", OWN_ENV)
     for name in names:
         monkeypatch.delenv(name, raising=False)  # restored afterwards where they were set
     try:
@@ -261,7 +263,8 @@ def test_an_aborted_rank_is_read_from_its_dump_next_to_the_others_ledgers(tmp_pa
     ledgers = nccl_dumps.merged(d, records.read_ledgers(d))
     assert ledgers[0]["source"] == "flight_recorder" and ledgers[1]["source"] == "nccl_dump"
     found = ledger_findings(ledgers)
-    assert [f.id for f in found] == ["DDP890"] and "broadcast" in found[0].message
+    # rank 0's broadcast is a call no rank had issued; rank 1's all_reduce is the routine one
+    assert [f.id for f in found] == ["DDP893"] and found[0].ranks == [0] and "broadcast" in found[0].message
 
 
 def test_for_a_rank_with_both_the_newer_is_kept(tmp_path):
