@@ -203,7 +203,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                 hang = collect_stacks(run_dir, records.read_heartbeats(run_dir), reason="interrupted")
                 terminate_tree(proc)
             elif hang is not None:
-                hang = collect_stacks(run_dir, hang)
+                nnodes = torchrun_value(torchrun, "--nnodes") or "1"
+                hang = collect_stacks(run_dir, hang, across=nnodes not in ("1", "1:1"))
                 terminate_tree(proc)
             else:
                 terminate_tree(proc, grace=0.5)  # nothing may outlive the launcher
@@ -337,9 +338,11 @@ def detect_bad_init(run_dir: str) -> bool:
 LEDGER_WAIT = 5.0  # seconds the parent waits for the ranks' ledgers on a hang (watchdogs poll each second)
 
 
-def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "hang") -> dict[int, dict[str, Any]]:
+def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "hang", *,
+                   across: bool = False) -> dict[int, dict[str, Any]]:
     """Ask every rank for its stacks (SIGUSR2 -> faulthandler) and its ledger of collectives (a
-    request file its watchdog thread polls), give them a bounded moment to write."""
+    request file its watchdog thread polls), give them a bounded moment to write. `across`:
+    several nodes; at a hang the ranks also fetch the other nodes' (training/run/endings.py)."""
     from ddp_doctor.training import records
     from ddp_doctor.training.run import ledger
     from ddp_doctor.training.run.watchdog import STACK_SIGNAL
@@ -352,7 +355,11 @@ def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "
             pass
     time.sleep(1.0)
     ended = records.read_outcomes(run_dir)  # a rank whose script ended wrote its ledger then
-    ledger.wait_for(run_dir, [r for r in hbs if r not in ended], asked, LEDGER_WAIT)
+    live = [r for r in hbs if r not in ended]
+    ledger.wait_for(run_dir, live, asked, LEDGER_WAIT)
+    if across and reason == "hang":
+        from ddp_doctor.training.run.endings import HANG_SHARE_WAIT, wait_shared
+        wait_shared(run_dir, live, asked, HANG_SHARE_WAIT + 3.0)
     return hbs
 
 
@@ -400,6 +407,9 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             more, _ = training_findings(outcomes, {}, ranks)
             findings += more
         elif hang is not None:
+            from ddp_doctor.training.run.endings import remote_hung
+            hang = {**remote_hung(run_dir), **hang}  # other nodes' ranks, copied at the hang
+            ranks = sorted(set(ranks) | set(hang))
             stacks = {r: records.read_stack(run_dir, r) or "" for r in hang}
             bound = max((float(hb.get("bound") or 0) for hb in hang.values()), default=0.0)
             findings.append(hang_finding(hang, stacks, bound or opts.hang_timeout or 0.0))

@@ -95,3 +95,124 @@ def _keep(run_dir: str, rank: int, ending: dict[str, Any]) -> None:
         records.write_json(records.outcome_path(run_dir, rank), {**ending["outcome"], "remote": True})
     if isinstance(ending.get("ledger"), dict):
         records.write_json(records.ledger_path(run_dir, rank), {**ending["ledger"], "remote": True})
+
+
+# ---------------------------------------------------------------- a hang, across nodes
+#
+# A hang leaves every rank blocked, so no rank reaches an ending to put in the store. When a node's
+# parent finds its ranks hung, each of them (its watchdog thread) puts its hang ending (ledger,
+# where it is, its stack) under `hang/RANK`, and raises `hang/asked`. The ranks of the other nodes
+# are stalled too (waiting for the blocked one, or blocked themselves); a stalled rank's watchdog
+# looks at `hang/asked` every few seconds and answers with its own hang ending. Each rank that
+# answers copies the other nodes' hang endings into its run directory (bounded), so every node's
+# report lines up every rank's ledger and names the rank on another node, with its line.
+
+HANG_SHARE_WAIT = 6.0  # seconds a rank waits for the other nodes' hang endings
+HANG_LOOK_AFTER = 3.0  # a rank stalled this long starts looking for another node's hang
+HANG_LOOK_EVERY = 2.0  # seconds between two looks
+
+
+def multi_node(env: Any = None) -> bool:
+    """More ranks in the job than on this node: other nodes exist."""
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("WORLD_SIZE") or 1) > int(env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return False
+
+
+def shared_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"hang-shared-{rank}.json")
+
+
+class HangExchange:
+    """One rank's side of a hang across nodes; a store client kept between looks. Never raises;
+    every store operation is bounded."""
+
+    def __init__(self, run_dir: str, rank: int, env: Any = None):
+        self.run_dir, self.rank = run_dir, rank
+        self.env = os.environ if env is None else env
+        self._store: Any = None
+        self._last_look = 0.0
+        self.done = False
+
+    def _client(self) -> Any:
+        if self._store is None:
+            self._store = _connect(self.env, 1.0)
+        return self._store
+
+    def asked(self, now: float) -> bool:
+        """Whether another node found a hang (looked at most every HANG_LOOK_EVERY seconds)."""
+        if now - self._last_look < HANG_LOOK_EVERY:
+            return False
+        self._last_look = now
+        out = call_with_time_limit(lambda: bool(self._client().check([f"{_prefix(self.env)}/hang/asked"])),
+                                   2.0, name="ddp-doctor-hang-look")
+        if not (out.finished and out.error is None):
+            self._store = None  # a new connection next time
+            return False
+        return bool(out.value)
+
+    def share(self, where: str | None, stack: str) -> list[int]:
+        """Put this rank's hang ending in the store and ask the other nodes; copy theirs here.
+        Returns the ranks copied; writes `hang-shared-RANK.json` when done (the parent waits for it)."""
+        self.done = True
+        out = call_with_time_limit(lambda: self._share(where, stack), HANG_SHARE_WAIT + 3.0,
+                                   name="ddp-doctor-hang-share")
+        copied = list(out.value or []) if out.finished and out.error is None else []
+        records.write_json(shared_path(self.run_dir, self.rank), {"time": time.time(), "copied": copied})
+        return copied
+
+    def _share(self, where: str | None, stack: str) -> list[int]:
+        store = self._client()
+        if store is None:
+            return []
+        prefix = f"{_prefix(self.env)}/hang"
+        ending = ending_of(self.run_dir, self.rank)
+        ending.update(redact_obj({"where": where, "stack": stack[-20000:]}))
+        store.set(f"{prefix}/{self.rank}", json.dumps(ending, default=str))
+        store.append(f"{prefix}/hung", f"{self.rank},")
+        store.set(f"{prefix}/asked", "1")
+        local = set(records.read_heartbeats(self.run_dir))
+        try:
+            world = int(self.env.get("WORLD_SIZE") or 0)
+        except ValueError:
+            world = 0
+        wanted = {r for r in range(min(world, MAX_FETCH)) if r not in local}
+        copied: list[int] = []
+        deadline = time.monotonic() + HANG_SHARE_WAIT
+        while True:
+            listed = {int(x) for x in store.get(f"{prefix}/hung").decode().split(",") if x.strip().isdigit()}
+            for r in sorted((listed & wanted) - set(copied)):
+                d = json.loads(store.get(f"{prefix}/{r}"))
+                _keep(self.run_dir, r, d)
+                if d.get("stack"):
+                    with open(records.stack_path(self.run_dir, r), "w", encoding="utf-8") as f:
+                        f.write(str(d["stack"]))
+                copied.append(r)
+            if wanted <= set(copied) or time.monotonic() >= deadline:
+                return copied
+            time.sleep(0.2)
+
+
+def wait_shared(run_dir: str, ranks: list[int], since: float, bound: float) -> None:
+    """Wait (at most `bound` seconds) until each of `ranks` has shared its hang across nodes."""
+    deadline = time.time() + bound
+    while time.time() < deadline:
+        done = 0
+        for r in ranks:
+            try:
+                done += os.path.getmtime(shared_path(run_dir, r)) >= since
+            except OSError:
+                pass
+        if done >= len(ranks):
+            return
+        time.sleep(0.1)
+
+
+def remote_hung(run_dir: str) -> dict[int, dict[str, Any]]:
+    """The other nodes' ranks copied here at a hang, as heartbeat-like records (where each was)."""
+    return {r: {"where": d.get("where"), "steps": d.get("steps"), "remote": True,
+                "in_collective": any(isinstance(e, dict) and not e.get("retired", True)
+                                     for e in d.get("entries") or ())}
+            for r, d in records.read_ledgers(run_dir).items() if d.get("remote")}

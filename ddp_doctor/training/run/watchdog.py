@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ddp_doctor.training import records
 from ddp_doctor.training.frames import not_user_code_dirs
-from ddp_doctor.training.run import ledger
+from ddp_doctor.training.run import endings, ledger
 
 STACK_SIGNAL = signal.SIGUSR2
 STEP_TIMES = 200  # the latest optimizer steps' end times kept for the heartbeat (the trace's steps)
@@ -39,6 +39,13 @@ def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
         out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return out[::-1]
+
+
+def _stack_text(thread_id: int) -> str:
+    """A thread's stack as Python prints a traceback (for another node's report)."""
+    import traceback
+    frame = sys._current_frames().get(thread_id)
+    return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
 
 def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
@@ -92,9 +99,12 @@ class ProgressWatch:
         self.where: str | None = None  # innermost user frame of the last sample
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
         self._ledger_done = False
+        self._ledger_for_remote = False  # written for another node's hang, not yet for this one's
         self._main = threading.main_thread().ident or 0
         self._stop = threading.Event()
         self._stack_file: Any = None
+        # several nodes: a hang found on one node reaches the others through the job's store
+        self._across = endings.HangExchange(run_dir, rank) if endings.multi_node() else None
 
     def start(self) -> "ProgressWatch":
         try:
@@ -137,9 +147,19 @@ class ProgressWatch:
                 "time": now, "last_progress": self.last_progress, "steps": self.steps,
                 "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
                 **where})
-            if self.phase == "training" and not self._ledger_done and ledger.requested(self.run_dir, self.job_since):
+            if self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
+                    and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
-                self.write_ledger("hung" if ledger.request_reason(self.run_dir) == "hang" else "running")
+                hang = ledger.request_reason(self.run_dir) == "hang"
+                self.write_ledger("hung" if hang else "running")
+                if hang and self._across is not None and not self._across.done:
+                    self._across.share(self.where, _stack_text(self._main))  # tell the other nodes
+            elif (self.phase == "training" and self._across is not None and not self._across.done
+                  and now - self.last_progress >= endings.HANG_LOOK_AFTER and self._across.asked(now)):
+                # another node found the job hung while this rank made no progress either
+                self.write_ledger("hung")
+                self._ledger_for_remote = True  # this node's parent, when it asks, gets it again
+                self._across.share(self.where, _stack_text(self._main))
             if self.phase != "training" or _waiting_for_spawned_ranks(stack):
                 # preflight and teardown have bounds of their own; a process joining the ranks it
                 # spawned is idle by design while they train (their own progress is not seen here)
@@ -233,7 +253,7 @@ class ProgressWatch:
         return True
 
     def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
-        self._ledger_done = True
+        self._ledger_done, self._ledger_for_remote = True, False
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
                             failed_in_collective=failed_in_collective)
