@@ -46,6 +46,7 @@ def load_catalogue() -> dict[str, Check]:
         training_failures,
         training_probes,
         training_scale,
+        wrapped_errors,
     )
     # Teams add checks of their own by naming their modules (comma-separated); they register with
     # the same decorator and ID rules. A broken one is reported by the runner (DDP001), not fatal.

@@ -355,13 +355,15 @@ signature("DDP838", "NCCL error (network / system)", [
 
 signature("DDP839", "CUDA not available", [
     r"Torch not compiled with CUDA enabled",
+    r"module 'torch\._C' has no attribute '_cuda_\w+'",
     r"Found no NVIDIA driver on your system",
     r"No CUDA GPUs are available",
     r"ProcessGroupNCCL is only supported with GPUs"], doc="""
     What: The script used CUDA (a tensor or model on "cuda", set_device, backend nccl) where CUDA is
     not available.
-    Why: A CPU-only torch build, a CPU instance, a container started without GPUs (docker without
-    --gpus), or CUDA_VISIBLE_DEVICES set to nothing.
+    Why: A CPU-only torch build (there torch.cuda.set_device raises "AttributeError: module
+    'torch._C' has no attribute '_cuda_setDevice'"), a CPU instance, a container started without
+    GPUs (docker without --gpus), or CUDA_VISIBLE_DEVICES set to nothing.
     Fix: Run on a GPU instance with a CUDA build of torch; or make the script device-agnostic
     (`device = "cuda" if torch.cuda.is_available() else "cpu"`, backend "gloo" on CPU).
     """)

@@ -8,7 +8,11 @@ RANK_RAISED = declare(
     "DDP800", category="training_failure", severity="error", title="A rank raised an exception",
     doc="""
     What: The training script raised an exception on this rank that matches no known signature;
-    the finding carries the exception and its traceback.
+    the finding carries the exception and its traceback. An error that reached the script wrapped
+    in another (a DataLoader worker's "Caught ValueError in DataLoader worker process 0", a
+    torch.multiprocessing.spawn child's, a chained cause, a torchelastic child's) is shown as the
+    innermost error, with the line of your code that raised it; the wrapper stays in the evidence
+    (wrapped_by).
     Why: The first rank to fail is the root cause; the other ranks usually fail or time out after
     it, waiting in a collective for the rank that is gone.
     Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that

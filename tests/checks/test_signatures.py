@@ -115,7 +115,10 @@ SAMPLES: dict[str, list[str]] = {
                "error. \nLast error:\nsocketStartConnect: Connect to 10.0.1.23<46271> failed : Software caused "
                "connection abort\n"],
     "DDP839": ["AssertionError: Torch not compiled with CUDA enabled\n  File \".../torch/cuda/__init__.py\", line "
-               "522, in _lazy_init\n", "RuntimeError: No CUDA GPUs are available\n"],
+               "522, in _lazy_init\n", "RuntimeError: No CUDA GPUs are available\n",
+               # torch.cuda.set_device(local_rank) on a CPU build of torch 2.13 (nanoGPT, pytorch/examples)
+               "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'\n  File \".../torch/cuda/"
+               "__init__.py\", line 689, in set_device\n    torch._C._cuda_setDevice(device)\n"],
     "DDP840": ["RuntimeError: Distributed package doesn't have NCCL built in\n"],
     # TEXT ONLY (NCCL's heartbeat monitor, GPU hosts): the log of
     # https://github.com/Intellindust-AI-Lab/DEIM/issues/105 and https://github.com/sgl-project/sglang/issues/1691
@@ -188,6 +191,22 @@ def test_sample_classifies_to_its_own_signature(sig_id, text):
     reaches it, so no earlier signature matches it."""
     sig = classify(text)
     assert sig is not None and sig.entry.id == sig_id, (sig_id, sig and sig.entry.id)
+
+
+def test_set_device_on_a_cpu_build_is_cuda_not_available():
+    """The text this torch raises for torch.cuda.set_device on a CPU build, captured here."""
+    import torch
+    if torch.backends.cuda.is_built():
+        pytest.skip("a CUDA build of torch: set_device raises no AttributeError")
+    try:
+        torch.cuda.set_device(0)
+    except AttributeError as e:
+        text = f"{type(e).__name__}: {e}\n"
+    else:
+        pytest.fail("set_device on a CPU build raised nothing")
+    assert text == "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'\n"
+    assert classify(text).entry.id == "DDP839"
+    assert classify("AssertionError: Torch not compiled with CUDA enabled\n").entry.id == "DDP839"
 
 
 def test_patterns_match_regardless_of_case():

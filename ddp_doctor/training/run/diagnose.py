@@ -12,8 +12,9 @@ from typing import Any
 
 from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
-from ddp_doctor.checks.signatures import classify
-from ddp_doctor.findings import Finding
+from ddp_doctor.checks.signatures import Signature, classify
+from ddp_doctor.checks.wrapped_errors import RealError, real_error
+from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.training.frames import not_user_code_dirs
 
 MESSAGE_LIMIT = 600
@@ -54,35 +55,119 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | None = None) -> Finding:
-    """One rank's exception as a finding: a known signature, a spawn child, or DDP800."""
-    text = failure_text(exc)
+def real_error_of(exc: dict[str, Any]) -> RealError | None:
+    """The real error inside a rank's wrapped exception (a DataLoader worker's, a spawned process's,
+    a chained cause, a torchelastic child's), or None when it wraps nothing."""
+    return real_error(str(exc.get("type") or ""), str(exc.get("message") or ""), str(exc.get("traceback") or ""),
+                      library_dirs=not_user_code_dirs())
+
+
+def signature_of(exc: dict[str, Any], real: RealError | None = None) -> Signature | None:
+    """The known signature of a rank's exception. A wrapped one is judged by its real error; the
+    wrapper's own text counts too, unless what it matches is a symptom of a lost peer (a cleanup
+    collective that failed while the real error was handled is not what made the rank fail)."""
+    whole = classify(failure_text(exc))
+    if real is None:
+        return whole
+    return classify(real.text()) or (whole if whole is not None and not whole.consequence else None)
+
+
+def _own_numbers(rank: int, local_rank: Any = None) -> set[str]:
+    own = {str(rank)}
+    if isinstance(local_rank, int) or (isinstance(local_rank, str) and local_rank.isdigit()):
+        own.add(str(int(local_rank)))
+    return own
+
+
+_NUMBERS = re.compile(r"(\d+(?:\.\d+)*)")  # a decimal (0.5) is one piece: never a rank's own number
+
+
+def same_error_modulo_rank(a: dict[str, Any], rank_a: int, b: dict[str, Any], rank_b: int, *,
+                           local_a: Any = None, local_b: Any = None) -> bool:
+    """Two ranks' exceptions are the same error raised on each on its own: the same type, and
+    messages equal but for numbers that are each rank's own, its rank or local rank ("device_ids
+    [0]" / "[1]", "rank 0" / "rank 1", "cuda:0" / "cuda:1"). A wrapped exception is compared by
+    its real error."""
+    def key(exc: dict[str, Any]) -> tuple[str, str]:
+        real = real_error_of(exc)
+        if real is not None:
+            return real.type, real.message
+        return str(exc.get("type") or ""), str(exc.get("message") or "")
+
+    (type_a, msg_a), (type_b, msg_b) = key(a), key(b)
+    if type_a != type_b:
+        return False
+    pa, pb = _NUMBERS.split(msg_a), _NUMBERS.split(msg_b)
+    if len(pa) != len(pb):
+        return False
+    own_a, own_b = _own_numbers(rank_a, local_a), _own_numbers(rank_b, local_b)
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x == y:
+            continue
+        if i % 2 == 0 or not (x in own_a and y in own_b):  # text differs, or a number not the ranks' own
+            return False
+    return True
+
+
+def _error_line(exc: dict[str, Any]) -> str:
+    """"Type: message" of a rank's exception, of its real error when it is wrapped."""
+    real = real_error_of(exc)
+    return real.summary if real is not None else f"{exc.get('type')}: {exc.get('message')}"
+
+
+def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | None = None,
+                      same_on: dict[int, dict[str, Any]] | None = None) -> Finding:
+    """One rank's exception as a finding: a known signature, a spawn child, or DDP800. A wrapped
+    exception is shown by its real error: type, message and the user's line that raised it, the
+    wrapper kept in the evidence. `same_on`: other ranks that raised the same error but for their
+    own rank numbers (one finding lists them all)."""
+    real = real_error_of(exc)
+    sig = signature_of(exc, real)
     summary = _short(f"{exc.get('type')}: {exc.get('message')}")
     evidence: dict[str, Any] = {"exception": exc.get("type"), "traceback": exc.get("traceback", "")}
-    child = re.search(r"process (\d+) terminated with", text, re.I)
-    if child:
-        # torch.multiprocessing.spawn re-raised a child's error: judge the child's own traceback
-        evidence["spawn_process"] = int(child.group(1))
-        text = str(exc.get("message", "")).split("following error:", 1)[-1]
-        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-        summary = _short(lines[-1] if lines else summary)
-        rank = int(child.group(1))
-    sig = classify(text)
+    where = ""
+    child: int | None = None
+    if real is not None:
+        summary = _short(real.summary)
+        evidence.update(exception=real.type, wrapped_by=real.wrapped_by,
+                        wrapping=[w.to_dict() for w in real.wrappers],
+                        raised_at=str(real.raised_at) if real.raised_at else None)
+        child = real.spawn_process()
+        around = real.describe_wrapping(skip=("spawn",))  # a spawned process is named as such
+        where = (f" at {real.raised_at}" if real.raised_at else "") + (f" ({around})" if around else "")
+    else:
+        # torch.multiprocessing.spawn's ProcessExitedException: a child ended without a Python error
+        exited = re.search(r"process (\d+) terminated with (exit code|signal)", str(exc.get("message", "")), re.I)
+        if exited:
+            child = int(exited.group(1))
+            lines = [ln for ln in str(exc.get("message", "")).strip().splitlines() if ln.strip()]
+            summary = _short(lines[-1] if lines else summary)
+    if child is not None:
+        evidence["spawn_process"] = child
+        rank, same_on = child, None  # a spawned process is named alone
     if consequence_of is not None or (sig is not None and sig.consequence):
         evidence["consequence"] = True
         evidence["signature"] = sig.entry.id if sig else None
         first = f"after rank {consequence_of} failed" if consequence_of is not None else "after a peer failed"
-        return event_finding(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}", rank=rank,
-                           evidence=evidence, phase="training")
-    who = f"spawned process {rank}" if child else f"rank {rank}"
+        return event_finding(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}{where}", rank=rank,
+                             evidence=evidence, phase="training")
+    ranks = [rank]
+    who = f"spawned process {rank}" if child is not None else f"rank {rank}"
+    tail = ""
+    if same_on:
+        ranks = sorted({rank, *same_on})
+        who = f"ranks {format_ranks(ranks)} each"
+        tail = f" (as rank {rank} wrote it; the other ranks' texts differ only by their own rank numbers)"
+        evidence["per_rank"] = {str(r): {"error": _short(_error_line(e), 300)}
+                                for r, e in sorted({rank: exc, **same_on}.items())}
     if sig is not None:
-        return event_finding(sig.entry, f"{who} raised {summary}", rank=rank, evidence=evidence,
-                           phase="training")
-    if child:
+        return event_finding(sig.entry, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
+                             evidence=evidence, phase="training")
+    if child is not None:
         return event_finding(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
-                           f"{summary}", rank=rank, evidence=evidence, phase="training")
-    return event_finding(failures.RANK_RAISED, f"rank {rank} raised {summary}", rank=rank,
-                       evidence=evidence, phase="training")
+                             f"{summary}{where}", rank=rank, evidence=evidence, phase="training")
+    return event_finding(failures.RANK_RAISED, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
+                         evidence=evidence, phase="training")
 
 
 def crashing_frames(dump: str) -> list[tuple[str, int, str]]:
@@ -132,7 +217,8 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     findings: list[Finding] = []
     failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
                      if o.get("exception")), key=lambda x: x[0])
-    sig_of = {r: classify(failure_text(outcomes[r]["exception"])) for _, r in failed}
+    sig_of = {r: signature_of(outcomes[r]["exception"], real_error_of(outcomes[r]["exception"]))
+              for _, r in failed}
     # The root cause is the first rank whose error is not itself a symptom of a lost peer.
     causes = [r for _, r in failed if not (sig_of[r] is not None and sig_of[r].consequence)]
     first_rank = causes[0] if causes else (failed[0][1] if failed else None)
@@ -140,12 +226,27 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     if first_rank is not None:
         e = outcomes[first_rank]["exception"]
         first_key = (e.get("type"), e.get("message"))
-    for _, r in failed:
+    # Ranks whose error is the first rank's but for their own rank numbers raised it on their own
+    # too: one finding lists them with the first rank (the report merges only equal texts).
+    alike: dict[int, dict[str, Any]] = {}
+    if first_rank is not None and first_rank in causes:
+        first = outcomes[first_rank]
+        alike = {r: outcomes[r]["exception"] for _, r in failed if r != first_rank and same_error_modulo_rank(
+            first["exception"], first_rank, outcomes[r]["exception"], r,
+            local_a=first.get("local_rank"), local_b=outcomes[r].get("local_rank"))}
+        if all((e.get("type"), e.get("message")) == first_key for e in alike.values()):
+            alike = {}  # equal texts: one finding per rank, merged by the report as "ranks 0-1 raised"
+    grouped: set[int] = set()  # listed in the first rank's finding (a spawned child's is not grouped)
+    for _, r in failed:  # the alike ranks failed after the first one (else one of them would be first)
+        if r in grouped:
+            continue
         e = outcomes[r]["exception"]
-        same = (e.get("type"), e.get("message")) == first_key or (
+        same = (e.get("type"), e.get("message")) == first_key or r in alike or (
             sig_of[r] is not None and sig_of[r] is sig_of.get(first_rank))  # raised on its own too
         peer = first_rank if (r != first_rank and not same) else None
-        f = exception_finding(r, e, consequence_of=peer)
+        f = exception_finding(r, e, consequence_of=peer, same_on=(alike or None) if r == first_rank else None)
+        if r == first_rank:
+            grouped = set(alike) if f.ranks == sorted({r, *alike}) else set()
         f.time = e.get("time", f.time)
         findings.append(f)
     for r in ranks:
@@ -271,8 +372,27 @@ def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], 
         head = f"no progress on any rank for {timeout:g} s" + ("; the ranks are in different places" if split else "")
     return event_finding(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
                        evidence={"where": {str(r): w for r, w in where.items()},
+                                 "in_collective": sorted(in_coll), "timeout": timeout,
                                  "stacks": {str(r): s for r, s in stacks.items()}},
                        phase="training")
+
+
+def hang_explained(hang: Finding, cause: Finding) -> Finding:
+    """The hang restated from the ledger's verdict: the ranks it names are the ones whose path
+    diverged (never a rank that only waited for them); where each rank was stays."""
+    where = hang.evidence.get("where") or {}
+    in_coll = {str(r) for r in hang.evidence.get("in_collective") or ()}
+    parts = "; ".join(f"rank {r}: {w}" + (" (in a collective)" if r in in_coll else "")
+                      for r, w in sorted(where.items(), key=lambda kv: int(kv[0])))
+    undecided = bool(cause.evidence.get("undecided"))
+    who = ("the ledgers cannot tell which rank went its own way" if undecided else
+           f"{'rank' if len(cause.ranks) == 1 else 'ranks'} {format_ranks(cause.ranks)} went its own way")
+    timeout = float(hang.evidence.get("timeout") or 0)
+    head = f"no progress for {timeout:g} s" if timeout else "no progress"
+    hang.message = f"{head}; {who} ({cause.id}, the root cause)" + (f". {parts}" if parts else "")
+    hang.ranks = list(cause.ranks) if not undecided else hang.ranks
+    hang.evidence = {**hang.evidence, "consequence": True, "explained_by": cause.id}
+    return hang
 
 
 # What a rank's own failure or the hang looks like; the ledger may show it was only waiting.
@@ -309,7 +429,9 @@ def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
             continue
         if f.id in _SYMPTOMS_NOT and not _watchdog_abort(f, waited):
             continue
-        if f.id == failures.RANK_HUNG.id or (f.ranks and set(f.ranks) <= waited):
+        if f.id == failures.RANK_HUNG.id:
+            hang_explained(f, found[0])
+        elif f.ranks and set(f.ranks) <= waited:
             f.evidence = {**f.evidence, "consequence": True, "explained_by": cause}
             if f.id == failures.NATIVE_CRASH.id and f.ranks and f.ranks[0] in dumps:
                 f.evidence["nccl_dump"] = dumps[f.ranks[0]]
