@@ -123,7 +123,8 @@ def run_training_rank(opts: RunOptions) -> int:
     if probe is not None:
         probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
     records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
-                                          "host": os.uname().nodename, "phase": "training"})
+                                          "host": os.uname().nodename, "phase": "training",
+                                          "local_rank": os.environ.get("LOCAL_RANK")})
     if not own_dir:  # after the records the report needs: a peer's failure may end this rank soon
         _leave_ledger(watch, run_dir, rank, position, outcome)
         if _other_nodes(info):  # other nodes' reports see this ending; a failure sees theirs
