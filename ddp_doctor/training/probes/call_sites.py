@@ -8,7 +8,7 @@ import sys
 import sysconfig
 import traceback
 
-from ddp_doctor.training.frames import TOOL_DIR, not_user_code_dirs
+from ddp_doctor.facts.frames import TOOL_DIR, not_user_code_dirs
 
 
 def user_site() -> str | None:

@@ -18,7 +18,7 @@ import time
 import types
 from typing import Any, Callable
 
-from ddp_doctor.training.frames import not_user_code_dirs
+from ddp_doctor.facts.frames import not_user_code_dirs
 
 # torch.distributed's collective entry points that scripts call (the object variants issue
 # several collectives inside one call: they all get the call's site).

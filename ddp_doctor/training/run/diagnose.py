@@ -14,8 +14,8 @@ from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
 from ddp_doctor.checks.wrapped_errors import RealError, real_error
+from ddp_doctor.facts.frames import not_user_code_dirs
 from ddp_doctor.findings import Finding, format_ranks
-from ddp_doctor.training.frames import not_user_code_dirs
 
 MESSAGE_LIMIT = 600
 # Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.

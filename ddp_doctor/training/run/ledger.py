@@ -22,9 +22,9 @@ import time
 from typing import Any
 
 from ddp_doctor.checks.signatures import classify
+from ddp_doctor.facts.frames import not_user_code_dirs
 from ddp_doctor.facts.own_env import set_own
 from ddp_doctor.training import records
-from ddp_doctor.training.frames import not_user_code_dirs
 from ddp_doctor.training.probes import collective_sites
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"

@@ -10,7 +10,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_doctor.training.frames import TOOL_DIR
+from ddp_doctor.facts.frames import TOOL_DIR
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from ddp_doctor.facts.frames import not_user_code_dirs
 from ddp_doctor.training import records
-from ddp_doctor.training.frames import not_user_code_dirs
 from ddp_doctor.training.run import endings, ledger
 
 STACK_SIGNAL = signal.SIGUSR2
