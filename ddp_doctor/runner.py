@@ -71,3 +71,23 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
             timings.append({"name": entry.id, "cat": "check", "title": entry.title, "category": entry.category,
                             "start": start, "end": time.time()})
     return findings
+
+
+RULE_TIMEOUT = 60.0  # seconds a whole-job judgement may take (it reads no file and waits on nothing)
+
+
+def run_rule(name: str, fn: Any, *args: Any, phase: str = "training",
+             timeout: float = RULE_TIMEOUT) -> tuple[Any, list[Finding]]:
+    """A judgement over the whole job, as a stage: (its value, []), or, when it raises or runs
+    past `timeout`, (None, [a DDP001 or DDP002 finding]): a bug in a rule costs its findings,
+    never the report."""
+    out = call_with_time_limit(lambda: fn(*args), timeout, name=f"ddp-doctor-{name}")
+    if not out.finished:
+        return None, [events.event_finding(
+            events.CHECK_TIMED_OUT, f"{name} did not finish within {timeout:g} s", rank=None,
+            evidence={"check": name, "timeout_s": timeout}, phase=phase)]
+    if out.error is not None:
+        return None, [events.event_finding(
+            events.CHECK_CRASHED, f"{name} raised {type(out.error).__name__}: {out.error}", rank=None,
+            evidence={"check": name, "traceback": out.traceback}, phase=phase)]
+    return out.value, []

@@ -20,6 +20,7 @@ from ddp_doctor.registry import Check, selected
 def load_catalogue() -> dict[str, Check]:
     """Import every catalogue module (registration happens at import) and return the registry."""
     from ddp_doctor.checks import (  # noqa: F401 - imported for their registrations
+        causes,
         ci_runner,
         collectives,
         communication,
@@ -30,10 +31,12 @@ def load_catalogue() -> dict[str, Check]:
         init_arguments,
         init_order,
         internal,
+        job,
         launcher_env,
         nccl_versions,
         network,
         probe_records,
+        rank_endings,
         rendezvous,
         replica_consistency,
         sagemaker_account,
@@ -42,6 +45,7 @@ def load_catalogue() -> dict[str, Check]:
         sagemaker_launch,
         sampler,
         signatures,
+        stalls,
         teardown,
         training_failures,
         training_probes,

@@ -1,15 +1,24 @@
-"""init_process_group's arguments against the launcher (DDP867-DDP869): a rank or world size
-written by hand, or rendezvous variables the script changed before init.
+"""init_process_group's arguments (DDP867-DDP869, DDP874, DDP875): a rank or world size written
+by hand, rendezvous variables the script changed before init, a world size of 0, a rank outside
+the world; and launched ranks that never formed a process group at all (DDP876).
 
 Pure functions over the init-PID.json records (training/probes/init_arguments.py): each holds what
-one process passed (rank=, world_size=, init_method), the rendezvous variables at the call, and,
-for a process the launcher started, the launcher's RANK / WORLD_SIZE and the variables as they
-were when the script started. Judged from what the processes did, at once: these mistakes leave
-the ranks waiting inside init_process_group until torch's timeout (30 minutes by default).
+one process passed (rank=, world_size=, init_method, as values and as the source text at the
+call), the rendezvous variables at the call, and, for a process the launcher started, the
+launcher's RANK / WORLD_SIZE and the variables as they were when the script started; for a child
+of torch.multiprocessing.spawn, how many processes that spawn started. Judged from what the
+processes did, at once: these mistakes leave the ranks waiting inside init_process_group until
+torch's timeout (30 minutes by default), or fail in it with torch's own words.
+
+Processes the script starts itself (mp.spawn, multiprocessing, subprocess) have no launcher to
+compare with: their world size is compared with the processes that called init for the same
+rendezvous, only where no other process can join it (a loopback address) and once every process
+that could call has called (`settled`: the caller waited; or every child of the spawn did).
 """
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, format_ranks
@@ -33,12 +42,17 @@ WORLD_SIZE_DIFFERS = declare(
     doc="""
     What: init_process_group was asked for a world size other than the number of processes the
     launcher started: `world_size=` passed by hand, or WORLD_SIZE changed by the script before init.
-    The finding quotes the value at init and the launcher's, and where it came from.
+    For processes the script started itself (torch.multiprocessing.spawn, multiprocessing), a world
+    size larger than the processes that spawn started, or than the processes that called init for a
+    rendezvous on a loopback address (no other host can join it). The finding quotes the value at
+    init, where it came from and the call's line, and how many processes were started.
     Why: With more ranks expected than started, the rendezvous waits for ranks that will never
     come until the timeout; with fewer, the extra ranks fail or join another job's numbering.
+    ddp-doctor ends such a job once every process has called init (exit status 124).
     Fix: Take the world size from the launcher (leave world_size out, do not assign
     os.environ["WORLD_SIZE"]), and start as many processes as the job needs (`--nproc-per-node`
-    x `--nnodes`).
+    x `--nnodes`); with torch.multiprocessing.spawn, pass `world_size=nprocs` (the same number
+    you give spawn).
     """)
 
 RANK_DIFFERS = declare(
@@ -54,6 +68,62 @@ RANK_DIFFERS = declare(
     """)
 
 
+WORLD_SIZE_NOT_POSITIVE = declare(
+    "DDP874", category="init_order", severity="error", title="World size at init is zero or negative",
+    doc="""
+    What: init_process_group was given a world size of 0 or less: `world_size=` passed with such
+    a value (often computed: a GPU count on a host without GPUs, `torch.cuda.device_count()` or
+    Trainer's `n_gpu` on CPU), or WORLD_SIZE set to it. The finding names the argument, its value,
+    the expression it came from and the line of the call, in launched ranks and in processes the
+    script started itself (torch.multiprocessing.spawn).
+    Why: A process group needs at least one process; torch refuses it with a bare "TCPStore world
+    size cannot be 0" or "rank < size" deep inside the rendezvous, which names neither the
+    argument nor the line that computed it.
+    Fix: Pass the number of processes that take part: the launcher's WORLD_SIZE (leave world_size
+    out), or the `nprocs` you give torch.multiprocessing.spawn; do not derive it from a GPU count
+    on a CPU host.
+    """)
+
+RANK_OUT_OF_RANGE = declare(
+    "DDP875", category="init_order", severity="error", title="Rank at init outside the world",
+    doc="""
+    What: init_process_group was given a rank outside 0 to world_size-1 (a negative rank, or one
+    equal to or above the world size): `rank=` passed by hand (an index offset by one, a global
+    rank computed with the wrong number of nodes) or RANK set to it. The finding names the
+    process, the rank, the world size, where each came from and the line of the call.
+    Why: The rendezvous waits for the ranks 0 to world_size-1; a rank outside them never fills
+    a place, so every process waits inside init_process_group until torch's timeout (30 minutes
+    by default), or gloo aborts with "rank < size". ddp-doctor ends such a job (exit status 124).
+    Fix: Number the processes 0 to world_size-1: with torch.multiprocessing.spawn the index it
+    passes (the function's first argument), offset by node_rank x nprocs on several nodes, with
+    world_size = nnodes x nprocs; under a launcher leave rank out (RANK is read).
+    """)
+
+NO_PROCESS_GROUP = declare(
+    "DDP876", category="init_order", severity="warning", title="Ranks trained without a process group",
+    doc="""
+    What: Several ranks were launched and ended well, but never called init_process_group (nor
+    did anything they called form a process group): judged from what each rank left (its
+    init_process_group record, its probe record and its ledger of collectives), not from the
+    script's text. Only when more than one rank was launched.
+    Why: Each rank then trains its own copy of the model on its own data: nothing is averaged,
+    the job takes as long as one process and ends with as many different models, and rank 0's
+    checkpoint holds one of them. No error is ever raised.
+    Fix: Call `torch.distributed.init_process_group()` (backend "nccl" on GPUs, "gloo" on CPU)
+    before wrapping the model in DistributedDataParallel. With a framework, let it see the
+    launcher's variables: the Hugging Face Trainer (accelerate) trains distributed only when
+    LOCAL_RANK is set (do not clear it) and, on a host without GPUs, only with `--use_cpu`;
+    Lightning needs `strategy="ddp"` and devices / num_nodes matching the launcher.
+    """)
+
+NO_GROUP_HINT = ("Call torch.distributed.init_process_group() (\"nccl\" on GPUs, \"gloo\" on CPU) before "
+                 "wrapping the model in DistributedDataParallel; with a framework, pass it the launcher's "
+                 "environment: the Hugging Face Trainer trains distributed only when LOCAL_RANK is set, and on "
+                 "a host without GPUs only with --use_cpu.")
+
+LOOPBACK = ("127.", "localhost", "::1", "[::1]", "ip6-localhost")
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -61,9 +131,58 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _effective(call: dict[str, Any], key: str, arg: str) -> int | None:
-    v = call.get(arg)
-    return v if isinstance(v, int) else _int((call.get("env") or {}).get(key))
+def _passed(call: dict[str, Any], name: str) -> int | None:
+    """The value passed for `name` (rank / world_size), torch's default -1 included; records
+    written before the raw values were kept hold only the usable ones (rank_arg, world_size_arg)."""
+    if f"{name}_passed" in call:
+        v = call.get(f"{name}_passed")
+    else:
+        v = call.get(f"{name}_arg")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _scheme(call: dict[str, Any]) -> str:
+    method = call.get("init_method")
+    return str(method).split("://", 1)[0] if method and "://" in str(method) else "env"
+
+
+def _query(call: dict[str, Any]) -> dict[str, str]:
+    method = call.get("init_method")
+    if not method:
+        return {}
+    try:
+        return {k: v[-1] for k, v in parse_qs(urlsplit(str(method)).query).items() if v}
+    except ValueError:
+        return {}
+
+
+def _value(call: dict[str, Any], name: str) -> tuple[int | None, str]:
+    """The rank or world size init used, and where it came from: the argument (with its source
+    text), init_method's query, or the environment (env:// reads RANK / WORLD_SIZE)."""
+    passed = _passed(call, name)
+    if passed is not None and passed != -1:  # -1: torch's default, "read it from the rendezvous"
+        text = (call.get("arg_text") or {}).get(name)
+        return passed, f"{name}={text if text and text != str(passed) else passed} passed"
+    q = _query(call).get(name)
+    if q is not None:
+        return _int(q), f"{name}={q} in init_method {call.get('init_method')!r}"
+    if _scheme(call) != "env":
+        return None, ""
+    key = name.upper()
+    now = (call.get("env") or {}).get(key)
+    before = ((call.get("launcher") or {}).get("env") or {}).get(key)
+    if _launcher_world(call) is not None and before != now:
+        return _int(now), f"{key}={now!r} in the environment (the launcher set {before!r}; the script changed it)"
+    return _int(now), f"{key}={now!r} in the environment"
+
+
+def _effective(call: dict[str, Any], name: str) -> int | None:
+    return _value(call, name)[0]
+
+
+def _how(call: dict[str, Any], name: str) -> str:
+    """Where the value init used came from: the argument, or the variable the script changed."""
+    return _value(call, name)[1]
 
 
 def _rendezvous(call: dict[str, Any]) -> str | None:
@@ -72,24 +191,43 @@ def _rendezvous(call: dict[str, Any]) -> str | None:
         return None
     method = call.get("init_method")
     if method and not str(method).startswith("env://"):
-        return str(method)
+        return str(method).split("?", 1)[0]
     env = call.get("env") or {}
     return f"env://{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+
+
+def _loopback(rendezvous: str) -> bool:
+    """Whether only this host can join the rendezvous (tcp://127.0.0.1:P, env:// with a loopback
+    MASTER_ADDR): its processes are all the processes it will ever have."""
+    if not rendezvous.startswith(("tcp://", "env://")):
+        return False  # file://: a shared file system may be reached from other hosts
+    host = rendezvous.split("://", 1)[1].rsplit(":", 1)[0]
+    return host.startswith(LOOPBACK)
 
 
 def _launcher_rank(call: dict[str, Any]) -> int | None:
     return _int((call.get("launcher") or {}).get("rank"))
 
 
-def _how(call: dict[str, Any], key: str, arg: str) -> str:
-    """Where the value init used came from: the argument, or the variable the script changed."""
-    if isinstance(call.get(arg), int):
-        return f"{arg.removesuffix('_arg')}={call[arg]} passed"
-    before = ((call.get("launcher") or {}).get("env") or {}).get(key)
-    now = (call.get("env") or {}).get(key)
-    if call.get("launched_rank") and before != now:
-        return f"{key}={now!r} in the environment (the launcher set {before!r}; the script changed it)"
-    return f"{key}={now!r} in the environment"
+def _launcher_world(call: dict[str, Any]) -> int | None:
+    return _int((call.get("launcher") or {}).get("world_size")) if call.get("launched_rank") else None
+
+
+def _spawn(call: dict[str, Any]) -> dict[str, Any]:
+    spawn = call.get("spawn")
+    return spawn if isinstance(spawn, dict) else {}
+
+
+def _spawn_index(call: dict[str, Any]) -> int | None:
+    i = _spawn(call).get("index")
+    return i if isinstance(i, int) else None
+
+
+def process_number(call: dict[str, Any]) -> int | None:
+    """The number a report gives the process: the launcher's rank, or its index among the children
+    of torch.multiprocessing.spawn (as DDP805 numbers a failed child)."""
+    r = _launcher_rank(call)
+    return r if r is not None else _spawn_index(call)
 
 
 def _site(call: dict[str, Any]) -> str:
@@ -100,15 +238,73 @@ def _who(calls: list[dict[str, Any]]) -> tuple[str, list[int]]:
     ranks = [r for r in (_launcher_rank(c) for c in calls) if r is not None]
     if len(ranks) == len(calls):
         return (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"), sorted(ranks)
-    pids = ", ".join(str(c.get("pid")) for c in calls)
-    return f"processes {pids}", sorted(ranks)
+    spawned = [i for i in (_spawn_index(c) for c in calls) if i is not None]
+    if len(spawned) == len(calls) and len(set(spawned)) == len(spawned):
+        return (f"spawned process {spawned[0]}" if len(spawned) == 1
+                else f"spawned processes {format_ranks(spawned)}"), sorted(spawned)
+    if not ranks and not spawned:
+        pids = ", ".join(str(c.get("pid")) for c in calls)
+        if len(calls) == 1 and calls[0].get("launched_rank"):
+            return f"the script's process (pid {pids})", []
+        return (f"process {pids}" if len(calls) == 1 else f"processes {pids}"), []
+    labels = []
+    for c in calls:
+        r, i = _launcher_rank(c), _spawn_index(c)
+        labels.append(f"rank {r}" if r is not None else f"spawned process {i}" if i is not None
+                      else f"the script's process (pid {c.get('pid')})" if c.get("launched_rank")
+                      else f"process {c.get('pid')}")
+    return ", ".join(labels), sorted(ranks or spawned)
 
 
-def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
-    """Findings over every init_process_group call recorded (one per process)."""
+def _order(c: dict[str, Any]) -> tuple[Any, ...]:
+    n = process_number(c)
+    return (n is None, _launcher_rank(c) is None, n or 0, c.get("pid") or 0)
+
+
+def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False) -> list[Finding]:
+    """Findings over every init_process_group call recorded (one per process). `settled`: every
+    process that will call init has called (the caller waited for them); without it a world size
+    is compared with the processes that called only where every child of their spawn has called."""
     findings: list[Finding] = []
-    # by the launcher's rank, not in the order the processes happened to call init
-    calls = sorted(calls, key=lambda c: (_launcher_rank(c) is None, _launcher_rank(c) or 0, c.get("pid") or 0))
+    # by the launcher's rank (or the spawn's index), not in the order the processes called init
+    calls = sorted(calls, key=_order)
+
+    # world_size 0 or negative: no rendezvous can form (torch fails at once, or gloo aborts)
+    not_positive: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in calls:
+        world, how = _value(c, "world_size")
+        if world is not None and world <= 0:
+            not_positive.setdefault((world, how, c.get("site")), []).append(c)
+    bad_world = {c.get("pid") for same in not_positive.values() for c in same}
+    for (world, how, site), same in not_positive.items():
+        who, ranks = _who(same)
+        findings.append(event_finding(
+            WORLD_SIZE_NOT_POSITIVE, f"{who} called init_process_group with world_size={world} "
+            f"({how}{' at ' + site if site else ''}): a process group needs at least one process",
+            rank=None, ranks=ranks, phase="training",
+            evidence={"world_size": world, "source": how, "site": site, "calls": [_evidence(c) for c in same]}))
+
+    # a rank outside 0..world_size-1: it never fills a place of the rendezvous
+    outside: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in calls:
+        if c.get("pid") in bad_world:
+            continue
+        rank, world = _effective(c, "rank"), _effective(c, "world_size")
+        if rank is not None and world is not None and world > 0 and not 0 <= rank < world:
+            outside.setdefault((world, _how(c, "world_size"), c.get("site")), []).append(c)
+    out_of_range = {c.get("pid") for same in outside.values() for c in same}
+    for (world, world_how, site), same in outside.items():
+        who, ranks = _who(same)
+        values = [_effective(c, "rank") for c in same]
+        rank_how = _how(same[0], "rank")
+        said = f"rank={values[0]}" if len(set(values)) == 1 else "ranks " + ", ".join(str(v) for v in values)
+        findings.append(event_finding(
+            RANK_OUT_OF_RANGE, f"{who} called init_process_group with {said} ({rank_how}"
+            f"{' at ' + site if site else ''}), outside 0-{world - 1} for world_size={world} ({world_how})",
+            rank=None, ranks=ranks, phase="training",
+            evidence={"ranks_passed": values, "world_size": world, "rank_source": rank_how,
+                      "world_size_source": world_how, "site": site, "calls": [_evidence(c) for c in same]}))
+
     by_rdzv: dict[str, list[dict[str, Any]]] = {}
     for c in calls:
         key = _rendezvous(c)
@@ -119,8 +315,8 @@ def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
     for group in by_rdzv.values():
         by_rank: dict[int, list[dict[str, Any]]] = {}
         for c in group:
-            r = _effective(c, "RANK", "rank_arg")
-            if r is not None:
+            r = _effective(c, "rank")
+            if r is not None and c.get("pid") not in bad_world | out_of_range:
                 by_rank.setdefault(r, []).append(c)
         for r, same in sorted(by_rank.items()):
             if len(same) < 2:
@@ -130,7 +326,7 @@ def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
             given = [f"RANK={_launcher_rank(c)}" for c in same if _launcher_rank(c) is not None]
             launcher = f"; the launcher gave {', '.join(given)}" if len(given) == len(same) else ""
             sites = sorted({c.get("site") for c in same if c.get("site")})
-            message = (f"{who} all joined with rank {r} ({_how(same[0], 'RANK', 'rank_arg')}"
+            message = (f"{who} all joined with rank {r} ({_how(same[0], 'rank')}"
                        f"{' at ' + sites[0] if len(sites) == 1 else ''}){launcher}")
             findings.append(event_finding(
                 DUPLICATE_RANK, message, rank=None, ranks=ranks, phase="training",
@@ -138,18 +334,18 @@ def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
 
     wrong_world: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # one finding per way it happened
     for c in calls:
-        if not c.get("launched_rank"):
-            continue  # a process the script started (mp.spawn) numbers its own world
-        launcher_world = _int((c.get("launcher") or {}).get("world_size"))
-        world = _effective(c, "WORLD_SIZE", "world_size_arg")
-        if launcher_world is not None and world is not None and world != launcher_world:
-            key = (world, launcher_world, _how(c, "WORLD_SIZE", "world_size_arg"), c.get("site"))
+        launcher_world = _launcher_world(c)
+        if launcher_world is None or c.get("pid") in bad_world:
+            continue  # a process the script started (mp.spawn) numbers its own world: below
+        world = _effective(c, "world_size")
+        if world is not None and world != launcher_world:
+            key = (world, launcher_world, _how(c, "world_size"), c.get("site"))
             wrong_world.setdefault(key, []).append(c)
-        rank, launcher_rank = _effective(c, "RANK", "rank_arg"), _launcher_rank(c)
+        rank, launcher_rank = _effective(c, "rank"), _launcher_rank(c)
         if (rank is not None and launcher_rank is not None and rank != launcher_rank
-                and c.get("pid") not in duplicated):
+                and c.get("pid") not in duplicated | out_of_range):
             findings.append(event_finding(
-                RANK_DIFFERS, f"rank {launcher_rank} joined as rank {rank} ({_how(c, 'RANK', 'rank_arg')}"
+                RANK_DIFFERS, f"rank {launcher_rank} joined as rank {rank} ({_how(c, 'rank')}"
                 f"{_site(c)}); the launcher gave RANK={launcher_rank}", rank=launcher_rank, phase="training",
                 evidence={"rank": rank, "launcher_rank": launcher_rank, "call": _evidence(c)}))
     for (world, launcher_world, how, site), same in wrong_world.items():
@@ -159,11 +355,60 @@ def init_argument_findings(calls: list[dict[str, Any]]) -> list[Finding]:
             f"the launcher started {launcher_world}", rank=None, ranks=ranks, phase="training",
             evidence={"world_size": world, "launcher_world_size": launcher_world,
                       "calls": [_evidence(c) for c in same]}))
+
+    for rdzv, group in by_rdzv.items():
+        found = _world_beyond_started(rdzv, group, bad_world, settled)
+        if found is not None:
+            findings.append(found)
     return findings
 
 
+def _world_beyond_started(rdzv: str, group: list[dict[str, Any]], bad_world: set[Any],
+                          settled: bool) -> Finding | None:
+    """Processes the script started itself (no launcher's count to compare with) that ask for a
+    larger world than can ever meet: more than their spawn started, or than called init for a
+    rendezvous no other host can join."""
+    own = [c for c in group if _launcher_world(c) is None and c.get("pid") not in bad_world]
+    if not own or len(own) != len(group) or not _loopback(rdzv):
+        return None
+    worlds = {_effective(c, "world_size") for c in own}
+    if len(worlds) != 1 or None in worlds:
+        return None  # different world sizes: the other rules, or torch, say it
+    world = int(next(iter(worlds)))  # type: ignore[arg-type]
+    spawns: dict[Any, dict[str, Any]] = {}
+    children: dict[Any, int] = {}
+    unknown = 0
+    for c in own:
+        s = _spawn(c)
+        if _int(s.get("nprocs")) is not None:
+            spawns[s.get("parent")] = s
+            children[s.get("parent")] = children.get(s.get("parent"), 0) + 1
+        else:
+            unknown += 1
+    started = sum(int(s["nprocs"]) for s in spawns.values()) + unknown
+    every_child = all(children[p] >= int(s["nprocs"]) for p, s in spawns.items())
+    if world <= started or not (settled or (every_child and not unknown)):
+        return None
+    who, ranks = _who(own)
+    how, site = _how(own[0], "world_size"), own[0].get("site")
+    if len(spawns) == 1 and not unknown:
+        [s] = spawns.values()
+        spawn_site = f" at {s['site']}" if s.get("site") else ""
+        started_text = f"torch.multiprocessing.spawn started {started}{spawn_site}"
+    else:
+        n = len(own)
+        started_text = f"only {n} process{'es' if n > 1 else ''} called init_process_group for it"
+    return event_finding(
+        WORLD_SIZE_DIFFERS, f"{who} joined a world of {world} ({how}{' at ' + site if site else ''}); "
+        f"{started_text}, and no other host can join {rdzv} (a loopback address)",
+        rank=None, ranks=ranks, phase="training",
+        evidence={"world_size": world, "started": started, "called": len(own), "rendezvous": rdzv,
+                  "spawns": list(spawns.values()), "calls": [_evidence(c) for c in own]})
+
+
 def _evidence(call: dict[str, Any]) -> dict[str, Any]:
-    keys = ("pid", "site", "rank_arg", "world_size_arg", "init_method", "env", "launcher", "done", "ok")
+    keys = ("pid", "site", "rank_arg", "world_size_arg", "rank_passed", "world_size_passed", "arg_text",
+            "init_method", "env", "launcher", "spawn", "done", "ok")
     return {k: call[k] for k in keys if k in call}
 
 
@@ -171,3 +416,77 @@ def blocking(findings: list[Finding], calls: list[dict[str, Any]]) -> bool:
     """Whether the findings leave processes waiting inside init for nothing: an error while some
     call has not returned (the job is ended and reported at once rather than at the timeout)."""
     return any(f.severity == "error" for f in findings) and any(not c.get("done") for c in calls)
+
+
+def _formed_group(probe: dict[str, Any] | None) -> bool:
+    if not probe:
+        return False
+    ended = probe.get("ended") or {}
+    return bool(probe.get("pg") or ended.get("pg_initialized")
+                or any(e.get("kind") == "init_process_group" for e in probe.get("events") or []))
+
+
+def no_process_group_finding(launched: list[int], outcomes: dict[int, dict[str, Any]],
+                             calls: list[dict[str, Any]], probes: list[dict[str, Any]],
+                             ledgers: dict[int, dict[str, Any]]) -> Finding | None:
+    """DDP876: launched ranks (more than one) that ended well without ever forming a process group.
+    A rank is named only on positive evidence: it ended with exit status 0 and no exception, its
+    probe record (written at the script's end) shows no process group and no init call, no init
+    record carries its pid, and its ledger holds no collective."""
+    if len(set(launched)) < 2:
+        return None
+    init_pids = {c.get("pid") for c in calls}
+    by_pid = {p.get("pid"): p for p in probes if isinstance(p, dict)}
+    alone: list[int] = []
+    steps: dict[str, Any] = {}
+    for r in sorted(set(launched)):
+        o = outcomes.get(r) or {}
+        if o.get("exit_code") != 0 or o.get("exception") or o.get("pid") is None or o.get("pid") in init_pids:
+            continue
+        probe = by_pid.get(o.get("pid"))
+        if probe is None or not probe.get("ended") or _formed_group(probe):
+            continue  # the recorder did not see the script's end, or saw a group
+        if (ledgers.get(r) or {}).get("entries"):
+            continue
+        alone.append(r)
+        steps[str(r)] = probe.get("steps")
+    if not alone:
+        return None
+    every = len(alone) == len(set(launched))
+    who = f"rank {alone[0]}" if len(alone) == 1 else f"ranks {format_ranks(alone)}"
+    if every:
+        what = "each trained alone (no gradients were synchronised)"
+    else:
+        others = sorted(set(launched) - set(alone))
+        what = (f"{'it' if len(alone) == 1 else 'each'} trained alone (no gradients were synchronised with "
+                f"{'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)})")
+    return event_finding(
+        NO_PROCESS_GROUP, f"{who} ended without calling init_process_group: {what}", rank=None, ranks=alone,
+        hint=NO_GROUP_HINT, phase="training",
+        evidence={"ranks": alone, "launched": sorted(set(launched)), "optimizer_steps": steps})
+
+
+def init_verdict(findings: list[Finding], calls: list[dict[str, Any]], *, settled: bool = False) -> list[Finding]:
+    """`findings` plus what init's arguments show, dated from the first call (the cause of
+    whatever followed: a wait in init, a timeout, torch's own error); an error on a process whose
+    init call did not succeed, and which an init finding names, becomes its consequence (torch's
+    "TCPStore world size cannot be 0" relayed from a spawned child is the symptom, world_size=0
+    passed at the user's line the cause). `settled`: as for init_argument_findings (the job was
+    ended because processes waited in init: every process that would call had called)."""
+    found = init_argument_findings(calls, settled=settled)
+    first = min((float(c.get("time") or 0) for c in calls), default=0.0)
+    for f in found:
+        if first:
+            f.time = first
+    causes = [f for f in found if f.severity == "error"]
+    if not causes:
+        return findings + found
+    failed_init = {process_number(c) for c in calls if not (c.get("done") and c.get("ok"))} - {None}
+    own = {f.id for f in found}
+    for f in findings:
+        if f.phase != "training" or f.severity != "error" or f.id in own or not f.ranks:
+            continue
+        cause = next((c for c in causes if set(f.ranks) <= set(c.ranks) & failed_init), None)
+        if cause is not None:
+            f.evidence = {**f.evidence, "consequence": True, "explained_by": cause.id}
+    return findings + found

@@ -83,7 +83,7 @@ class RealError:
         return self.wrappers[0].by if self.wrappers else ""
 
     def text(self) -> str:
-        """What signatures are matched against, as diagnose.failure_text builds it for a rank."""
+        """What signatures are matched against, as rank_endings.failure_text builds it for a rank."""
         return f"{self.summary}\n{self.traceback}"
 
     def spawn_process(self) -> int | None:

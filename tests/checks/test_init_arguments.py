@@ -82,3 +82,183 @@ def test_separate_rendezvous_and_own_stores_are_not_compared():
     assert "DDP867" not in by_id(init_argument_findings([a, b]))
     s1, s2 = {**call(0, rank_arg=0), "store_given": True}, {**call(1, rank_arg=0), "store_given": True}
     assert "DDP867" not in by_id(init_argument_findings([s1, s2]))
+
+
+# ---------------------------------------------------------------- processes the script started itself
+
+def child(i: int, *, rank=None, world=2, port="29600", method="tcp", nprocs=2, parent=50, texts=None,
+          done=False, ok=None, t=None, pid=None) -> dict:
+    """A child of torch.multiprocessing.spawn (nprocs=None: started some other way), as the probe
+    records it: the values as passed, their source text, the spawn that started it."""
+    rec = {"pid": pid or 200 + i, "ppid": parent, "time": t if t is not None else 1.0 + i, "done": done,
+           "site": "spawn.py:9", "rank_arg": None, "world_size_arg": None,
+           "rank_passed": i if rank is None else rank, "world_size_passed": world, "arg_text": texts or {},
+           "init_method": f"tcp://127.0.0.1:{port}" if method == "tcp" else None, "store_given": False,
+           "env": {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": port},
+           "launched_rank": False}
+    if ok is not None:
+        rec["ok"] = ok
+    if nprocs is not None:
+        rec["spawn"] = {"parent": parent, "nprocs": nprocs, "site": "spawn.py:14", "index": i}
+    return rec
+
+
+def test_a_world_size_of_zero_names_the_argument_its_text_and_the_line():
+    kids = [child(i, world=0, texts={"world_size": "training_args.n_gpu", "rank": "r"}) for i in range(2)]
+    found = by_id(init_argument_findings(kids))
+    assert set(found) == {"DDP874"}  # not also "rank out of range" or "duplicate" for a world of 0
+    f = found["DDP874"]
+    assert f.severity == "error" and f.ranks == [0, 1]
+    assert f.message == ("spawned processes 0-1 called init_process_group with world_size=0 "
+                         "(world_size=training_args.n_gpu passed at spawn.py:9): a process group needs at "
+                         "least one process")
+    assert f.evidence["world_size"] == 0
+
+
+def test_a_negative_world_size_and_one_from_the_environment_are_named_too():
+    f = by_id(init_argument_findings([child(0, world=-3)]))["DDP874"]
+    assert "world_size=-3 (world_size=-3 passed at spawn.py:9)" in f.message
+    # launched ranks whose script set WORLD_SIZE=0 before a plain init_process_group()
+    f = by_id(init_argument_findings([call(0, env_world="0"), call(1, env_world="0")]))["DDP874"]
+    assert f.ranks == [0, 1] and "WORLD_SIZE='0' in the environment (the launcher set '2'" in f.message
+    assert "DDP868" not in by_id(init_argument_findings([call(0, env_world="0")]))
+
+
+def test_torchs_default_world_size_is_not_a_world_of_minus_one():
+    # world_size=-1 (torch's default) with env://: WORLD_SIZE is read
+    rec = {**call(0), "world_size_passed": -1, "rank_passed": -1}
+    assert init_argument_findings([rec, {**call(1), "world_size_passed": -1, "rank_passed": -1}]) == []
+
+
+def test_a_rank_outside_the_world_is_named_with_both_values():
+    kids = [child(0, rank=1, texts={"rank": "i + 1"}), child(1, rank=2, texts={"rank": "i + 1"})]
+    found = by_id(init_argument_findings(kids))
+    assert set(found) == {"DDP875"}
+    f = found["DDP875"]
+    assert f.ranks == [1] and f.severity == "error"
+    assert f.message == ("spawned process 1 called init_process_group with rank=2 (rank=i + 1 passed at "
+                         "spawn.py:9), outside 0-1 for world_size=2 (world_size=2 passed)")
+    neg = by_id(init_argument_findings([child(0, rank=-2), child(1)]))["DDP875"]
+    assert "rank=-2" in neg.message and neg.ranks == [0]
+
+
+def test_a_launched_rank_outside_the_world_is_not_also_a_renumbering():
+    found = by_id(init_argument_findings([call(0), call(1, rank_arg=5)]))
+    assert set(found) == {"DDP875"} and found["DDP875"].ranks == [1]
+
+
+def test_ranks_and_world_sizes_in_the_init_methods_query_are_read():
+    rec = {**child(0, rank=-1, world=-1), "init_method": "tcp://127.0.0.1:29600?rank=0&world_size=0"}
+    f = by_id(init_argument_findings([rec]))["DDP874"]
+    assert "world_size=0 in init_method 'tcp://127.0.0.1:29600?rank=0&world_size=0'" in f.message
+
+
+def test_duplicate_ranks_among_spawned_children_name_the_children():
+    f = by_id(init_argument_findings([child(0, rank=0), child(1, rank=0)]))["DDP867"]
+    assert f.message.startswith("spawned processes 0-1 all joined with rank 0 (rank=0 passed at spawn.py:9)")
+
+
+def test_a_world_larger_than_the_spawn_started_is_named_once_every_child_called():
+    kids = [child(i, world=4, texts={"world_size": "WORLD"}) for i in range(2)]
+    found = by_id(init_argument_findings(kids))
+    f = found["DDP868"]
+    assert set(found) == {"DDP868"} and f.ranks == [0, 1]
+    assert f.message == ("spawned processes 0-1 joined a world of 4 (world_size=WORLD passed at spawn.py:9); "
+                         "torch.multiprocessing.spawn started 2 at spawn.py:14, and no other host can join "
+                         "tcp://127.0.0.1:29600 (a loopback address)")
+    assert f.evidence["started"] == 2 and f.evidence["world_size"] == 4
+    assert blocking(list(found.values()), kids)
+
+
+def test_a_world_the_spawn_started_is_clean_and_a_child_still_to_come_is_waited_for():
+    assert init_argument_findings([child(i) for i in range(2)]) == []
+    # spawn started 4, world 4, two have called so far: the others may still come
+    assert init_argument_findings([child(i, world=4, nprocs=4) for i in range(2)]) == []
+    # spawn started 2 and world 4, but only one child called yet: judged once both have
+    assert init_argument_findings([child(0, world=4)]) == []
+    assert "DDP868" in by_id(init_argument_findings([child(0, world=4)], settled=True))
+
+
+def test_processes_nobody_counted_are_compared_only_once_settled():
+    procs = [child(i, world=3, nprocs=None) for i in range(2)]  # multiprocessing.Process children
+    assert init_argument_findings(procs) == []
+    f = by_id(init_argument_findings(procs, settled=True))["DDP868"]
+    assert "processes 200, 201 joined a world of 3" in f.message
+    assert "only 2 processes called init_process_group for it" in f.message
+
+
+def test_a_rendezvous_other_hosts_can_join_is_not_counted():
+    # several nodes each spawning 2 for a world of 4: this node sees 2, the others may be elsewhere
+    kids = [{**child(i, world=4), "init_method": "tcp://10.0.0.1:29600"} for i in range(2)]
+    assert init_argument_findings(kids, settled=True) == []
+    kids = [{**child(i, world=4), "init_method": "file:///shared/rdzv"} for i in range(2)]
+    assert init_argument_findings(kids, settled=True) == []
+
+
+def test_the_verdict_dates_the_cause_first_and_marks_the_childs_error_its_consequence():
+    from ddp_doctor.checks.init_arguments import init_verdict
+    from ddp_doctor.findings import Finding
+    kids = [child(i, world=0, done=True, ok=False, t=10.0 + i) for i in range(2)]
+    relayed = Finding(id="DDP805", category="training", severity="error", title="A spawned process failed",
+                      message="spawned process 1 failed: ValueError: TCPStore world size cannot be 0", hint="",
+                      ranks=[1], phase="training", time=20.0)
+    other = Finding(id="DDP800", category="training", severity="error", title="t", message="m", hint="",
+                    ranks=[7], phase="training", time=5.0)
+    out = by_id(init_verdict([relayed, other], kids))
+    assert out["DDP874"].time == 10.0
+    assert out["DDP805"].evidence["consequence"] and out["DDP805"].evidence["explained_by"] == "DDP874"
+    assert not out["DDP800"].evidence.get("consequence")  # a process no init finding names
+    # an init call that succeeded explains nothing after it
+    fine = [child(i, world=0, done=True, ok=True) for i in range(2)]
+    relayed.evidence = {}
+    assert not by_id(init_verdict([relayed], fine))["DDP805"].evidence.get("consequence")
+
+
+# ---------------------------------------------------------------- ranks that never formed a group
+
+def ended(rank: int, *, code=0, exception=None, pg=None, init_event=False, pg_up=False, steps=3) -> tuple:
+    pid = 300 + rank
+    outcome = {"rank": rank, "pid": pid, "exit_code": code, "exception": exception}
+    probe = {"pid": pid, "rank": rank, "pg": pg or {}, "steps": steps,
+             "events": [{"kind": "init_process_group"}] if init_event else [],
+             "ended": {"how": "script", "pg_initialized": pg_up}}
+    return outcome, probe
+
+
+def no_group(outcomes_probes: dict, *, calls=(), ledgers=None, launched=None):
+    from ddp_doctor.checks.init_arguments import no_process_group_finding
+    outcomes = {r: op[0] for r, op in outcomes_probes.items()}
+    probes = [op[1] for op in outcomes_probes.values() if op[1] is not None]
+    return no_process_group_finding(launched if launched is not None else sorted(outcomes_probes), outcomes,
+                                    list(calls), probes, ledgers or {})
+
+
+def test_ranks_that_ended_well_without_a_process_group_are_a_warning():
+    f = no_group({0: ended(0), 1: ended(1)})
+    assert f is not None and f.id == "DDP876" and f.severity == "warning" and f.ranks == [0, 1]
+    assert f.message == ("ranks 0-1 ended without calling init_process_group: each trained alone "
+                         "(no gradients were synchronised)")
+    assert "LOCAL_RANK" in f.hint and "--use_cpu" in f.hint and "init_process_group" in f.hint
+
+
+def test_a_rank_that_formed_a_group_any_way_is_not_named():
+    assert no_group({0: ended(0, pg={"rank": 0}), 1: ended(1, pg={"rank": 1})}) is None
+    assert no_group({0: ended(0, pg_up=True), 1: ended(1, init_event=True)}) is None
+    calls = [{"pid": 300}, {"pid": 301}]  # init records of both processes
+    assert no_group({0: ended(0), 1: ended(1)}, calls=calls) is None
+    assert no_group({0: ended(0), 1: ended(1)}, ledgers={0: {"entries": [{}]}, 1: {"entries": [{}]}}) is None
+
+
+def test_only_ranks_that_ended_well_and_more_than_one_launched():
+    assert no_group({0: ended(0)}) is None  # one rank: nothing to synchronise with
+    f = no_group({0: ended(0, pg={"rank": 0}), 1: ended(1)})
+    assert f is not None and f.ranks == [1]
+    assert f.message == ("rank 1 ended without calling init_process_group: it trained alone "
+                         "(no gradients were synchronised with rank 0)")
+    assert no_group({0: ended(0, code=1), 1: ended(1, exception={"type": "ValueError"})}) is None
+
+
+def test_a_rank_whose_end_the_recorder_did_not_see_is_not_judged():
+    outcome, _ = ended(1)
+    assert no_group({0: ended(0, pg={"rank": 0}), 1: (outcome, None)}) is None  # probes not installed

@@ -21,8 +21,8 @@ import pytest
 from helpers.procs import DDP, Result, clean_env, load_json, run
 
 from ddp_doctor import checks as catalogue
+from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.checks.signatures import SIGNATURES, classify
-from ddp_doctor.training.run.diagnose import training_findings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "failure_scripts"

@@ -1,11 +1,12 @@
-"""From rank records to findings and the job's exit status (ddp_doctor/training/run/diagnose.py)."""
+"""From rank records to findings and the job's exit status (ddp_doctor/checks/rank_endings.py, stalls.py)."""
 from __future__ import annotations
 
 import json
 import signal
 import sysconfig
 
-from ddp_doctor.training.run.diagnose import hang_finding, training_findings
+from ddp_doctor.checks.rank_endings import training_findings
+from ddp_doctor.checks.stalls import hang_finding
 
 
 def exc(t: float, type_: str = "ValueError", message: str = "bad batch") -> dict:
@@ -124,7 +125,7 @@ Extension modules: numpy.core._multiarray_umath, torch._C (total: 2)
 
 
 def test_crashing_frames_are_the_current_threads_innermost_first():
-    from ddp_doctor.training.run.diagnose import crashing_frames
+    from ddp_doctor.checks.rank_endings import crashing_frames
     assert crashing_frames(SEGV_DUMP) == [(f"{STDLIB}/ctypes/__init__.py", 519, "string_at"),
                                           ("/work/train.py", 10, "step"), ("/work/train.py", 20, "<module>")]
     one_thread = "Fatal Python error: Aborted\n\nStack (most recent call first):\n  File \"/w/a.py\", line 3 in f\n"
@@ -147,7 +148,7 @@ def test_native_crash_is_the_root_cause_with_the_users_line_and_a_hint_for_its_s
 
 
 def test_each_native_signal_has_its_own_hint_and_sigkill_is_not_a_native_crash():
-    from ddp_doctor.training.run.diagnose import NATIVE_HINTS, native_crash_finding
+    from ddp_doctor.checks.rank_endings import NATIVE_HINTS, native_crash_finding
     hints = {native_crash_finding(1, -s, SEGV_DUMP).hint for s in NATIVE_HINTS}
     assert len(hints) == len(NATIVE_HINTS)
     assert "/dev/shm" in native_crash_finding(1, -signal.SIGBUS, "").hint

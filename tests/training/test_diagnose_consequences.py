@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import signal
 
-from ddp_doctor.training.run.diagnose import training_findings
+from ddp_doctor.checks.rank_endings import training_findings
 
 
 def exc(t: float, type_: str = "ValueError", message: str = "bad batch") -> dict:

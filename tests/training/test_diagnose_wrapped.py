@@ -1,10 +1,10 @@
-"""Issue 18 in the diagnosis (ddp_doctor/training/run/diagnose.py): a wrapped exception is shown by
+"""Issue 18 in the diagnosis (ddp_doctor/checks/rank_endings.py): a wrapped exception is shown by
 its real error; the same error on several ranks, but for each rank's own numbers, is one cause
 raised on each, not a rank failing after another."""
 from __future__ import annotations
 
+from ddp_doctor.checks.rank_endings import exception_finding, same_error_modulo_rank, training_findings
 from ddp_doctor.report.build import build_report
-from ddp_doctor.training.run.diagnose import exception_finding, same_error_modulo_rank, training_findings
 
 SITE = "/usr/lib/python3.11/site-packages"
 WORKER_TB = f"""Traceback (most recent call last):

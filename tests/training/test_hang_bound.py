@@ -59,7 +59,7 @@ def test_a_stalled_rank_outside_a_collective_is_a_hang_even_when_others_move():
 
 
 def test_a_slow_rank_episode_becomes_one_warning_naming_who_waited_and_where():
-    from ddp_doctor.training.run.diagnose import slow_rank_finding
+    from ddp_doctor.checks.stalls import slow_rank_finding
     f = slow_rank_finding({"waited": 412.0, "waiting": [1, 2, 3], "working": [0],
                            "where": {"0": "train.py:88 in save_checkpoint"}})
     assert f.id == "DDP809" and f.severity == "warning" and f.ranks == [0]

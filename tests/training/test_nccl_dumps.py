@@ -11,12 +11,13 @@ import pickle
 import signal
 from typing import Any
 
+from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.collectives import _pending, ledger_findings
+from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.facts.own_env import OWN_ENV
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger, nccl_dumps
-from ddp_doctor.training.run.diagnose import training_findings, with_ledgers
 
 T0 = 1795418264335696816
 SCRIPT = "/home/user/train.py"

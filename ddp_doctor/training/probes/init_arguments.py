@@ -3,10 +3,22 @@ the run directory), before the call can block: the explicit rank / world_size, t
 variables at the call and at the script's start, the launcher's own values, and the call site.
 A rank that passed rank=0 by hand waits inside init until torch's timeout; the parent reads these
 records while it waits and names the problem at once (checks/init_arguments.py).
+
+Also in the processes the script starts itself (torch.multiprocessing.spawn, multiprocessing,
+subprocess: children.py installs the probes there): the values exactly as passed (`rank_passed`,
+`world_size_passed`, world_size=0 included), the text of each argument at the call
+(`world_size=training_args.n_gpu`), and, in a child of torch.multiprocessing.spawn, how many
+processes that spawn started and which one this is (`spawn`): `spawn_wrapper` leaves them in
+SPAWN_ENV for the children it starts.
 """
 from __future__ import annotations
 
+import ast
+import json
+import linecache
+import operator
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -17,6 +29,9 @@ RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 # init_process_group(backend, init_method, timeout, world_size, rank, store, ...): positions of
 # the arguments read here, as torch (1.x to 2.13) declares them.
 _POSITIONS = {"backend": 0, "init_method": 1, "world_size": 3, "rank": 4}
+
+SPAWN_ENV = "DDP_DOCTOR_SPAWNED_BY"  # {"parent": pid, "nprocs": n, "site": file:line} while a spawn starts
+TEXT_LIMIT = 80  # characters of an argument's source text kept
 
 _launcher: dict[str, Any] = {}  # the rank process's own values, set before the script starts
 
@@ -42,19 +57,93 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
+def _passed(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> int | None:
+    """The value passed for `name` when it is a whole number (torch's default, -1, included)."""
+    v = _argument(args, kwargs, name)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)  # an int, a numpy integer; not a float or a string
+    except TypeError:
+        return None
+
+
+def argument_texts(site: str | None, line_source: Callable[[str], list[str]] = linecache.getlines) -> dict[str, str]:
+    """The source text of rank=, world_size= and init_method= in the init_process_group call at
+    `site` (file:line): `{"world_size": "training_args.n_gpu"}`. Empty when it cannot be read."""
+    if not site or ":" not in site:
+        return {}
+    path, _, line_text = site.rpartition(":")
+    try:
+        line = int(line_text)
+        source = "".join(line_source(path))
+        tree = ast.parse(source) if source else None
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        return {}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "init_process_group"] if tree else []
+    if not calls:
+        return {}
+    call = min(calls, key=lambda n: (n.end_lineno or n.lineno) - n.lineno)  # the innermost
+    out: dict[str, str] = {}
+    for name, pos in _POSITIONS.items():
+        if name == "backend":
+            continue
+        node = next((k.value for k in call.keywords if k.arg == name), None)
+        if node is None and len(call.args) > pos and not any(isinstance(a, ast.Starred) for a in call.args[:pos + 1]):
+            node = call.args[pos]
+        text = ast.get_source_segment(source, node) if node is not None else None
+        if text:
+            text = " ".join(text.split())
+            out[name] = text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 3] + "..."
+    return out
+
+
+def spawn_of_this_process() -> dict[str, Any] | None:
+    """In a child of torch.multiprocessing.spawn / start_processes: the spawn that started it
+    (its parent's pid, how many processes it started, its call site) and this child's index."""
+    try:
+        info = json.loads(os.environ.get(SPAWN_ENV) or "null")
+    except ValueError:
+        return None
+    if not isinstance(info, dict) or info.get("parent") != os.getppid():
+        return None  # set by a grandparent: this process was started some other way
+    index = None
+    frame = sys._getframe(1)
+    while frame is not None:  # torch.multiprocessing.spawn._wrap(fn, i, args, error_file)
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
+            i = frame.f_locals.get("i")
+            index = i if isinstance(i, int) else None
+            break
+        frame = frame.f_back
+    return {**info, "index": index}
+
+
 def call_record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     rank_arg, world_arg = _as_int(_argument(args, kwargs, "rank")), _as_int(_argument(args, kwargs, "world_size"))
     init_method = _argument(args, kwargs, "init_method")
     launched = _launcher.get("pid") == os.getpid()  # the rank process itself, not a child it started
+    site = user_site()
+    texts: dict[str, str] = {}
+    try:
+        texts = argument_texts(site)
+    except Exception:  # noqa: BLE001 - the texts are a courtesy
+        pass
+    spawn = None if launched else spawn_of_this_process()
     return {
-        "pid": os.getpid(), "time": time.time(), "done": False, "site": user_site(),
+        "pid": os.getpid(), "ppid": os.getppid(), "time": time.time(), "done": False, "site": site,
         "rank_arg": rank_arg if rank_arg is not None and rank_arg >= 0 else None,
         "world_size_arg": world_arg if world_arg is not None and world_arg > 0 else None,
+        "rank_passed": _passed(args, kwargs, "rank"), "world_size_passed": _passed(args, kwargs, "world_size"),
+        "arg_text": texts,
         "init_method": str(init_method) if init_method is not None else None,
         "store_given": kwargs.get("store") is not None,
         "env": {k: os.environ.get(k) for k in RENDEZVOUS_VARS},
         "launched_rank": launched,
         **({"launcher": {k: _launcher.get(k) for k in ("rank", "world_size", "env")}} if launched else {}),
+        **({"spawn": spawn} if spawn else {}),
     }
 
 
@@ -84,3 +173,24 @@ def init_arguments_wrapper(out_dir: Callable[[], str | None]) -> Callable[[Calla
                         pass
         return init_process_group
     return make
+
+
+def spawn_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.multiprocessing.start_processes (which mp.spawn calls): while it starts the processes,
+    SPAWN_ENV tells each child who started it and how many were started (its init record keeps it:
+    a world size other than that is judged without waiting for torch's timeout)."""
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        before = os.environ.get(SPAWN_ENV)
+        try:
+            n = kwargs.get("nprocs", args[2] if len(args) > 2 else 1)
+            os.environ[SPAWN_ENV] = json.dumps({"parent": os.getpid(), "nprocs": int(n), "site": user_site()})
+        except Exception:  # noqa: BLE001 - a probe never breaks the call
+            pass
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if before is None:
+                os.environ.pop(SPAWN_ENV, None)
+            else:
+                os.environ[SPAWN_ENV] = before
+    return start_processes

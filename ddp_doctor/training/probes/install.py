@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 
 from ddp_doctor.training.probes import (
     children,
@@ -65,6 +66,13 @@ def _patch_torch() -> None:
         dist_wrappers.init_process_group_wrapper(c10d.init_process_group))
     for owner in (dist, c10d):
         wrap_in_place(owner, "init_process_group", lambda orig: init)
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")  # mp.spawn calls its start_processes
+    if spawn_module is not None and hasattr(spawn_module, "start_processes"):
+        original = spawn_module.start_processes
+        start = init_arguments.spawn_wrapper(original)
+        for owner in (spawn_module, torch.multiprocessing):
+            if getattr(owner, "start_processes", None) is original:
+                wrap_in_place(owner, "start_processes", lambda orig, start=start: start)
     destroy = dist_wrappers.destroy_process_group_wrapper(c10d.destroy_process_group)
     for owner in (dist, c10d):
         wrap_in_place(owner, "destroy_process_group", lambda orig: destroy)

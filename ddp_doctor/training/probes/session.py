@@ -90,15 +90,13 @@ class ProbeSession:
         return self._report(got, missing)
 
     def _report(self, records: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
-        from ddp_doctor.checks.training_probes import probe_findings
+        from ddp_doctor.checks.job import JobEvidence
         from ddp_doctor.context import current_context
         from ddp_doctor.report import build as reportlib
         from ddp_doctor.report.publish import Output, publish
-        findings = probe_findings(records)
-        if missing:
-            findings.append(_missing_finding(missing, self.gather_timeout))
-        rep = reportlib.build_report(world=reportlib.world_of(current_context()), ranks=[], findings=findings,
-                                     phase="training")
+        from ddp_doctor.training.job_report import job_report
+        more = [_missing_finding(missing, self.gather_timeout)] if missing else []
+        rep, _ = job_report(JobEvidence(probes=records), world=reportlib.world_of(current_context()), more=more)
         publish(rep, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True))
         return rep
 

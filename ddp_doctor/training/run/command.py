@@ -313,26 +313,14 @@ def detect_hang(run_dir: str, hang_timeout: float | None,
     return {r: {**hb, "bound": verdict.bound} for r, hb in hbs.items()}
 
 
-INIT_GRACE = 2.0  # seconds a process may wait inside init_process_group before its arguments are judged
-INIT_WAIT_FOR_ALL = 15.0  # seconds the judgement waits for a launched process that has not called init yet
-
-
 def detect_bad_init(run_dir: str) -> bool:
     """Whether processes wait inside init_process_group with arguments that cannot work (a rank
-    taken twice, a world size the launcher did not start): then the job is ended at once."""
-    from ddp_doctor.checks.init_arguments import blocking, init_argument_findings
+    taken twice, a world size the launcher did not start, a rank outside the world): then the job
+    is ended at once. The bounded wait before judging is training/run/init_verdict.py's."""
     from ddp_doctor.training import records
+    from ddp_doctor.training.run.init_verdict import judge_waiting
     calls = records.read_init_calls(run_dir)
-    now = time.time()
-    waits = [now - float(c.get("time") or now) for c in calls if not c.get("done")]
-    if not waits or max(waits) <= INIT_GRACE:
-        return False
-    # Judge once every launched process has called (a finding then names all the ranks it
-    # concerns), or, if one never gets there, after the longer bound.
-    called = {c.get("pid") for c in calls if c.get("launched_rank")}
-    if len(called) < len(records.read_heartbeats(run_dir)) and max(waits) <= INIT_WAIT_FOR_ALL:
-        return False
-    return blocking(init_argument_findings(calls), calls)
+    return judge_waiting(calls, time.time(), launched=len(records.read_heartbeats(run_dir)))[0]
 
 
 LEDGER_WAIT = 5.0  # seconds the parent waits for the ranks' ledgers on a hang (watchdogs poll each second)
@@ -366,78 +354,48 @@ def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
            torchrun: list[str], *, stuck_in_init: bool = False, interrupted: Any = None,
            slow: dict[str, Any] | None = None) -> int:
-    from ddp_doctor.checks.training_probes import probe_findings
-    from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_HANG
-    from ddp_doctor.findings import Finding
+    from ddp_doctor.checks.job import JobEvidence
+    from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.preflight_run.local_launch import merge_launch_dir
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, platform_sinks, publish
-    from ddp_doctor.training import records
-    from ddp_doctor.training.run.diagnose import (
-        hang_finding,
-        init_findings,
-        interrupted_finding,
-        launcher_failed_finding,
-        slow_rank_finding,
-        training_findings,
-        with_ledgers,
-    )
+    from ddp_doctor.training.job_report import job_report
+    from ddp_doctor.training.run.endings import remote_hung
+    from ddp_doctor.training.run.run_dir import read_run
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     pf_dir = os.path.join(run_dir, "preflight")
-    heartbeats = records.read_heartbeats(run_dir)
+    run = read_run(run_dir)
+    heartbeats = run.heartbeats
     nproc = len(heartbeats) or 1
     pf = (merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0, expected=sorted(heartbeats) or None)
           if os.path.isdir(pf_dir) else None)
-    outcomes = records.read_outcomes(run_dir)
-    if pf is not None and pf["status"] == "fail" and not outcomes:
+    if pf is not None and pf["status"] == "fail" and not run.outcomes:
         rep, code = pf, EXIT_FAILED
+        if interrupted is not None:
+            rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
     else:
         try:
             with open(os.path.join(run_dir, "agent.json"), encoding="utf-8") as f:
                 exits = {int(k): int(v) for k, v in json.load(f).items()}
         except (OSError, ValueError):
             exits = {}
-        ranks = sorted(set(heartbeats) | set(outcomes) | set(exits))
-        findings: list[Finding] = reportlib.findings_of(pf) if pf else []
-        if interrupted is not None:
-            stacks = {r: records.read_stack(run_dir, r) or "" for r in (hang or {})}
-            findings.append(interrupted_finding(interrupted, hang or {}, stacks))
-            code = interrupted.exit_code
-            more, _ = training_findings(outcomes, {}, ranks)
-            findings += more
-        elif hang is not None:
-            from ddp_doctor.training.run.endings import remote_hung
-            hang = {**remote_hung(run_dir), **hang}  # other nodes' ranks, copied at the hang
-            ranks = sorted(set(ranks) | set(hang))
-            stacks = {r: records.read_stack(run_dir, r) or "" for r in hang}
-            bound = max((float(hb.get("bound") or 0) for hb in hang.values()), default=0.0)
-            findings.append(hang_finding(hang, stacks, bound or opts.hang_timeout or 0.0))
-            code = EXIT_HANG
-            more, _ = training_findings(outcomes, {}, ranks)
-            findings += more
-        else:
-            more, code = training_findings(outcomes, exits, ranks, records.read_crashes(run_dir))
-            findings += more
-            if code == 0 and agent_code and not outcomes:
-                code = agent_code  # the launcher itself failed
-                if not heartbeats and not any(f.severity == "error" for f in findings):
-                    findings.append(launcher_failed_finding(agent_code))
-        from ddp_doctor.training.run.nccl_dumps import merged
-        findings = with_ledgers(findings, merged(run_dir, records.read_ledgers(run_dir)),  # + NCCL's dumps
-                                world_size=len(ranks) or None)
-        findings += init_findings(records.read_init_calls(run_dir))
-        if slow and hang is None:
-            findings.append(slow_rank_finding(slow))
-        if stuck_in_init:
-            code = EXIT_HANG  # the ranks would have waited in init until torch's timeout
-        failed = hang is not None or any(f.severity == "error" for f in findings)
-        findings += probe_findings(records.read_probes(run_dir), failed=failed)
-        rep = reportlib.build_report(world=(pf or {}).get("world") or {"launcher": "torchrun"},
-                                     ranks=(pf or {}).get("ranks") or [], findings=findings,
-                                     measurements=(pf or {}).get("measurements") or {}, phase="training")
+        ranks = sorted(set(heartbeats) | set(run.outcomes) | set(exits))
+        stopped_at = dict(hang or {})
+        if hang is not None and interrupted is None:
+            stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
+            ranks = sorted(set(ranks) | set(stopped_at))
+        ev = JobEvidence(
+            ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
+            crashes=run.crashes, ledgers=run.ledgers, init_calls=run.init_calls, probes=run.probes,
+            stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
+            hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
+            slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
+            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True)
+        rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
+                               ranks=(pf or {}).get("ranks") or [], earlier=reportlib.findings_of(pf) if pf else [],
+                               measurements=(pf or {}).get("measurements") or {})
     if interrupted is not None:
-        rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
         code = interrupted.exit_code
     from ddp_doctor.training.run.trace_file import write_trace_if_asked
     write_trace_if_asked(opts, run_dir, rep)

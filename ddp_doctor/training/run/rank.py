@@ -108,9 +108,16 @@ def run_training_rank(opts: RunOptions) -> int:
     probe = _install_probes(run_dir)
     from ddp_doctor.training.probes.init_arguments import remember_launcher
     remember_launcher(info.rank, info.world_size)
+    init_watch = None
+    if own_dir:  # no launcher: the processes the script starts are judged at init (they may wait there)
+        from ddp_doctor.training.run.init_verdict import InitWatch
+        init_watch = InitWatch(run_dir, watch, started, lambda: _finish_outside(
+            rank, run_dir, started, True, opts, stuck_in_init=True)).start()
     _record_fatal_signals(run_dir, rank)
     watch.script_started_ns = time.time_ns()
     outcome = run_target(opts.target)
+    if init_watch is not None:
+        init_watch.stop()
     # A stop signal that ended the script (a peer stopped first: "Connection closed") is reported
     # as the stop; the script's own ending is its consequence. Whichever thread reads it reports it.
     signo = None if watch.stopping else watch.stop_signal()
@@ -243,38 +250,35 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
 
 
 def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions,
-                    interrupted: Any = None) -> None:
+                    interrupted: Any = None, stuck_in_init: bool = False) -> None:
     """No ddp-doctor parent: rank 0 writes the report from the records it can see (the ranks of
-    its node); a failing rank also leaves its diagnosis in torchelastic's error file and SageMaker's
-    failure file (first writer wins: the first rank to fail) and says it on stderr."""
+    its node, or the processes the script started itself); a failing rank also leaves its
+    diagnosis in torchelastic's error file and SageMaker's failure file (first writer wins: the
+    first rank to fail) and says it on stderr. `stuck_in_init`: the job was ended because its
+    processes waited inside init_process_group with arguments that cannot work (InitWatch)."""
     if rank != 0 and not failed:
         return
-    from ddp_doctor.checks.training_probes import probe_findings
+    from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.context import current_context
     from ddp_doctor.report import sinks
     from ddp_doctor.report.publish import platform_sinks, show
-    from ddp_doctor.training.run.diagnose import training_findings, with_ledgers
+    from ddp_doctor.training.job_report import job_report
+    from ddp_doctor.training.run.run_dir import read_run
     if rank == 0 and not failed:
         _wait_for_local_ranks(run_dir, started)
-    since = started - records.SAME_JOB
-    outcomes = records.read_outcomes(run_dir, since)
-    findings, _ = training_findings(outcomes, {}, sorted(outcomes))
-    ledgers = records.read_ledgers(run_dir, since)
-    from ddp_doctor.training.run.nccl_dumps import merged
-    findings = with_ledgers(findings, merged(run_dir, ledgers, since=since))  # + NCCL's dumps
-    failed_job = failed or any(o.get("exception") or o.get("exit_code") for o in outcomes.values())
-    findings += probe_findings(records.read_probes(run_dir, since=since), failed=failed_job)
-    if interrupted is not None:
-        from ddp_doctor.training.run.diagnose import interrupted_finding
-        beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank}
-        findings.append(interrupted_finding(interrupted, beats, {rank: records.read_stack(run_dir, rank) or ""}))
+    run = read_run(run_dir, since=started - records.SAME_JOB)
+    beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank} if interrupted else {}
+    # what this job's processes passed to init_process_group (spawned children's included)
+    calls = [c for c in run.init_calls if float(c.get("time") or 0) >= started - records.SAME_JOB]
+    ev = JobEvidence(ranks=sorted(run.outcomes), outcomes=run.outcomes, ledgers=run.ledgers, probes=run.probes,
+                     interrupted=interrupted, stopped_at=beats, stacks=run.stacks(beats), init_calls=calls,
+                     stuck_in_init=stuck_in_init)
     ctx = current_context()
-    rep = reportlib.build_report(world=reportlib.world_of(ctx), ranks=[], phase="training", findings=findings)
+    rep, _ = job_report(ev, world=reportlib.world_of(ctx))
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     path = out.path()
     own = path if rank == 0 else f"{path}.rank{rank}.json"
     if interrupted is not None:  # every rank was stopped: each keeps its file, rank 0 shows its report
-        reportlib.mark_interrupted(rep, interrupted.to_dict())
         sinks.write_report_file(rep, own)
         if rank == 0:
             show(rep, out, own)

@@ -1,0 +1,114 @@
+"""The job's verdict: every rule about how a training job went, run in one place over what its
+ranks left, whoever gathered it (`ddp-doctor run`'s parent, a rank under an outside launcher, a
+Trainer or Lightning callback).
+
+:class:`JobEvidence` is plain data; :func:`job_findings` is a pure function of it that returns the
+findings and the job's exit code. The order is the reasoning: each rank's ending (its exception,
+crash or kill), the stop or hang, then the ledgers of collectives, which may show that a rank that
+raised or hung only waited for another (checks/causes.py), init_process_group's arguments, the
+slow rank, the ranks that never formed a process group, and the in-training probes. The training
+machinery runs it through the runner, so a bug in a rule becomes a finding (DDP001), never a lost
+report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_doctor.checks.causes import with_ledgers
+from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
+from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings
+from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
+from ddp_doctor.checks.training_probes import probe_findings
+from ddp_doctor.exit_codes import EXIT_HANG
+from ddp_doctor.findings import Finding
+
+
+@dataclass
+class JobEvidence:
+    """What a job's ranks left, as plain data.
+
+    `ranks`: the ranks known to have run; `outcomes`: rank -> the record written when its script
+    ended; `exits`: rank -> the exit status the launcher saw (negative: a signal), empty when no
+    launcher of ddp-doctor's watched; `crashes`: rank -> (faulthandler's dump, its time);
+    `ledgers`: rank -> its ledger of collectives (other nodes' included); `init_calls`: what the
+    processes passed to init_process_group; `probes`: the in-training probe records.
+    `stopped_at`: rank -> heartbeat, where each rank was when the job hung or was stopped (with
+    the bound that fired under "bound"); `stacks`: rank -> its stacks then. `interrupted`: the stop
+    signal (an object with describe(), to_dict(), exit_code), None when none came. `hung`: the job
+    made no progress and was ended. `slow`: the longest wait for a rank still at work;
+    `stuck_in_init`: the processes waited in init_process_group with arguments that cannot work;
+    `launcher_code`: the launcher's own exit status; `world_size`: bounds the ranks whose ledgers
+    are judged; `launched_alone`: ddp-doctor launched every rank itself, so a rank that never
+    formed a process group is known to have trained alone."""
+
+    ranks: list[int] = field(default_factory=list)
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    exits: dict[int, int] = field(default_factory=dict)
+    crashes: dict[int, tuple[str, float]] = field(default_factory=dict)
+    ledgers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    init_calls: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    stopped_at: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)
+    interrupted: Any = None
+    hung: bool = False
+    hang_timeout: float = 0.0
+    slow: dict[str, Any] | None = None
+    stuck_in_init: bool = False
+    launcher_code: int | None = None
+    world_size: int | None = None
+    started: bool = True  # a rank started its script (a heartbeat was seen)
+    launched_alone: bool = False  # ddp-doctor launched the ranks: it knows each one (DDP876 may judge)
+
+
+def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
+    """The findings about the job (besides `earlier` ones, the preflight's) and its exit code."""
+    earlier = list(earlier or [])
+    findings: list[Finding] = []
+    if ev.interrupted is not None:
+        findings.append(interrupted_finding(ev.interrupted, ev.stopped_at, ev.stacks))
+        code = int(ev.interrupted.exit_code)
+        findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
+    elif ev.hung:
+        bound = max((float(hb.get("bound") or 0) for hb in ev.stopped_at.values()), default=0.0)
+        findings.append(hang_finding(ev.stopped_at, ev.stacks, bound or ev.hang_timeout))
+        code = EXIT_HANG
+        findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
+    else:
+        more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes)
+        findings += more
+        if code == 0 and ev.launcher_code and not ev.outcomes:
+            code = ev.launcher_code  # the launcher itself failed
+            if not ev.started and not any(f.severity == "error" for f in earlier + findings):
+                findings.append(launcher_failed_finding(ev.launcher_code))
+    findings = with_ledgers(findings, ev.ledgers, world_size=ev.world_size)
+    # init's arguments date from the first call; an error they explain becomes their consequence
+    findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)
+    if ev.launched_alone:
+        alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)
+        findings += [alone] if alone is not None else []
+    if ev.slow and not ev.hung:
+        findings.append(slow_rank_finding(ev.slow))
+    if ev.stuck_in_init:
+        code = EXIT_HANG  # the ranks would have waited in init until torch's timeout
+    failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
+        o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
+    findings += probe_findings(ev.probes, failed=failed)
+    return findings, code
+
+
+def exit_code_without_rules(ev: JobEvidence) -> int:
+    """The job's exit code from its raw evidence alone, for when a rule failed: a stop's, a hang's,
+    else the first non-zero status a rank ended with."""
+    if ev.interrupted is not None:
+        return int(ev.interrupted.exit_code)
+    if ev.hung or ev.stuck_in_init:
+        return EXIT_HANG
+    for r in sorted(ev.outcomes):
+        if ev.outcomes[r].get("exit_code"):
+            return int(ev.outcomes[r]["exit_code"])
+    for r in sorted(ev.exits):
+        if ev.exits[r]:
+            return 128 - ev.exits[r] if ev.exits[r] < 0 else ev.exits[r]
+    return int(ev.launcher_code or 0)

@@ -1,0 +1,88 @@
+"""A job that stopped making progress or was stopped (DDP801, DDP808, DDP809): where each rank
+was, who kept whom waiting, and the hang restated once the ledgers name the rank that went its own
+way. Pure functions over the ranks' heartbeats and stacks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.checks import training_failures as failures
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
+
+
+def _whereabouts(heartbeats: dict[int, dict[str, Any]]) -> tuple[dict[int, Any], set[int]]:
+    where = {r: hb.get("where") or hb.get("innermost") for r, hb in heartbeats.items()}
+    return where, {r for r, hb in heartbeats.items() if hb.get("in_collective")}
+
+
+def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str]) -> Finding:
+    """The job stopped by a signal (DDP808), with where each rank was when it came."""
+    where, in_coll = _whereabouts(heartbeats)
+    parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
+                      + f", {int(heartbeats[r].get('steps') or 0)} steps" for r in sorted(where))
+    message = f"stopped by {interrupt.describe()}" + (f". {parts}" if parts else " before any rank started its script")
+    return event_finding(failures.INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
+                         evidence={**interrupt.to_dict(), "where": {str(r): w for r, w in where.items()},
+                                   "stacks": {str(r): s for r, s in stacks.items()}}, phase="training")
+
+
+def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:
+    """Name the ranks that are not where the others are: outside a collective while others wait in
+    one, or else the minority location."""
+    where, in_coll = _whereabouts(heartbeats)
+    split = False  # the ranks are in different places with no minority among them
+    if in_coll and len(in_coll) < len(heartbeats):
+        odd = sorted(set(heartbeats) - in_coll)
+    else:
+        groups: dict[Any, list[int]] = {}
+        for r in sorted(where):
+            groups.setdefault(where[r], []).append(r)
+        fewest = min(map(len, groups.values()), default=0)
+        smallest = [g for g in groups.values() if len(g) == fewest]
+        # one minority location names its ranks; a tie (two ranks, two places) names no one
+        odd = smallest[0] if len(groups) > 1 and len(smallest) == 1 else []
+        split = len(groups) > 1 and not odd
+    parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
+                      for r in sorted(where))
+    if odd:
+        head = f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
+    else:
+        head = f"no progress on any rank for {timeout:g} s" + ("; the ranks are in different places" if split else "")
+    return event_finding(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
+                       evidence={"where": {str(r): w for r, w in where.items()},
+                                 "in_collective": sorted(in_coll), "timeout": timeout,
+                                 "stacks": {str(r): s for r, s in stacks.items()}},
+                       phase="training")
+
+
+def hang_explained(hang: Finding, cause: Finding) -> Finding:
+    """The hang restated from the ledger's verdict: the ranks it names are the ones whose path
+    diverged (never a rank that only waited for them); where each rank was stays."""
+    where = hang.evidence.get("where") or {}
+    in_coll = {str(r) for r in hang.evidence.get("in_collective") or ()}
+    parts = "; ".join(f"rank {r}: {w}" + (" (in a collective)" if r in in_coll else "")
+                      for r, w in sorted(where.items(), key=lambda kv: int(kv[0])))
+    undecided = bool(cause.evidence.get("undecided"))
+    who = ("the ledgers cannot tell which rank went its own way" if undecided else
+           f"{'rank' if len(cause.ranks) == 1 else 'ranks'} {format_ranks(cause.ranks)} went its own way")
+    timeout = float(hang.evidence.get("timeout") or 0)
+    head = f"no progress for {timeout:g} s" if timeout else "no progress"
+    hang.message = f"{head}; {who} ({cause.id}, the root cause)" + (f". {parts}" if parts else "")
+    hang.ranks = list(cause.ranks) if not undecided else hang.ranks
+    hang.evidence = {**hang.evidence, "consequence": True, "explained_by": cause.id}
+    return hang
+
+
+def slow_rank_finding(slow: dict[str, Any]) -> Finding:
+    """Ranks that waited in a collective for a rank still at work, past the hang bound but not a
+    hang (DDP809): who kept whom waiting, how long, and where the working rank was."""
+    working, waiting = list(slow.get("working") or []), list(slow.get("waiting") or [])
+    where = slow.get("where") or {}
+    at = "; ".join(f"rank {r} at {where.get(str(r))}" for r in working if where.get(str(r)))
+    who = f"rank {working[0]}" if len(working) == 1 else f"ranks {format_ranks(working)}"
+    them = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {format_ranks(waiting)}"
+    message = (f"{who} kept {them} waiting in a collective for {float(slow.get('waited') or 0):g} s"
+               + (f" ({at})" if at else ""))
+    return event_finding(failures.SLOW_RANK, message, rank=None, ranks=working, phase="training",
+                         evidence={**slow, "waiting": waiting, "working": working})

@@ -1,0 +1,45 @@
+"""One builder for a training job's report (ddp_doctor/training/job_report.py): the job's verdict runs
+as a stage, so a bug in a rule is a finding in a report that is still written."""
+from __future__ import annotations
+
+import signal
+
+from ddp_doctor.checks import job as job_rules
+from ddp_doctor.checks.job import JobEvidence, exit_code_without_rules
+from ddp_doctor.exit_codes import EXIT_HANG
+from ddp_doctor.training.job_report import job_report
+
+FAILED = {1: {"rank": 1, "time": 10.0, "exit_code": 1,
+              "exception": {"type": "ValueError", "message": "bad batch", "traceback": "", "time": 10.0}}}
+
+
+def test_a_failing_rank_is_judged_and_its_status_is_the_jobs():
+    rep, code = job_report(JobEvidence(ranks=[0, 1], outcomes=FAILED), world={"launcher": "torchrun"})
+    assert code == 1 and rep["status"] == "fail"
+    assert rep["root_cause"]["id"] == "DDP800" and rep["root_cause"]["ranks"] == [1]
+
+
+def test_a_rule_that_raises_is_ddp001_and_the_report_is_still_built(monkeypatch):
+    def broken(ev, earlier):
+        raise KeyError("a bug in a rule")
+    monkeypatch.setattr(job_rules, "job_findings", broken)
+    import ddp_doctor.training.job_report as builder
+    monkeypatch.setattr(builder, "job_findings", broken)
+    rep, code = job_report(JobEvidence(ranks=[0, 1], outcomes=FAILED), world={})
+    assert code == 1  # the job's own status, from the raw evidence
+    assert rep["status"] == "fail" and [f["id"] for f in rep["findings"]] == ["DDP001"]
+    assert "KeyError" in rep["findings"][0]["message"] and "a bug in a rule" in rep["findings"][0]["message"]
+
+
+def test_the_exit_code_without_rules_follows_the_raw_evidence():
+    class Stop:
+        exit_code = 143
+    assert exit_code_without_rules(JobEvidence(interrupted=Stop())) == 143
+    assert exit_code_without_rules(JobEvidence(hung=True)) == EXIT_HANG
+    assert exit_code_without_rules(JobEvidence(exits={0: -signal.SIGKILL})) == 137
+    assert exit_code_without_rules(JobEvidence()) == 0
+
+
+def test_a_callbacks_probe_records_alone_make_a_report():
+    rep, code = job_report(JobEvidence(probes=[]), world={})
+    assert code == 0 and rep["status"] == "pass" and rep["phase"] == "training"
