@@ -18,6 +18,7 @@ from typing import Any
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
 from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings
+from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
 from ddp_doctor.checks.training_probes import probe_findings
 from ddp_doctor.exit_codes import EXIT_HANG
@@ -85,9 +86,6 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     findings = with_ledgers(findings, ev.ledgers, world_size=ev.world_size)
     # init's arguments date from the first call; an error they explain becomes their consequence
     findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)
-    if ev.launched_alone:
-        alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)
-        findings += [alone] if alone is not None else []
     if ev.slow and not ev.hung:
         findings.append(slow_rank_finding(ev.slow))
     if ev.stuck_in_init:
@@ -95,6 +93,11 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
         o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
     findings += probe_findings(ev.probes, failed=failed)
+    if ev.launched_alone:
+        alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)
+        # the sampler rules' "each rank trained alone on all the data" already says it, and more
+        said = any(f.id == TRAINED_ALONE.id and set(alone.ranks) <= set(f.ranks) for f in findings) if alone else True
+        findings += [alone] if alone is not None and not said else []
     return findings, code
 
 

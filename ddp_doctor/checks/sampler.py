@@ -1,17 +1,23 @@
-"""Sampler checks (DDP850-DDP854): ranks drawing the same samples, samples never drawn, the same
+"""Sampler checks (DDP850-DDP855): ranks drawing the same samples, samples never drawn, the same
 order every epoch, a training DataLoader not sharded across ranks, every rank evaluating the whole
-data set.
+data set, ranks that each trained alone on all the data (no DDP model, no gradient synchronisation).
 
 DDP850-DDP852 are raised both by `ddp_doctor.check_sampler` before training (it draws the indices,
 ddp_doctor/training/sampler_check.py) and by `sampler_rules` over the in-training probe records of
 all ranks (fingerprints of the first batches of each epoch); DDP853 and DDP854 only by the latter.
 
 Which loaders are judged, from what the ranks did (never from the script's text):
-- a loader whose batches fed the distributed model's training: between its draws a
-  DistributedDataParallel model ran a forward with autograd on, or an optimizer stepped over a DDP
-  model's parameters (`ddp_training` of an iteration). Only these are sharding bugs (DDP850, DDP853).
-  In a job where no DDP model trained (FSDP, DeepSpeed, gradients all-reduced by hand, or records of
-  an older probe) every loader iterated while an optimizer stepped is judged, as before;
+- a loader's overlap across ranks matters only when its batches feed a model whose gradients the
+  ranks synchronise: between its draws a DistributedDataParallel model ran a forward with autograd
+  on, or an optimizer stepped over a DDP model's parameters (`ddp_training` of an iteration). Only
+  these are sharding bugs (DDP850, DDP853). In a job where no DDP model trained, a loader iterated
+  while an optimizer stepped is judged when the process groups carried collectives between its draws
+  (`collectives`: FSDP, DeepSpeed, gradients all-reduced by hand) or when the probe did not say
+  (records of an older probe, as before);
+- in a job where no rank ever made a DDP model and no collective ran while any optimizer stepped,
+  the ranks each trained alone: loaders whose first training passes overlap across ranks are then
+  not a sampler to fix but a job that never went distributed (the framework did not see the
+  launcher): one DDP855, which says whether the script formed a process group at all;
 - a loader that fed only a model outside DDP (a reference model each rank trains on the full data on
   purpose) is not a sharding bug: nothing is reported;
 - a loader drawn with no optimizer step and no DDP training forward (evaluation) that every rank
@@ -35,12 +41,14 @@ OVERLAP = declare(
     doc="""
     What: The indices the ranks draw in one epoch overlap beyond DistributedSampler's padding
     (at most world_size - 1 repeats when drop_last=False).
-    In training (`ddp-doctor run`) only the DataLoaders whose batches feed the distributed
-    model's training steps are judged (a DDP model's forward with autograd on, or an optimizer step
-    over its parameters, between the loader's draws): a loader feeding a plain reference model that
-    every rank trains on the full data on purpose is not a sharding bug, evaluation without a
-    training step is DDP854 (info), and accelerate's split_batches/dispatch_batches loaders, which
-    slice or broadcast each batch across the ranks, are sharded by design.
+    In training (`ddp-doctor run`) only the DataLoaders whose batches feed a model whose gradients
+    the ranks synchronise are judged (a DDP model's forward with autograd on, or an optimizer step
+    over its parameters, between the loader's draws; with no DDP model, an optimizer step with
+    collectives between the draws: FSDP, DeepSpeed, all_reduce by hand): a loader feeding a plain
+    reference model that every rank trains on the full data on purpose is not a sharding bug,
+    evaluation without a training step is DDP854 (info), ranks that never synchronised anything are
+    DDP855, and accelerate's split_batches/dispatch_batches loaders, which slice or broadcast each
+    batch across the ranks, are sharded by design.
     Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
     at 1/N of the speed it should, with N times the effective repetition.
     Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
@@ -78,6 +86,26 @@ NOT_SHARDED = declare(
     longer than it should be and ranks may train on the same batches.
     Fix: Pass sampler=DistributedSampler(dataset) (and shuffle=False) to the DataLoader, or let
     Trainer/Accelerate/Lightning build it. If your data set is already sharded per rank, ignore this.
+    """)
+
+TRAINED_ALONE = declare(
+    "DDP855", category="sampler", severity="error", title="Each rank trained alone on all the data",
+    doc="""
+    What: The ranks drew the same samples while an optimizer stepped, but no rank ever wrapped a
+    model in DistributedDataParallel and no collective ran on any process group between those draws
+    (or the script formed no process group at all): no gradient was synchronised, each rank trained
+    its own copy of the model on the whole data set. Decided from what the probes recorded (DDP
+    constructions, init_process_group, the process groups' collective counts), not from the script.
+    Why: The job never went distributed: the framework did not see the launcher and ran as a single
+    process on every rank (Hugging Face Trainer and accelerate on a machine without GPUs need to be
+    told to use the CPU, or they take the world to be one process). It "works", N times over, and
+    every rank writes the same checkpoints.
+    Fix: Make the framework see the launcher. Hugging Face Trainer: launch with torchrun / ddp-doctor
+    run (they set LOCAL_RANK) and, on CPU, pass use_cpu=True (--use_cpu) with ddp_backend="gloo".
+    accelerate: start with `accelerate launch` (`--cpu` on CPU), or under torchrun / ddp-doctor run set
+    ACCELERATE_USE_CPU=1 on CPU. A plain script: call init_process_group, wrap the model in
+    DistributedDataParallel and shard the data with DistributedSampler. If each rank training its own
+    model on all the data is what you want (an ensemble), ignore this.
     """)
 
 FULL_EVALUATION = declare(
@@ -150,11 +178,38 @@ def _ddp_trained(ranks: dict[int, dict[str, Any]]) -> bool:
 
 
 def _feeds_training(it: dict[str, Any], ddp_job: bool) -> bool:
-    """Whether an iteration fed the distributed training: the DDP model's, where one trained; any
-    optimizer step otherwise (FSDP, DeepSpeed, hand-made all_reduce; records of older probes)."""
+    """Whether an iteration fed a model whose gradients the ranks synchronise: the DDP model, where
+    one trained; otherwise an optimizer step with collectives between the draws (FSDP, DeepSpeed,
+    a hand-made all_reduce), or any optimizer step where the probe did not record collectives."""
     if ddp_job and "ddp_training" in it:
         return bool(it["ddp_training"])
-    return bool(it.get("training"))
+    return bool(it.get("training")) and it.get("collectives") is not False
+
+
+def _alone(it: dict[str, Any]) -> bool:
+    """An optimizer stepped between the draws with no collective on any process group: the model
+    trained on this rank only."""
+    return bool(it.get("training")) and it.get("collectives") is False and not it.get("ddp_training")
+
+
+def _ddp_made(ranks: dict[int, dict[str, Any]]) -> bool:
+    """Whether any rank constructed a DistributedDataParallel model (trained or not)."""
+    return any(rec.get("ddp_models") or any(e.get("kind") == "ddp" for e in rec.get("events") or [])
+               for rec in ranks.values())
+
+
+def _group_formed(ranks: dict[int, dict[str, Any]]) -> str | None:
+    """How the script formed its process group, from the lowest rank that formed one ("the process
+    group formed at train.py:12", "... (by a library)"); None when it formed none."""
+    for _, rec in sorted(ranks.items()):
+        inits = [e for e in rec.get("events") or [] if e.get("kind") == "init_process_group" and e.get("ok")]
+        pg = rec.get("pg") or {}
+        if not inits and not pg:
+            continue
+        site = inits[0].get("site") if inits else pg.get("site")
+        by = " (by a library)" if inits and inits[0].get("by_library") else ""
+        return f"the process group formed at {site}{by}" if site else f"the process group it formed{by}"
+    return None
 
 
 def _evaluation(it: dict[str, Any]) -> bool:
@@ -214,7 +269,54 @@ def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
                 rank=None, ranks=sorted(have), evidence={"loader": info.get("site"),
                                                          "samplers": info.get("samplers")}))
         out += _same_order(info, training)
+    if not ddp_job and not _ddp_made(ranks):
+        out += _trained_alone(ranks, keyed, world)
     return out
+
+
+def _trained_alone(ranks: dict[int, dict[str, Any]], keyed: dict[int, dict[str, dict[str, Any]]],
+                   world: int) -> list[Finding]:
+    """DDP855: no DDP model anywhere, no collective while any optimizer stepped, and loaders whose
+    first training passes overlap across ranks: each rank trained alone on the whole data."""
+    passes = [it for rec in ranks.values() for ld in rec.get("loaders") or [] for it in ld.get("iterations") or []]
+    if world < 2 or any(it.get("training") and not _alone(it) for it in passes):
+        return []  # some training was synchronised (or the probe could not say): judged as DDP850
+    overlapping = []
+    for key in sorted({k for ks in keyed.values() for k in ks}):
+        have = {r: ks[key] for r, ks in keyed.items() if key in ks}
+        if _sharded_by_wrapper(have):
+            continue
+        first = {}
+        for r, ld in have.items():
+            alone = [it for it in ld.get("iterations") or [] if _alone(it)]
+            if alone:
+                first[r] = alone[0]
+        if len(first) < 2:
+            continue
+        info = next(iter(have.values()))
+        shared, rank_data, drawn = _overlap(first)
+        if not rank_data and shared > (len(first) - 1) * int(info.get("batch_size") or 1):
+            overlapping.append((info, sorted(first), shared, drawn, first))
+    if not overlapping:
+        return []
+    info, rs, shared, drawn, first = overlapping[0]
+    formed = _group_formed(ranks)
+    why = ("the script formed no process group" if formed is None else
+           f"{formed} carried no collective while they trained")
+    sites = list(dict.fromkeys(str(o[0].get("site")) for o in overlapping[1:]))
+    more = (f"; so did {len(overlapping) - 1} more DataLoader(s) (made at {', '.join(sites[:3])}"
+            f"{', ...' if len(sites) > 3 else ''})") if sites else ""
+    return [finding_at(TRAINED_ALONE, (
+        f"ranks {format_ranks(rs)} each trained on all the data: no model was wrapped in "
+        f"DistributedDataParallel and {why} - the framework did not see the launcher, so every rank "
+        f"ran the whole training on its own. The DataLoader made at {info.get('site')} "
+        f"({info.get('sampler')} over {info.get('dataset')} of {info.get('dataset_size')}): {shared} of "
+        f"{drawn} samples in the first {max(len(it.get('indices') or []) for it in first.values())} batches "
+        f"of the first epoch were drawn by more than one rank{more}"),
+        rank=None, ranks=rs, evidence={"loader": info.get("site"), "shared": shared, "drawn": drawn,
+                                       "sampler": info.get("samplers"), "process_group": formed is not None,
+                                       "ddp_models": 0,
+                                       "loaders": list(dict.fromkeys(str(o[0].get("site")) for o in overlapping))})]
 
 
 def _full_evaluation(info: dict[str, Any], have: dict[int, dict[str, Any]], world: int) -> list[Finding]:

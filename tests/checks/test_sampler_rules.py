@@ -2,7 +2,9 @@
 the probes write them: a loader is a sharding bug (DDP850, DDP853) only when its batches feed the
 DDP model's training; a plain reference model trained on the full data on every rank is not one;
 evaluation on every rank over the whole set is DDP854 (info); accelerate's split_batches and
-dispatch_batches loaders are sharded by design. Each rule has its failing and its passing case."""
+dispatch_batches loaders are sharded by design; with no DDP model, the overlap matters only where
+collectives synchronised the training, and ranks that each trained alone are DDP855. Each rule has
+its failing and its passing case."""
 from __future__ import annotations
 
 from ddp_doctor.checks.sampler import sampler_rules
@@ -89,6 +91,91 @@ def test_without_a_trained_ddp_model_every_optimizer_loader_is_judged_as_before(
                                                             if k != "ddp_training"}])],
                                 ddp_forwards=0, ddp_steps=0))
     assert ids_of(sampler_rules(old)) == ["DDP850"]
+
+
+# ------------------------------------------------------------------ no DDP model: synchronised or alone
+
+def plain(indices: list[list[int]], *, collectives: bool | None, number: int = 0) -> dict:
+    """A training pass with no DDP model: `collectives` whether the process groups carried any
+    between its draws (FSDP, DeepSpeed, all_reduce by hand), None where the probe could not say."""
+    return {**it(indices, training=True, ddp=False, number=number), "collectives": collectives}
+
+
+def no_ddp(loaders_of, *, group: bool = True, **kw) -> dict[int, dict]:
+    """Ranks of a job in which no model was ever wrapped in DDP; `group`: the script formed one (a
+    library did, called from train.py:12)."""
+    def rec(r: int) -> dict:
+        events = ([{"kind": "init_process_group", "site": "train.py:12", "ok": True, "by_library": True}]
+                  if group else [])
+        return record(r, loaders_of(r), ddp_forwards=0, ddp_steps=0, ddp_models=0, events=events,
+                      pg={"rank": r, "world_size": 2, "backend": "gloo", "site": "train.py:12"} if group else {},
+                      **kw)
+    return both(rec)
+
+
+def test_overlap_matters_only_when_the_gradients_are_synchronised():
+    # Gradients all-reduced between the draws (no DDP wrapper): two ranks trained one model on the
+    # same data, the sharding bug.
+    synced = no_ddp(lambda r: [loader("train.py:30", [plain(FULL, collectives=True)])])
+    [f] = sampler_rules(synced)
+    assert f.id == "DDP850" and f.severity == "error" and f.ranks == [0, 1]
+    # The same draws with no collective between them, the reference loaders of a test script next
+    # to a prepared loader included: no model's gradients were synchronised, so no loader is a
+    # sampler to fix (not DDP850, not DDP853, not DDP852) ...
+    alone = no_ddp(lambda r: [loader("test_script.py:67", [plain(FULL, collectives=False),
+                                                           plain(FULL, collectives=False, number=1)]),
+                              loader("data_loader.py:441", [plain(FULL, collectives=False)],
+                                     wrapper="DataLoaderShard", distributed=True)])
+    found = sampler_rules(alone)
+    assert not {f.id for f in found} & {"DDP850", "DDP852", "DDP853"}
+    # ... but a job whose ranks never synchronised anything while training: DDP855, once.
+    [f] = found
+    assert f.id == "DDP855" and f.severity == "error" and f.category == "sampler" and f.ranks == [0, 1]
+    assert "each trained on all the data: no model was wrapped in DistributedDataParallel" in f.message
+    assert "the process group formed at train.py:12 (by a library) carried no collective" in f.message
+    assert "did not see the launcher" in f.message
+    assert "data_loader.py:441" in f.message and "1 more DataLoader(s) (made at test_script.py:67)" in f.message
+    assert "use_cpu=True" in f.hint and "LOCAL_RANK" in f.hint and "accelerate launch" in f.hint
+
+
+def test_ranks_without_a_process_group_or_ddp_model_say_the_framework_missed_the_launcher():
+    lone = no_ddp(lambda r: [loader("train.py:30", [plain(FULL, collectives=False)])], group=False)
+    [f] = sampler_rules(lone)
+    assert f.id == "DDP855" and f.ranks == [0, 1]
+    assert ("ranks 0-1 each trained on all the data: no model was wrapped in DistributedDataParallel and the "
+            "script formed no process group - the framework did not see the launcher") in f.message
+    assert "train.py:30" in f.message and "8 of 16" in f.message
+    assert f.evidence["process_group"] is False and f.evidence["loaders"] == ["train.py:30"]
+
+
+def test_trained_alone_needs_overlap_no_ddp_model_and_no_synchronised_training():
+    # Each rank reads its own part (different indices, or the same indices over rank-sharded data).
+    own = no_ddp(lambda r: [loader("train.py:30", [plain(SHARD[r], collectives=False)], sampler="DistributedSampler",
+                                   distributed=True)])
+    assert sampler_rules(own) == []
+    rank_data = no_ddp(lambda r: [loader("train.py:30", [{**plain(FULL, collectives=False),
+                                                          "hashes": [[f"r{r}-{b}-{i}" for i in range(4)]
+                                                                     for b in range(2)]}])])
+    assert sampler_rules(rank_data) == []
+    # A DDP model was made (if never trained): the ranks were meant to be one job, not DDP855.
+    made = no_ddp(lambda r: [loader("train.py:30", [plain(FULL, collectives=False)])])
+    for rec in made.values():
+        rec["ddp_models"] = 1
+    assert sampler_rules(made) == []
+    # Another loader's training was synchronised: that one is judged, this one fed an unsynchronised
+    # model (a reference) and is not.
+    mixed = no_ddp(lambda r: [loader("train.py:30", [plain(SHARD[r], collectives=True)], sampler="DistributedSampler",
+                                     distributed=True),
+                              loader("train.py:40", [plain(FULL, collectives=False)])])
+    assert sampler_rules(mixed) == []
+    # A probe that could not read the collectives: judged as before (DDP850).
+    unknown = no_ddp(lambda r: [loader("train.py:30", [plain(FULL, collectives=None)])])
+    assert ids_of(sampler_rules(unknown)) == ["DDP850"]
+    # One rank: nothing to compare.
+    one = {0: no_ddp(lambda r: [loader("train.py:30", [plain(FULL, collectives=False)])])[0]}
+    one[0]["world_size"] = 1
+    one[0]["pg"]["world_size"] = 1
+    assert sampler_rules(one) == []
 
 
 # ------------------------------------------------------------------ evaluation

@@ -43,3 +43,20 @@ def test_the_exit_code_without_rules_follows_the_raw_evidence():
 def test_a_callbacks_probe_records_alone_make_a_report():
     rep, code = job_report(JobEvidence(probes=[]), world={})
     assert code == 0 and rep["status"] == "pass" and rep["phase"] == "training"
+
+
+def test_ranks_that_trained_alone_on_the_same_data_are_said_once(monkeypatch):
+    from ddp_doctor.checks import init_arguments, sampler
+    from ddp_doctor.checks.internal import event_finding
+    from ddp_doctor.findings import Finding
+
+    def alone(*args) -> Finding:
+        return event_finding(init_arguments.NO_PROCESS_GROUP, "ranks 0-1 ended without calling init_process_group",
+                             rank=None, ranks=[0, 1], phase="training")
+    monkeypatch.setattr(job_rules, "no_process_group_finding", alone)
+    ev = JobEvidence(ranks=[0, 1], launched_alone=True)
+    assert [f.id for f in job_rules.job_findings(ev)[0]] == ["DDP876"]
+    same_data = event_finding(sampler.TRAINED_ALONE, "ranks 0-1 each trained on all the data", rank=None,
+                              ranks=[0, 1], phase="training")
+    monkeypatch.setattr(job_rules, "probe_findings", lambda probes, failed: [same_data])
+    assert [f.id for f in job_rules.job_findings(ev)[0]] == ["DDP855"]

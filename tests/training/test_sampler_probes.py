@@ -129,3 +129,53 @@ def test_probes_tell_ddp_training_from_reference_training_and_evaluation():
     dispatch = lds["dispatch"]
     assert dispatch["dispatch"] and dispatch["distributed"] and not dispatch["split_batches"]
     assert not lds["ddp"].get("wrapper") and not lds["ddp"]["split_batches"] and not lds["ddp"]["dispatch"]
+
+
+COLLECTIVES_SCRIPT = r'''
+import json
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from ddp_doctor.training.probes.install import install
+from ddp_doctor.training.probes.recorder import collectives_issued
+
+rec = install(None)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train(loader, sync):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if sync:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        opt.step()
+
+
+before_group = collectives_issued()
+train(DataLoader(data, batch_size=8), sync=False)          # no process group at all
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+train(DataLoader(data, batch_size=8), sync=False)          # a group that carries nothing
+train(DataLoader(data, batch_size=8), sync=True)           # gradients all-reduced by hand
+issued = collectives_issued()
+ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+out = rec.to_dict()
+print(json.dumps({"before_group": before_group, "issued": issued, "ddp_models": out["ddp_models"],
+                  "collectives": [ld["iterations"][0]["collectives"] for ld in out["loaders"] if ld["iterations"]]}))
+dist.destroy_process_group()
+'''
+
+
+def test_probes_record_whether_collectives_ran_between_a_passes_draws():
+    # What tells a model trained alone on each rank (no DDP, no collective: DDP855) from one whose
+    # gradients are synchronised another way (FSDP, DeepSpeed, all_reduce by hand: DDP850 judged).
+    out = subprocess.run([sys.executable, "-c", COLLECTIVES_SCRIPT], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["before_group"] == 0 and rec["issued"] == 8  # 4 batches x 2 parameters, by hand
+    assert rec["collectives"] == [False, False, True]
+    assert rec["ddp_models"] == 1

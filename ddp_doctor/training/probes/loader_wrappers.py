@@ -1,8 +1,9 @@
 """Wrappers around the data path: DataLoader.__init__ (which sampler, over what), DataLoader.__iter__
 (one `Iteration` per epoch, for a loader's first MAX_ITERATIONS epochs), the loader iterator's
 _next_index and __next__ (indices of the first K_BATCHES batches, content fingerprints of the first
-HASH_BATCHES, time waited for each batch) and DistributedSampler.set_epoch. Per batch the cost is a
-few attribute reads and two clock reads.
+HASH_BATCHES, time waited for each batch, whether collectives ran between the draws) and
+DistributedSampler.set_epoch. Per batch the cost is a few attribute reads, two clock reads and the
+process groups' sequence numbers (a getter each).
 
 accelerate's prepared loaders (DataLoaderShard, DataLoaderDispatcher) are not DataLoaders: each holds
 one as `base_dataloader` and iterates it. When that DataLoader is iterated, the object iterating it is
@@ -17,7 +18,13 @@ from typing import Any, Callable
 
 from ddp_doctor.training.probes.fingerprints import as_indices, sample_hashes
 from ddp_doctor.training.probes.patching import record_quietly
-from ddp_doctor.training.probes.recorder import MAX_DATA_TIMES, Iteration, current_recorder, group_is_up
+from ddp_doctor.training.probes.recorder import (
+    MAX_DATA_TIMES,
+    Iteration,
+    collectives_issued,
+    current_recorder,
+    group_is_up,
+)
 
 K_BATCHES = 8            # batches per epoch whose indices are kept
 HASH_BATCHES = 4         # of those, batches whose samples' contents are fingerprinted (the costly part)
@@ -166,6 +173,7 @@ def next_batch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self)
         state.steps_at_last = state.recorder.steps  # also on the call that ends the epoch
         state.ddp_at_last = state.recorder.ddp_work
+        state.coll_at_last = collectives_issued()
         t0 = time.perf_counter()
         data = orig(self)
         dt = time.perf_counter() - t0

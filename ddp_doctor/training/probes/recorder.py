@@ -8,6 +8,7 @@ end of the script, exit), never per batch.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -46,18 +47,45 @@ def group_is_up() -> bool:
         return False
 
 
+def collectives_issued() -> int | None:
+    """How many collectives this process has issued on its live process groups: their sequence
+    numbers summed (the C++-issued ones included: DDP's buckets, FSDP's gathers, DeepSpeed's
+    reductions); 0 before torch.distributed is imported, None when torch cannot say. Read at every
+    batch of a recorded pass: no import, a few attribute reads and one getter per group."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return 0
+    try:
+        groups = list(c10d._world.pg_map)
+    except Exception:  # noqa: BLE001 - a torch without this registry
+        return None
+    total, read = 0, False
+    for pg in groups:
+        try:
+            total += int(pg._get_sequence_number_for_group())
+            read = True
+        except Exception:  # noqa: BLE001 - a backend that keeps no sequence number
+            continue
+    return total if read or not groups else None
+
+
 class Iteration:
     """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of, and
     what was done with them: `training` when an optimizer stepped between its first and last draw,
-    `ddp_training` when a DDP model did training work then (its batches fed the distributed model)."""
+    `ddp_training` when a DDP model did training work then (its batches fed the distributed model),
+    `collectives` when the process groups carried a collective then (None: unknown). Without a DDP
+    model, an optimizer step with collectives around it is how FSDP, DeepSpeed or a hand-made
+    all_reduce synchronise gradients; one without any trained each rank's model on its own."""
 
     __slots__ = ("loader", "number", "epoch", "steps_at_start", "steps_at_last", "batches",
-                 "indices", "hashes", "data_times", "recorder", "done", "ddp_at_start", "ddp_at_last")
+                 "indices", "hashes", "data_times", "recorder", "done", "ddp_at_start", "ddp_at_last",
+                 "coll_at_start", "coll_at_last")
 
     def __init__(self, recorder: "Recorder", loader: dict[str, Any], number: int, epoch: Any) -> None:
         self.recorder, self.loader, self.number, self.epoch = recorder, loader, number, epoch
         self.steps_at_start = self.steps_at_last = recorder.steps
         self.ddp_at_start = self.ddp_at_last = recorder.ddp_work
+        self.coll_at_start = self.coll_at_last = collectives_issued()
         self.batches = 0
         self.indices: list[Any] = []
         self.hashes: list[Any] = []
@@ -68,6 +96,8 @@ class Iteration:
         return {"number": self.number, "epoch": self.epoch, "batches": self.batches,
                 "training": self.steps_at_last > self.steps_at_start,
                 "ddp_training": self.ddp_at_last > self.ddp_at_start,
+                "collectives": (None if self.coll_at_start is None or self.coll_at_last is None
+                                else self.coll_at_last != self.coll_at_start),
                 "indices": self.indices, "hashes": self.hashes}
 
 
@@ -164,6 +194,7 @@ class Recorder:
                 "pg": self.pg, "events": self.events, "steps": self.steps,
                 "step_interval": median_interval(self.step_times),
                 "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
+                "ddp_models": len(self.ddp_modules),
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
 
     def flush(self) -> None:
