@@ -508,8 +508,8 @@ def _extra_collective(pg: str, name: str, label: str, n: int, waiting: list[_Ran
     # Only a call no rank ever issued decides here: after a rank ended, a routine call in a new
     # order is what the first extra step of uneven inputs looks like.
     level = {r.rank: history.novelty(r, n) for r in waiting}
-    if min(level.values()) != NEW_CALL:
-        return None
+    if not history.keys or min(level.values()) != NEW_CALL:
+        return None  # with no call before it, "new" tells nothing: the rank that ended left first
     steps = {r.rank: r.ledger.get("steps") for r in waiting + left}
     if all(isinstance(v, int) for v in steps.values()) and \
             max(steps[r.rank] for r in left) < min(steps[r.rank] for r in waiting):

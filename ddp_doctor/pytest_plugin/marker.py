@@ -2,7 +2,9 @@
 (MarkSpec, checked; a timeout from the command line, environment or ini wins over the marker's),
 the checks before a marked test runs, what the ``rank`` / ``world_size`` fixtures hold, and
 running the test: fixtures resolved once here and pickled to ``world_size`` ranks of the rank
-pool, each rank's output and the verdict reported back to pytest.
+pool, each rank's output and the verdict reported back to pytest. A failed or hung test is judged as
+`ddp-doctor run` judges a job, from each rank's ending, stack and ledger of collectives
+(rank_pool/judge.py).
 """
 from __future__ import annotations
 
@@ -169,18 +171,34 @@ def run_on_ranks(pyfuncitem: pytest.Function, state: State) -> None:
         "cwd": os.getcwd(), "sys_path": list(sys.path),
     }
     from ddp_doctor.pytest_plugin.rank_pool import classify
+    from ddp_doctor.pytest_plugin.rank_pool.verdict import stopped_stack
     try:
         res = pool_of(state).run(rank_spec, spec.timeout)
     except KeyboardInterrupt:
         _show_interrupted(config, pool_of(state).interrupted)
         raise
     verdict = classify(res)
+    judgement = None
+    if verdict.outcome == "failed":
+        # the judgement of `ddp-doctor run`, with each rank's ledger and stack (rank_pool/judge.py)
+        from ddp_doctor.pytest_plugin.rank_pool.judge import judge_inputs
+        judgement = pool_of(state).judge(judge_inputs(res), run_dir)
+        verdict = classify(res, judgement)
+        if judgement is None:
+            verdict.notes.append("ddp-doctor's judgement of this failure could not be made (the rank pool's "
+                                 "log is forkserver.log in the session's ddp-doctor-pytest-* temp directory)")
+            verdict.text += f"\nnote: {verdict.notes[-1]}"
     for r, end in sorted(res.ends.items()):
         if end.stdout:
             pyfuncitem.add_report_section("call", f"stdout (rank {r})", end.stdout)
         if end.stderr:
             pyfuncitem.add_report_section("call", f"stderr (rank {r})", end.stderr)
+        if end.killed is not None:  # each stopped rank's Python stack (a hang, or a peer failed)
+            pyfuncitem.add_report_section("call", f"stack when stopped (rank {r})", stopped_stack(end))
     pyfuncitem.user_properties.append(("ddp_doctor_ranks", f"{spec.world_size} x {backend}"))
+    cause = (judgement or {}).get("root_cause")
+    if cause:
+        pyfuncitem.user_properties.append(("ddp_doctor_root_cause", f"{cause['id']}: {cause['message']}"))
     for note in verdict.notes:
         pyfuncitem.user_properties.append(("ddp_doctor_note", note))
         pyfuncitem.add_report_section("call", "ddp-doctor", note)

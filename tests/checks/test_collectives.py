@@ -405,3 +405,12 @@ def test_a_finished_rank_whose_last_call_was_not_yet_retired_waits_in_nothing() 
     b[-1]["retired"] = False
     (f,) = ledger_findings({0: ledger(0, a, "failed", steps=3), 1: ledger(1, b, "finished", steps=3)})
     assert f.id == "DDP893" and f.ranks == [0]
+
+
+def test_with_no_call_before_it_a_waiting_ranks_call_is_not_its_own_way() -> None:
+    # a test where rank 0 calls barrier() and rank 1 returns: nothing was issued before, so nothing
+    # is routine; the rank that never entered the barrier left first (DDP892)
+    a = [entry(1, "barrier", user_site="test_x.py:10", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: {"rank": 1, "entries": [], "complete": True,
+                                                          "position": "finished"}})
+    assert f.id == "DDP892" and f.ranks == [1]

@@ -9,6 +9,7 @@ kill or signal pytest run alone, in their own tests.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,6 +161,66 @@ def test_root_cause_is_the_earliest_failure():
     assert "rank 0: a peer that failed after rank 1" in v.text
 
 
+def _fr_entry(seq: int, retired: bool = True, site: str = "t.py:8") -> dict:
+    """A flight recorder entry as torch 2.13 dumps it on gloo, with its call site."""
+    return {"record_id": seq - 1, "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",
+            "input_sizes": [[2]], "input_dtypes": ["Float"], "retired": retired, "is_p2p": False,
+            "process_group": ["0", "default_pg"], "time_created_ns": 1_000_000_000 * seq, "user_site": site}
+
+
+def test_the_judgement_names_the_rank_that_left_and_labels_the_waiting_one():
+    # the judgement of `ddp-doctor run`, in process: rank 1 returned after one all_reduce, rank 0
+    # waits in a second one from the same line (what the judging child of the forkserver computes)
+    from ddp_doctor.pytest_plugin.rank_pool.judge import judge, judge_inputs
+    ledgers = {0: {"rank": 0, "time": 9.0, "position": "hung", "complete": True, "where": "t.py:8 in test_x",
+                   "entries": [_fr_entry(1), _fr_entry(2, retired=False)]},
+               1: {"rank": 1, "time": 9.0, "position": "finished", "complete": True, "where": "returned from test_x",
+                   "entries": [_fr_entry(1)]}}
+    ends = {0: RankEnd(0, killed="timeout", ledger=ledgers[0], stack='Current thread 0x1 (most recent call first):\n'
+                       '  File "t.py", line 8 in test_x',
+                       whereabouts={"where": "t.py:8 in test_x", "in_collective": True}),
+            1: RankEnd(1, killed="timeout", ledger=ledgers[1],
+                       whereabouts={"where": "returned from test_x", "in_collective": False})}
+    res = RunResult(2, ends, timed_out=True, timeout=5.0)
+    j = judge(judge_inputs(res), ledgers)
+    assert j["root_cause"]["id"] == "DDP892" and j["cause_ranks"] == [1], j["root_cause"]
+    assert j["waiting"]["0"]["collective_seq_id"] == 2
+    v = classify(res, j)
+    assert v.outcome == "failed"
+    assert v.summary == ("timed out after 5 s; root cause: rank 1 finished after 1 collectives of process group 0 "
+                         "(default_pg); rank 0 waits in all_reduce #2 (issued at t.py:8), which rank 1 never issued "
+                         "[DDP892]")
+    lines = v.text.splitlines()
+    assert lines[1] == "timed out after 5 s: rank(s) 0, 1 still running"
+    assert ("  rank 0: waiting in #2 all_reduce Float[2] at t.py:8, a consequence of rank 1; running at t.py:8 in "
+            "test_x; killed at the 5 s timeout") in lines
+    assert "      #2 all_reduce Float[2] at t.py:8 (not completed)" in lines
+    assert ("  rank 1: root cause (DDP892); returned from test_x (finished), waited for its peers; killed at the "
+            "5 s timeout") in lines
+    assert [ln for ln in lines if ln.startswith("---- ")] == [
+        "---- rank 1: root cause (DDP892): returned from the test; waiting for its peers at the 5 s timeout; "
+        "killed ----",
+        "---- rank 0: waiting in #2 all_reduce Float[2] at t.py:8, a consequence of rank 1: still running at the "
+        "5 s timeout; killed. Its Python stack: ----"]
+
+
+def test_a_stack_leaves_out_the_rank_pools_own_thread_and_frames():
+    from ddp_doctor.pytest_plugin.rank_pool import ledgers, rank
+    from ddp_doctor.pytest_plugin.rank_pool.verdict import stopped_stack
+    dump = (f'Thread 0x2 (most recent call first):\n  File "{ledgers.__file__}", line 87 in _serve\n'
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+            'Current thread 0x1 (most recent call first):\n  File "/t/test_a.py", line 9 in test_a\n'
+            f'  File "{rank.__file__}", line 139 in run_test\n')
+    assert stopped_stack(RankEnd(0, killed="timeout", stack=dump)) == (
+        'Current thread 0x1 (most recent call first):\n  File "/t/test_a.py", line 9 in test_a')
+
+
+def test_asking_a_rank_that_does_not_listen_for_its_ledger_does_not_block(tmp_path):
+    from ddp_doctor.pytest_plugin.rank_pool import ledgers
+    os.mkfifo(wire.ledger_request_path(str(tmp_path), 0))
+    assert ledgers.ask(str(tmp_path), [0, 1]) == []  # no reader on 0, no FIFO for 1
+
+
 # ---------------------------------------------------------------- real ranks
 RANK_TESTS = r'''
 import os
@@ -246,23 +307,24 @@ def test_ranks_pass_fail_skip_abort_unpicklable(pytester: pytest.Pytester, tag: 
     result.stdout.fnmatch_lines([
         "*PASSED test_ranks.py::test_all_reduce[[]1[]]*",
         "*PASSED test_ranks.py::test_gloo_abort_after_report*",
-        "*FAILED test_ranks.py::test_fails_on_rank1 - Failed: rank 1 failed first*",
+        "*FAILED test_ranks.py::test_fails_on_rank1 - Failed: root cause: rank 1*",
         "*FAILED test_ranks.py::test_unpicklable - Failed: fixture 'a_lock' cannot*",
-        "*FAILED test_ranks.py::test_abort_before_report - Failed: rank 1 failed*",
+        "*FAILED test_ranks.py::test_abort_before_report - Failed: root cause: rank 1*",
     ])
-    for line in ("rank 1 failed first: AssertionError: rank one disagrees",
+    for line in ("root cause: rank 1 raised AssertionError: rank one disagrees",
                  "fixture 'a_lock' cannot be sent to the ranks (_thread.lock",
-                 "rank 1 failed first: killed by SIGABRT without reporting a result",
+                 "root cause: rank 1 crashed with SIGABRT (abort) in native code at",
                  "not on this runner (skipped on all ranks)"):
         assert line in out, line
     if visible_gpu_count() < 2:
         assert "backend nccl with world_size=2 needs 2 GPU(s)" in out
-    # the failing rank's traceback, then the peer labelled as failing after it
+    # the failing rank's traceback, then the peer labelled as a consequence of it
     result.stdout.fnmatch_lines([
-        "*---- rank 1: root cause (failed first) ----*",
+        "*---- rank 1: root cause (DDP800): failed ----*",
         "*test_ranks.py*, line *, in test_fails_on_rank1*",
         "*AssertionError: rank one disagrees*",
-        "*---- rank 0: a peer that failed after rank 1*",
+        "*---- rank 0: a consequence of rank 1 (DDP802), in #1 barrier at *test_ranks.py:*: "
+        "failed (+* s after rank 1) ----",
     ])
     result.stdout.fnmatch_lines(["*Captured stdout (rank 1) call*", "rank 1 before"])
     assert "rank 1 reported success, then aborted at exit (SIGABRT)" in out
@@ -301,14 +363,182 @@ def test_hang_is_bounded_shows_stacks_and_leaves_no_process(pytester: pytest.Pyt
     took = time.monotonic() - t0
     result.assert_outcomes(passed=1, failed=1)  # the session went on after the hang
     result.stdout.fnmatch_lines([
-        "*timed out after 3 s: rank(s) 0, 1 still running*",
-        "*---- rank 0: still running at the 3 s timeout; killed. Its Python stack: ----*",
+        # rank 0 never issued the barrier rank 1 waits in: the ledgers name it (DDP891)
+        "*timed out after 3 s; root cause: rank 1 waits in barrier #1 *(issued at *test_hang.py:10); "
+        "rank 0 never issued #1 (it issued none): it is at *test_hang.py:9 in test_hangs [[]DDP891[]]",
+        "timed out after 3 s: rank(s) 0, 1 still running",
+        "*---- rank 0: root cause (DDP891): still running at the 3 s timeout; killed. Its Python stack: ----*",
         "*test_hang.py*line 9 in test_hangs*",
-        "*---- rank 1: still running at the 3 s timeout; killed. Its Python stack: ----*",
+        "*---- rank 1: waiting in #1 barrier at *test_hang.py:10, a consequence of rank 0: still running at the "
+        "3 s timeout; killed. Its Python stack: ----*",
         "*in barrier*",
     ])
     assert took < 60, took
     assert_no_survivors(tag)
+
+
+# ---------------------------------------------------------------- the judgement of `ddp-doctor run`
+JUDGED_TESTS = r"""
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.distributed(world_size=2, timeout=6)
+def test_rank1_returns(rank):
+    if rank == 1:
+        return
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_rank1_raises(rank):
+    if rank == 1:
+        raise ValueError("rank one broke")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+
+
+@pytest.mark.distributed(world_size=2, timeout=6)
+def test_rank1_leaves_the_loop_early(rank):
+    t = torch.ones(2)
+    for _ in range(2 if rank == 0 else 1):
+        dist.all_reduce(t)
+
+
+@pytest.mark.distributed(world_size=2)
+def test_passes(rank):
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0, 3.0]
+"""
+
+
+def lines_of(text: str, code: str) -> list[int]:
+    """The lines of `code` in an inner test file as inner() writes it (dedented, stripped)."""
+    return [i for i, ln in enumerate(textwrap.dedent(text).strip().splitlines(), 1) if ln.strip() == code]
+
+
+def failure_text(out: str, test: str) -> str:
+    """One test's section of the FAILURES block of an inner run."""
+    start = out.index(f" {test} ")
+    end = min([i for i in (out.find("\n___", start + 1), out.find("\n=====", start + 1)) if i > 0])
+    return out[start:end]
+
+
+@pytest.fixture(scope="module")
+def judged_run(tmp_path_factory):
+    """One inner run of JUDGED_TESTS (two hangs bounded by their 6 s timeout, a rank that raises, a
+    passing test), read by the tests below; survivors are looked for as soon as it ends."""
+    path, tag = tmp_path_factory.mktemp("judged"), uuid.uuid4().hex
+    launches = {"judged": (inner(path, {"test_judged": JUDGED_TESTS},
+                                 ["-p", "no:cacheprovider", "--no-ddp-doctor", "-rA", "--junitxml=junit.xml"],
+                                 tag=tag), tag)}
+    runs = run_inner(launches)
+    return runs, path
+
+
+@pytest.mark.slow
+def test_a_rank_that_returned_while_its_peer_waits_is_judged_from_the_ranks_ledgers(judged_run):
+    # rank 1 returns from the test; rank 0 waits in a barrier rank 1 never issued
+    runs, path = judged_run
+    result = inner_result(runs, "judged")
+    result.assert_outcomes(passed=1, failed=3)
+    out = result.stdout.str()
+    text = failure_text(out, "test_rank1_returns")
+    (n,) = lines_of(JUDGED_TESTS, "dist.barrier()")
+    # the hang is stopped by the parent, never by a rank leaving its group under its peer
+    assert "Connection closed by peer" not in text and "failed first" not in text, text
+    assert "rank(s)  still running" not in out
+    lines = text.splitlines()
+    assert re.search(r"timed out after 6 s; root cause: .* \[DDP89[123]\]$", lines[1]), lines[1]
+    assert "timed out after 6 s: rank(s) 0, 1 still running" in lines
+    # each rank's position and ledger, as the judgement read them
+    assert re.search(rf"  rank 0: .*running at \S*test_judged\.py:{n} in test_rank1_returns; killed at the "
+                     r"6 s timeout$", text, re.M), text
+    assert f"      #1 barrier at {path}/test_judged.py:{n} (not completed)" in lines
+    assert re.search(r"  rank 1: .*returned from test_rank1_returns \(finished\), waited for its peers; "
+                     r"killed at the 6 s timeout$", text, re.M), text
+    assert lines[lines.index(next(ln for ln in lines if ln.startswith("  rank 1: "))) + 1] == \
+        "    ledger: no collective issued in the test"
+    # each rank's stack when it was stopped, attached to the report
+    result.stdout.fnmatch_lines([
+        "*Captured stack when stopped (rank 0) call*",
+        "Current thread 0x* (most recent call first):",
+        "*distributed_c10d.py*in barrier",
+        "*c10d_logger.py*",
+        f'  File "{path}/test_judged.py", line {n} in test_rank1_returns',
+        "*Captured stack when stopped (rank 1) call*",
+        "returned from test_rank1_returns; waiting for its peers to finish",
+    ])
+    inner_survivors(runs, "judged")
+
+
+@pytest.mark.slow
+def test_the_rank_that_returned_is_the_root_cause_and_the_waiting_rank_a_consequence(judged_run):
+    runs, path = judged_run
+    text = failure_text(inner_result(runs, "judged").stdout.str(), "test_rank1_returns")
+    (n,) = lines_of(JUDGED_TESTS, "dist.barrier()")
+    assert re.search(rf"timed out after 6 s; root cause: rank 1 .*rank 0 waits in barrier #1 .*test_judged\.py:{n}"
+                     r".*which rank 1 never issued \[DDP89[12]\]", text), text
+    assert re.search(r"  rank 1: root cause \(DDP89[12]\); returned from test_rank1_returns", text), text
+    assert f"  rank 0: waiting in #1 barrier at {path}/test_judged.py:{n}, a consequence of rank 1;" in text
+
+
+@pytest.mark.slow
+def test_a_rank_that_left_the_loop_early_is_the_root_cause(judged_run):
+    # rank 1 runs one all_reduce, rank 0 two: rank 0 waits in #2, which rank 1 never issued
+    runs, path = judged_run
+    text = failure_text(inner_result(runs, "judged").stdout.str(), "test_rank1_leaves_the_loop_early")
+    n = lines_of(JUDGED_TESTS, "dist.all_reduce(t)")[1]  # [0] is the raising test's
+    lines = text.splitlines()
+    assert lines[1] == (f"timed out after 6 s; root cause: rank 1 finished after 1 collectives of process group 0 "
+                        f"(default_pg); rank 0 waits in all_reduce #2 (issued at {path}/test_judged.py:{n}), "
+                        f"which rank 1 never issued [DDP892]"), lines[1]
+    assert "  rank 1: root cause (DDP892); returned from test_rank1_leaves_the_loop_early (finished), waited " \
+           "for its peers; killed at the 6 s timeout" in lines
+    assert any(ln.startswith(f"  rank 0: waiting in #2 all_reduce Float[2] at {path}/test_judged.py:{n}, a "
+                             f"consequence of rank 1; running at") for ln in lines), text
+    assert "  DDP801 error (a consequence): no progress for 6 s; rank 1 went its own way (DDP892, the root " \
+           "cause). " in text
+    result_lines = [ln for ln in lines if ln.startswith("---- rank ")]
+    assert result_lines[0].startswith("---- rank 1: root cause (DDP892): returned from the test"), result_lines
+    assert result_lines[1].startswith("---- rank 0: waiting in #2 all_reduce"), result_lines
+
+
+@pytest.mark.slow
+def test_the_rank_that_raised_is_the_cause_and_its_peer_in_all_reduce_a_consequence(judged_run):
+    runs, path = judged_run
+    result = inner_result(runs, "judged")
+    text = failure_text(result.stdout.str(), "test_rank1_raises")
+    (raised,) = lines_of(JUDGED_TESTS, 'raise ValueError("rank one broke")')
+    reduced = lines_of(JUDGED_TESTS, "dist.all_reduce(t)")[0]
+    assert text.splitlines()[1] == "root cause: rank 1 raised ValueError: rank one broke [DDP800]", text
+    result.stdout.fnmatch_lines(["FAILED test_judged.py::test_rank1_raises - Failed: root cause: rank 1 raised*"])
+    assert (f"  rank 1: root cause (DDP800); failed: ValueError: rank one broke (at {path}/test_judged.py:{raised} "
+            f"in test_rank1_raises)") in text, text
+    assert re.search(rf"  rank 0: a consequence of rank 1 \(DDP8\d\d\), in #1 all_reduce Float\[2\] at "
+                     rf"\S*test_judged\.py:{reduced}; failed: RuntimeError: ", text), text
+    assert f"      #1 all_reduce Float[2] at {path}/test_judged.py:{reduced} (failed here)" in text
+    heads = [ln for ln in text.splitlines() if ln.startswith("---- rank ")]
+    assert heads[0] == "---- rank 1: root cause (DDP800): failed ----", heads
+    assert heads[1].startswith("---- rank 0: a consequence of rank 1"), heads
+
+
+@pytest.mark.slow
+def test_a_passing_distributed_test_stays_green_with_no_extra_text(judged_run):
+    runs, path = judged_run
+    result = inner_result(runs, "judged")
+    result.stdout.fnmatch_lines(["PASSED test_judged.py::test_passes"])
+    assert "PASSED test_judged.py::test_passes\n" in result.stdout.str() + "\n"
+    assert "test_passes" not in result.stdout.str().split("short test summary info")[0]
+    suite = ET.parse(path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "test_passes")
+    assert case.find("failure") is None and case.find("system-out") is None
+    assert [p.get("name") for p in case.iter("property")] == ["ddp_doctor_ranks"]
+    run_dir = path / "runpytest-0" / "ddp-test_passes0"
+    assert run_dir.is_dir() and not (run_dir / "judgement.json").exists()
 
 
 @pytest.mark.slow

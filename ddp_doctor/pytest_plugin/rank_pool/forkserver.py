@@ -1,6 +1,7 @@
 """The forkserver's main loop (``python -c "...forkserver import serve; serve()"``): preloads torch
 once, then forks the ranks of each test the parent asks for, forwards signals and kills to them,
-reaps them and reports every exit to the parent.
+reaps them and reports every exit to the parent. It also forks the child that judges a failed test
+(rank_pool/judge.py: ddp-doctor's judgement needs torch, which the parent never imports).
 """
 from __future__ import annotations
 
@@ -11,7 +12,23 @@ import sys
 import time
 
 from ddp_doctor.pytest_plugin.rank_pool.rank import rank_main
-from ddp_doctor.pytest_plugin.rank_pool.wire import PRELOAD, PRELOAD_ENV, Reader, pdeathsig, send
+from ddp_doctor.pytest_plugin.rank_pool.wire import JUDGE, PRELOAD, PRELOAD_ENV, Reader, pdeathsig, send
+
+
+def judge_child(inputs: dict, server: int) -> None:
+    """The forked child that judges a failed test (rank_pool/judge.py): never returns."""
+    pdeathsig(signal.SIGKILL)
+    if os.getppid() != server:
+        os._exit(71)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the control pipe is the forkserver's alone
+    from ddp_doctor.pytest_plugin.rank_pool.judge import judge_and_write
+    try:
+        judge_and_write(inputs)
+    except BaseException:  # noqa: BLE001 - the parent falls back to its own verdict
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
 
 
 def serve() -> None:
@@ -29,6 +46,9 @@ def serve() -> None:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - ranks import it again and report the error
             sys.stderr.write(f"ddp-doctor forkserver: could not preload {name}: {e}\n")
+    if "torch" in sys.modules:
+        from ddp_doctor.pytest_plugin.rank_pool.ledgers import preload as preload_ledgers
+        preload_ledgers()  # what each rank's ledger of collectives needs (rank_pool/ledgers.py)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -99,6 +119,18 @@ def serve() -> None:
                         pids.append(pid)
                     groups[req] = pgid
                     send(ctl_out, ("started", req, pids, pgid))
+                elif kind == "judge":
+                    pid = os.fork()
+                    if pid == 0:
+                        try:
+                            signal.set_wakeup_fd(-1)
+                            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                            for fd in (wake_r, wake_w, ctl_out):
+                                os.close(fd)
+                            judge_child(msg[2], server)
+                        finally:
+                            os._exit(70)
+                    children[pid] = (req, JUDGE)
                 elif kind == "signal":
                     for pid in live(req):
                         try:

@@ -1,6 +1,7 @@
 """The parent's side of the rank pool: RankPool starts the forkserver (lazily, again if it died),
 runs one test's ranks with every wait bounded (a timeout or a failed peer dumps the live ranks'
-stacks, then kills them) and collects a RunResult; compile_module prepares the test module's code.
+stacks and ledgers of collectives, then kills them) and collects a RunResult; it has a failed
+test judged in a child of the forkserver; compile_module prepares the test module's code.
 The parent never imports torch.
 """
 from __future__ import annotations
@@ -16,18 +17,31 @@ import threading
 import time
 from typing import Any
 
+from ddp_doctor.pytest_plugin.rank_pool.ledgers import ask as ask_for_ledgers
+from ddp_doctor.pytest_plugin.rank_pool.ledgers import written_since as ledger_written_since
 from ddp_doctor.pytest_plugin.rank_pool.results import (
     POOL_LOST,
     RankEnd,
     RunResult,
     collect,
     file_size,
+    read_json,
     read_result,
     read_text,
 )
-from ddp_doctor.pytest_plugin.rank_pool.wire import PRELOAD, PRELOAD_ENV, Reader, output_path, pdeathsig, send
+from ddp_doctor.pytest_plugin.rank_pool.wire import (
+    PRELOAD,
+    PRELOAD_ENV,
+    Reader,
+    judgement_path,
+    output_path,
+    pdeathsig,
+    send,
+)
 
 STACK_WAIT_S = 1.0       # how long the parent waits for faulthandler dumps of hung ranks
+LEDGER_WAIT_S = 2.0      # how long it waits for their ledgers (a thread in each rank writes it)
+JUDGE_WAIT_S = 30.0      # how long it waits for the judgement of a failed test
 PEER_GRACE_S = 3.0       # after a rank failed, how long its peers get to fail or finish on their own
 REAP_WAIT_S = 5.0        # after a kill, how long the parent waits for the forkserver to reap ranks
 SERVE = "from ddp_doctor.pytest_plugin.rank_pool.forkserver import serve; serve()"
@@ -212,7 +226,7 @@ class RankPool:
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (stop_as_interrupt): where the ranks were
             live = sorted(set(range(ws)) - reaped)
             try:
-                self._dump_and_kill(req, spec["dir"], live)
+                self._dump_and_kill(req, spec["dir"], live, ledgers=False)
             except (OSError, AssertionError):
                 pass
             self.interrupted = interrupted_stacks(spec["dir"], live)
@@ -228,7 +242,20 @@ class RankPool:
             collect(e, spec["dir"])
         return res
 
-    def _dump_and_kill(self, req: int, d: str, live: list[int]) -> None:
+    def _dump_and_kill(self, req: int, d: str, live: list[int], *, ledgers: bool = True) -> None:
+        """With `ledgers`, every live rank's ledger of collectives and where it was (a thread in the
+        rank writes them: rank_pool/ledgers.py); then every live rank's Python stack (faulthandler
+        on SIGUSR1, once those threads are idle again: a stack dump reads other threads' frames);
+        each wait bounded; then the kill."""
+        if ledgers:
+            asked_at = time.time()
+            asked = ask_for_ledgers(d, live)
+            end = time.monotonic() + LEDGER_WAIT_S
+            while asked and time.monotonic() < end:
+                if all(ledger_written_since(d, r, asked_at) for r in asked):
+                    time.sleep(0.02)  # the thread goes back to waiting for the next request
+                    break
+                time.sleep(0.02)
         self._send(("signal", req, int(signal.SIGUSR1)))
         end = time.monotonic() + STACK_WAIT_S
         paths = [output_path(d, "stack", r) for r in live]
@@ -238,3 +265,29 @@ class RankPool:
                 break
             time.sleep(0.02)
         self._send(("kill", req))
+
+    # -- the judgement of a failed test, in a child of the forkserver (torch is loaded there)
+    def judge(self, inputs: dict[str, Any], d: str, bound: float = JUDGE_WAIT_S) -> dict[str, Any] | None:
+        """ddp-doctor's judgement of a failed test (rank_pool/judge.py), made by a child the
+        forkserver forks, so that this process never imports torch; None when it could not be had
+        within `bound` seconds."""
+        if self.proc is None or self.proc.poll() is not None or not self.ready:
+            return None
+        self.req += 1
+        req = self.req
+        end = time.monotonic() + bound
+        try:
+            self._send(("judge", req, {**inputs, "dir": d}))
+            while True:
+                msg = self._recv(end - time.monotonic())
+                if msg is None:
+                    self._send(("kill", req))
+                    return None
+                if msg[0] == "exited" and msg[1] == req:
+                    break
+        except EOFError:
+            self.close()
+            return None
+        except OSError:
+            return None
+        return read_json(judgement_path(d))

@@ -104,6 +104,9 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         skipped_types = (Skipped,)
     except Exception:  # noqa: BLE001
         pass
+    from ddp_doctor.pytest_plugin.rank_pool.ledgers import RankLedger
+    book = RankLedger(spec["dir"], rank, int(spec["world_size"]))
+    book.prepare()  # before the test module is loaded: its `from torch.distributed import ...` too
     try:
         func = _load_function(spec)
         kwargs = pickle.loads(spec["kwargs"])
@@ -131,17 +134,24 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         while store.add(INITIALISED_KEY, 0) < int(spec["world_size"]) and time.monotonic() < end:
             time.sleep(0.001)
         out["initialised"] = time.time()
+        book.test_started()
         try:
             func(**kwargs)
+        except BaseException as e:
+            _leave_ledger(book, e, skipped_types)
+            raise
         finally:
             try:
-                store.add(FINISHED_KEY, 1)  # peers that passed wait for every rank to be done
+                finished = store.add(FINISHED_KEY, 1)  # peers that passed wait for every rank to be done
             except Exception:  # noqa: BLE001 - never hide the test's own exception
-                pass
+                finished = 0
         out["time"] = time.time()
+        book.left(f"returned from {spec['qualname']}", finished < int(spec["world_size"]))
         # A rank that finished early must not leave while a peer still talks to it (gloo's
         # connectFullMesh is not a barrier): wait until every rank has left the test function.
-        end = time.monotonic() + float(spec["timeout"])
+        # Bounded past the parent's timeout: a peer that hangs is ended by the parent (stacks,
+        # ledgers, then the kill), never by this rank leaving its process group under it.
+        end = time.monotonic() + float(spec["timeout"]) + PG_TIMEOUT_MARGIN_S
         while store.add(FINISHED_KEY, 0) < int(spec["world_size"]) and time.monotonic() < end:
             time.sleep(0.002)
         out["all_finished"] = time.time()
@@ -154,6 +164,8 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             sys.stderr.write(destroyed.traceback)
         out["destroyed"] = time.time()
     except BaseException as e:  # noqa: BLE001 - Skipped and Failed derive from BaseException
+        if book.position is None:  # raised outside the test function (loading it, init)
+            _leave_ledger(book, e, skipped_types)
         out["time"] = out["time"] or time.time()
         if skipped_types and isinstance(e, skipped_types):
             out["outcome"] = "skipped"
@@ -164,4 +176,21 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             out["message"] = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
             pytrace = getattr(e, "pytrace", True)
             out["traceback"] = _user_traceback(e) if pytrace else out["message"] + "\n"
+            out["exception"] = _exception_record(e, out["traceback"], out["time"])
     return out
+
+
+def _exception_record(e: BaseException, text: str, when: float) -> dict[str, Any]:
+    """The exception as `ddp-doctor run` records a script's (training/run/target.py)."""
+    return {"type": type(e).__name__, "message": str(e), "traceback": text, "time": when}
+
+
+def _leave_ledger(book: Any, e: BaseException, skipped_types: tuple[type, ...]) -> None:
+    """The ledger at the test's end by an exception: a skip leaves the test, anything else failed."""
+    try:
+        if skipped_types and isinstance(e, skipped_types):
+            book.left(f"pytest.skip: {getattr(e, 'msg', e)}", True)
+        else:
+            book.failed(_exception_record(e, _user_traceback(e), time.time()))
+    except Exception:  # noqa: BLE001 - the test's own exception is what matters
+        pass

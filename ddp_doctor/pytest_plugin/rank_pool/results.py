@@ -1,8 +1,10 @@
 """How the ranks of one test ended, as the parent saw them: one RankEnd per rank (wait status from
-the forkserver, the result file the rank wrote, its output and stack dump), gathered in a RunResult.
+the forkserver, the result file the rank wrote, its output and stack dump, its ledger of
+collectives and where it was when asked), gathered in a RunResult.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -26,6 +28,8 @@ class RankEnd:
     stderr: str = ""
     stack: str = ""
     killed: str | None = None          # "timeout" or "peer": the parent killed it, and why
+    ledger: dict[str, Any] | None = None       # ledger-RANK.json (rank_pool/ledgers.py), if it left one
+    whereabouts: dict[str, Any] | None = None  # hb-RANK.json: where it was when the parent asked
 
     @property
     def signal(self) -> int | None:
@@ -85,6 +89,18 @@ def collect(end: RankEnd, d: str) -> None:
     end.stdout = read_text(output_path(d, "stdout", end.rank))
     end.stderr = read_text(output_path(d, "stderr", end.rank))
     end.stack = read_text(output_path(d, "stack", end.rank))
+    from ddp_doctor.training import records
+    end.ledger = read_json(records.ledger_path(d, end.rank))
+    end.whereabouts = read_json(records.heartbeat_path(d, end.rank))
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def file_size(path: str) -> int:

@@ -2,8 +2,9 @@
 (length-prefixed pickles), what the forkserver preloads, how a child dies with its parent, and the
 layout of a test's run directory (where each rank leaves its result, output and stack dump).
 
-Messages, parent -> forkserver: ("run", req, spec), ("signal", req, signum), ("kill", req).
-Forkserver -> parent: ("ready", pid), ("started", req, pids, pgid), ("exited", req, rank, status, time).
+Messages, parent -> forkserver: ("run", req, spec), ("signal", req, signum), ("kill", req),
+("judge", req, inputs). Forkserver -> parent: ("ready", pid), ("started", req, pids, pgid),
+("exited", req, rank, status, time); the judging child exits as rank JUDGE (-1).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Iterator
 PR_SET_PDEATHSIG = 1
 PRELOAD = ("torch", "torch.distributed", "pytest")  # what the forkserver imports before the first fork
 PRELOAD_ENV = "DDP_DOCTOR_PRELOAD"                   # how the parent tells it (comma-separated)
+JUDGE = -1                                           # the "rank" of the child that judges a failed test
 
 
 def send(fd: int, obj: Any) -> None:
@@ -63,3 +65,13 @@ def output_path(d: str, name: str, rank: int) -> str:
 
 def store_path(d: str) -> str:
     return os.path.join(d, "store")
+
+
+def ledger_request_path(d: str, rank: int) -> str:
+    """The FIFO through which the parent asks a rank for its ledger (rank_pool/ledgers.py)."""
+    return os.path.join(d, f"ledger-request-{rank}.fifo")
+
+
+def judgement_path(d: str) -> str:
+    """The judgement of a failed test (rank_pool/judge.py), written by a child of the forkserver."""
+    return os.path.join(d, "judgement.json")

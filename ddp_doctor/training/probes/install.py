@@ -76,16 +76,7 @@ def _patch_torch() -> None:
     destroy = dist_wrappers.destroy_process_group_wrapper(c10d.destroy_process_group)
     for owner in (dist, c10d):
         wrap_in_place(owner, "destroy_process_group", lambda orig: destroy)
-    if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"):
-        collective_sites.enable_detail()  # no flight recorder: the Python calls are the ledger
-    for name in collective_sites.COLLECTIVES:  # the script's call sites, for the ledger
-        fn = getattr(c10d, name, None)
-        if fn is None:
-            continue
-        site = collective_sites.collective_wrapper(name)(fn)
-        for owner in (dist, c10d):
-            if getattr(owner, name, None) is fn:
-                wrap_in_place(owner, name, lambda orig, site=site: site)
+    wrap_collectives()  # the script's call sites, for the ledger
     wrap_in_place(torch.cuda, "set_device", dist_wrappers.set_device_wrapper)
     wrap_in_place(DistributedDataParallel, "__init__", dist_wrappers.ddp_init_wrapper)
     wrap_in_place(DistributedSampler, "set_epoch", loader_wrappers.set_epoch_wrapper)
@@ -110,3 +101,21 @@ def install_in_child() -> None:
         return
     when_imported("torch", lambda _m: install(out_dir))
 
+
+def wrap_collectives() -> None:
+    """The call-site wrappers (collective_sites.py) on torch.distributed's collectives, and, without
+    a flight recorder, the Python calls' details (they are then the ledger). Nothing else is patched:
+    the pytest plugin's ranks use this alone."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"):
+        collective_sites.enable_detail()
+    for name in collective_sites.COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        site = collective_sites.collective_wrapper(name)(fn)
+        for owner in (dist, c10d):
+            if getattr(owner, name, None) is fn:
+                wrap_in_place(owner, name, lambda orig, site=site: site)
