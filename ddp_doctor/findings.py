@@ -31,8 +31,19 @@ class Problem:
     ranks: tuple[int, ...] | None = None  # cross-rank checks name the ranks involved
 
 
+# `caused_by` of a consequence whose rule knows another rank's failure caused it, but not which
+# finding says so: the report names its root cause there (report/build.py).
+ROOT_CAUSE = "root_cause"
+
+
 @dataclass
 class Finding:
+    """One problem on the ranks named. `time`: when it happened (the event's time, which orders
+    causes: the earliest error that is no consequence is the root cause). `caused_by`: None, or
+    this finding is a consequence of another: the ID of the finding that explains it (ROOT_CAUSE
+    until the report resolves it). A consequence stays in the report, labelled, and is never the
+    root cause while a cause exists."""
+
     id: str
     category: str
     severity: str
@@ -43,23 +54,33 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     phase: str = "preflight"
     time: float = field(default_factory=time.time)
+    caused_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        evidence = self.evidence
+        if self.caused_by is not None:  # the evidence keys readers of schema 1 know, kept for them
+            evidence = {**evidence, "consequence": True,
+                        **({"explained_by": self.caused_by} if self.caused_by != ROOT_CAUSE else {})}
         return {
             "id": self.id, "category": self.category, "severity": self.severity,
             "title": self.title, "message": self.message, "hint": self.hint,
-            "ranks": sorted(self.ranks), "evidence": self.evidence, "phase": self.phase,
-            "time": self.time,
+            "ranks": sorted(self.ranks), "evidence": evidence, "phase": self.phase,
+            "time": self.time, "caused_by": self.caused_by,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        evidence = dict(d.get("evidence") or {})
+        caused_by = d.get("caused_by")
+        if caused_by is None and evidence.get("consequence"):  # a report written before the field
+            caused_by = str(evidence.get("explained_by") or ROOT_CAUSE)
         return cls(
             id=str(d["id"]), category=str(d.get("category", "internal")),
             severity=str(d.get("severity", "error")), title=str(d.get("title", "")),
             message=str(d.get("message", "")), hint=str(d.get("hint", "")),
-            ranks=[int(r) for r in d.get("ranks", [])], evidence=dict(d.get("evidence") or {}),
+            ranks=[int(r) for r in d.get("ranks", [])], evidence=evidence,
             phase=str(d.get("phase", "preflight")), time=float(d.get("time", 0.0)),
+            caused_by=str(caused_by) if caused_by is not None else None,
         )
 
 

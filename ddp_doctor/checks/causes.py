@@ -47,7 +47,7 @@ def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
         if f.id == failures.RANK_HUNG.id:
             hang_explained(f, found[0])
         elif f.ranks and set(f.ranks) <= waited:
-            f.evidence = {**f.evidence, "consequence": True, "explained_by": cause}
+            f.caused_by = cause
             if f.id == failures.NATIVE_CRASH.id and f.ranks and f.ranks[0] in dumps:
                 f.evidence["nccl_dump"] = dumps[f.ranks[0]]
     return findings + found

@@ -488,5 +488,5 @@ def init_verdict(findings: list[Finding], calls: list[dict[str, Any]], *, settle
             continue
         cause = next((c for c in causes if set(f.ranks) <= set(c.ranks) & failed_init), None)
         if cause is not None:
-            f.evidence = {**f.evidence, "consequence": True, "explained_by": cause.id}
+            f.caused_by = cause.id
     return findings + found

@@ -69,7 +69,14 @@ TOOL_FAILED = declare(
 
 def event_finding(entry: Any, message: str, *, rank: int | None, hint: str | None = None,
                 evidence: dict[str, Any] | None = None, phase: str = "preflight",
-                ranks: list[int] | None = None, severity: str | None = None) -> Finding:
+                ranks: list[int] | None = None, severity: str | None = None, time: float | None = None,
+                caused_by: str | None = None) -> Finding:
+    """A finding about an event (not a check's problem): `time` when it happened (default now),
+    `caused_by` when it is a consequence (findings.Finding)."""
     problem = Problem(message=message, hint=hint, evidence=evidence or {}, severity=severity,
                       ranks=tuple(ranks) if ranks is not None else None)
-    return entry.finding(problem, rank, phase)
+    finding = entry.finding(problem, rank, phase)
+    if time is not None:
+        finding.time = time
+    finding.caused_by = caused_by
+    return finding

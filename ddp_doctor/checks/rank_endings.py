@@ -17,7 +17,7 @@ from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
 from ddp_doctor.checks.wrapped_errors import RealError, real_error
 from ddp_doctor.facts.frames import not_user_code_dirs
-from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
 
 MESSAGE_LIMIT = 600
 # Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.
@@ -118,7 +118,7 @@ def _error_line(exc: dict[str, Any]) -> str:
 
 
 def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | None = None,
-                      same_on: dict[int, dict[str, Any]] | None = None) -> Finding:
+                      same_on: dict[int, dict[str, Any]] | None = None, time: float | None = None) -> Finding:
     """One rank's exception as a finding: a known signature, a spawn child, or DDP800. A wrapped
     exception is shown by its real error: type, message and the user's line that raised it, the
     wrapper kept in the evidence. `same_on`: other ranks that raised the same error but for their
@@ -148,11 +148,10 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
         evidence["spawn_process"] = child
         rank, same_on = child, None  # a spawned process is named alone
     if consequence_of is not None or (sig is not None and sig.consequence):
-        evidence["consequence"] = True
         evidence["signature"] = sig.entry.id if sig else None
         first = f"after rank {consequence_of} failed" if consequence_of is not None else "after a peer failed"
         return event_finding(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}{where}", rank=rank,
-                             evidence=evidence, phase="training")
+                             evidence=evidence, phase="training", time=time, caused_by=ROOT_CAUSE)
     ranks = [rank]
     who = f"spawned process {rank}" if child is not None else f"rank {rank}"
     tail = ""
@@ -164,12 +163,12 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
                                 for r, e in sorted({rank: exc, **same_on}.items())}
     if sig is not None:
         return event_finding(sig.entry, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
-                             evidence=evidence, phase="training")
+                             evidence=evidence, phase="training", time=time)
     if child is not None:
         return event_finding(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
-                             f"{summary}{where}", rank=rank, evidence=evidence, phase="training")
+                             f"{summary}{where}", rank=rank, evidence=evidence, phase="training", time=time)
     return event_finding(failures.RANK_RAISED, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
-                         evidence=evidence, phase="training")
+                         evidence=evidence, phase="training", time=time)
 
 
 def crashing_frames(dump: str) -> list[tuple[str, int, str]]:
@@ -199,13 +198,10 @@ def native_crash_finding(rank: int, code: int, dump: str, when: float | None = N
     user = next((f for f in frames if not f[0].startswith(skip)), frames[0] if frames else None)
     where = f" at {user[0]}:{user[1]} in {user[2]}" if user else " (no Python frame was recorded)"
     stack = "\n".join(f"  {f}:{ln} in {fn}" for f, ln, fn in frames)
-    finding = event_finding(
+    return event_finding(
         failures.NATIVE_CRASH, f"rank {rank} crashed with {sig.name} ({NATIVE_SIGNALS[sig]}) in native "
-        f"code{where}", rank=rank, hint=NATIVE_HINTS[sig], phase="training",
+        f"code{where}", rank=rank, hint=NATIVE_HINTS[sig], phase="training", time=when,
         evidence={"exit_status": code, "signal": sig.name, "python_stack": stack, "faulthandler": dump[-4000:]})
-    if when is not None:
-        finding.time = when
-    return finding
 
 
 def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int],
@@ -246,10 +242,10 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
         same = (e.get("type"), e.get("message")) == first_key or r in alike or (
             sig_of[r] is not None and sig_of[r] is sig_of.get(first_rank))  # raised on its own too
         peer = first_rank if (r != first_rank and not same) else None
-        f = exception_finding(r, e, consequence_of=peer, same_on=(alike or None) if r == first_rank else None)
+        f = exception_finding(r, e, consequence_of=peer, same_on=(alike or None) if r == first_rank else None,
+                              time=e.get("time"))
         if r == first_rank:
             grouped = set(alike) if f.ranks == sorted({r, *alike}) else set()
-        f.time = e.get("time", f.time)
         findings.append(f)
     for r in ranks:
         code = exits.get(r)
@@ -270,14 +266,13 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 f"but the process did not exit and was ended ({_signal_name(code)})"
                 + (f", after rank {after} failed (a consequence)" if after is not None else ""),
                 rank=r, phase="teardown", severity="info" if after is not None else None,
-                evidence={"exit_status": code, **({"consequence": True, "after_rank": after}
-                                                   if after is not None else {})}))
+                caused_by=ROOT_CAUSE if after is not None else None,
+                evidence={"exit_status": code, **({"after_rank": after} if after is not None else {})}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so
             findings.append(event_finding(
                 failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
-                f"rank failed", rank=r, evidence={"exit_status": code, "consequence": True},
-                phase="training"))
+                f"rank failed", rank=r, evidence={"exit_status": code}, phase="training", caused_by=ROOT_CAUSE))
         elif o is None and -code in NATIVE_SIGNALS:
             dump, when = crashes.get(r, ("", None))
             findings.append(native_crash_finding(r, code, dump, when))

@@ -70,7 +70,7 @@ def hang_explained(hang: Finding, cause: Finding) -> Finding:
     head = f"no progress for {timeout:g} s" if timeout else "no progress"
     hang.message = f"{head}; {who} ({cause.id}, the root cause)" + (f". {parts}" if parts else "")
     hang.ranks = list(cause.ranks) if not undecided else hang.ranks
-    hang.evidence = {**hang.evidence, "consequence": True, "explained_by": cause.id}
+    hang.caused_by = cause.id
     return hang
 
 

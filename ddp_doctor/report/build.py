@@ -1,4 +1,4 @@
-"""The report: every rank's findings merged into one document (schema_version 1, DESIGN.md).
+"""The report: every rank's findings merged into one document (schema_version 1, docs/report-schema.md).
 
 Pure functions over findings and plain dicts; rendering and writing live in render.py / sinks.py.
 """
@@ -8,7 +8,7 @@ import re
 from typing import Any, Iterable
 
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
-from ddp_doctor.findings import Finding, format_ranks, severity_rank
+from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks, severity_rank
 from ddp_doctor.version import __version__
 
 SCHEMA = "ddp-doctor.report"
@@ -134,12 +134,12 @@ def status_of(findings: Iterable[Finding]) -> str:
 
 def root_cause(findings: Iterable[Finding]) -> Finding | None:
     """The earliest error: the first thing that went wrong, not the ranks that then timed out
-    waiting for it. Findings marked `evidence.consequence` (a peer that failed because another
-    rank did) are passed over while a real cause exists."""
+    waiting for it. Consequences (`caused_by`: a peer that failed because another rank did) are
+    passed over while a real cause exists."""
     errors = [f for f in findings if f.severity == "error"]
     if not errors:
         return None
-    causes = [f for f in errors if not f.evidence.get("consequence")] or errors
+    causes = [f for f in errors if f.caused_by is None] or errors
     return min(causes, key=lambda f: (f.time, f.id))
 
 
@@ -147,6 +147,9 @@ def build_report(*, world: dict[str, Any], ranks: list[dict[str, Any]], findings
                  measurements: dict[str, Any] | None = None, phase: str = "preflight") -> dict[str, Any]:
     merged = merge_findings(findings)
     cause = root_cause(merged)
+    for f in merged:  # a consequence of "whatever failed first" names it now that it is known
+        if f.caused_by == ROOT_CAUSE:
+            f.caused_by = cause.id if cause is not None and cause is not f else None
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tool_version": __version__,
         "status": status_of(merged), "phase": phase, "world": world,

@@ -207,12 +207,12 @@ def test_the_verdict_dates_the_cause_first_and_marks_the_childs_error_its_conseq
                     ranks=[7], phase="training", time=5.0)
     out = by_id(init_verdict([relayed, other], kids))
     assert out["DDP874"].time == 10.0
-    assert out["DDP805"].evidence["consequence"] and out["DDP805"].evidence["explained_by"] == "DDP874"
-    assert not out["DDP800"].evidence.get("consequence")  # a process no init finding names
+    assert out["DDP805"].caused_by == "DDP874"
+    assert out["DDP800"].caused_by is None  # a process no init finding names
     # an init call that succeeded explains nothing after it
     fine = [child(i, world=0, done=True, ok=True) for i in range(2)]
-    relayed.evidence = {}
-    assert not by_id(init_verdict([relayed], fine))["DDP805"].evidence.get("consequence")
+    relayed.caused_by = None
+    assert by_id(init_verdict([relayed], fine))["DDP805"].caused_by is None
 
 
 # ---------------------------------------------------------------- ranks that never formed a group

@@ -499,7 +499,7 @@ def test_a_rank_that_left_the_loop_early_is_the_root_cause(judged_run):
            "for its peers; killed at the 6 s timeout" in lines
     assert any(ln.startswith(f"  rank 0: waiting in #2 all_reduce Float[2] at {path}/test_judged.py:{n}, a "
                              f"consequence of rank 1; running at") for ln in lines), text
-    assert "  DDP801 error (a consequence): no progress for 6 s; rank 1 went its own way (DDP892, the root " \
+    assert "  DDP801 error (a consequence of DDP892): no progress for 6 s; rank 1 went its own way (DDP892, the root " \
            "cause). " in text
     result_lines = [ln for ln in lines if ln.startswith("---- rank ")]
     assert result_lines[0].startswith("---- rank 1: root cause (DDP892): returned from the test"), result_lines

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
 from ddp_doctor.preflight_run.local_launch import merge_launch_dir
 from ddp_doctor.preflight_run.rank import merge_measurements
 from ddp_doctor.report import build as reportlib
@@ -15,16 +15,18 @@ from ddp_doctor.report.render import render_text
 
 TOP_KEYS = {"schema", "schema_version", "tool_version", "status", "phase", "world", "ranks", "findings",
             "measurements", "root_cause"}
-FINDING_KEYS = {"id", "category", "severity", "title", "message", "hint", "ranks", "evidence", "phase", "time"}
+FINDING_KEYS = {"id", "category", "severity", "title", "message", "hint", "ranks", "evidence", "phase", "time",
+                "caused_by"}
 WORLD = {"launcher": "torchrun", "backend": "gloo", "world_size": 8, "nnodes": 2, "nproc_per_node": 4,
          "master_addr": "10.0.0.1", "master_port": 29500}
 
 
 def fnd(id: str = "DDP101", *, severity: str = "error", message: str = "m", hint: str = "h",
         ranks: list[int] | None = None, time: float = 100.0, category: str = "launcher_env",
-        evidence: dict[str, Any] | None = None) -> Finding:
+        evidence: dict[str, Any] | None = None, caused_by: str | None = None) -> Finding:
     return Finding(id=id, category=category, severity=severity, title=f"title {id}", message=message,
-                   hint=hint, ranks=ranks if ranks is not None else [0], evidence=evidence or {}, time=time)
+                   hint=hint, ranks=ranks if ranks is not None else [0], evidence=evidence or {}, time=time,
+                   caused_by=caused_by)
 
 
 # ---------------------------------------------------------------- ranges
@@ -84,14 +86,31 @@ def test_root_cause_is_earliest_error() -> None:
 
 
 def test_root_cause_passes_over_consequences() -> None:
-    consequence = fnd("DDP320", time=1.0, evidence={"consequence": True})
+    consequence = fnd("DDP320", time=1.0, caused_by=ROOT_CAUSE)
     real = fnd("DDP311", time=20.0)
     cause = reportlib.root_cause([consequence, real])
     assert cause is not None and cause.id == "DDP311"
     # when only consequences exist, the earliest of them is still named
-    only = reportlib.root_cause([fnd("DDP320", time=5.0, evidence={"consequence": True}),
-                                 fnd("DDP324", time=2.0, evidence={"consequence": True})])
+    only = reportlib.root_cause([fnd("DDP320", time=5.0, caused_by=ROOT_CAUSE),
+                                 fnd("DDP324", time=2.0, caused_by="DDP311")])
     assert only is not None and only.id == "DDP324"
+
+
+def test_caused_by_is_a_field_resolved_by_the_report_and_kept_readable_for_schema_1() -> None:
+    rep = reportlib.build_report(world={}, ranks=[], findings=[
+        fnd("DDP320", time=1.0, caused_by=ROOT_CAUSE), fnd("DDP311", time=20.0), fnd("DDP324", caused_by="DDP311")])
+    by_id = {f["id"]: f for f in rep["findings"]}
+    assert rep["root_cause"]["id"] == "DDP311" and rep["root_cause"]["caused_by"] is None
+    assert by_id["DDP320"]["caused_by"] == "DDP311" and by_id["DDP324"]["caused_by"] == "DDP311"
+    # readers of schema 1 find what they read before
+    assert by_id["DDP320"]["evidence"] == {"consequence": True, "explained_by": "DDP311"}
+    assert "consequence" not in by_id["DDP311"]["evidence"]
+    # a report written before the field still says which findings are consequences
+    old = Finding.from_dict({"id": "DDP802", "evidence": {"consequence": True}})
+    assert old.caused_by == ROOT_CAUSE
+    assert Finding.from_dict({"id": "DDP802", "evidence": {"consequence": True, "explained_by": "DDP893"}}
+                             ).caused_by == "DDP893"
+    assert Finding.from_dict(by_id["DDP311"]).caused_by is None
 
 
 def test_root_cause_tie_broken_by_id() -> None:

@@ -26,7 +26,7 @@ def test_first_failing_rank_is_the_cause_and_later_ones_are_peers():
     findings, code = training_findings(outcomes, {0: 1, 1: 1}, [0, 1])
     f = by_id(findings)
     assert f["DDP800"].ranks == [1] and "ValueError: bad batch" in f["DDP800"].message
-    assert f["DDP802"].ranks == [0] and f["DDP802"].evidence["consequence"]
+    assert f["DDP802"].ranks == [0] and f["DDP802"].caused_by is not None
     assert code == 1
 
 
@@ -57,7 +57,7 @@ def test_survivors_stopped_by_the_launcher_are_labelled_consequences():
     outcomes = {1: outcome(1, exc(10.0))}
     findings, code = training_findings(outcomes, {0: -signal.SIGTERM, 1: 1}, [0, 1])
     f = by_id(findings)
-    assert f["DDP802"].ranks == [0] and "SIGTERM" in f["DDP802"].message and f["DDP802"].evidence["consequence"]
+    assert f["DDP802"].ranks == [0] and "SIGTERM" in f["DDP802"].message and f["DDP802"].caused_by is not None
     assert f["DDP800"].ranks == [1] and code == 1
 
 
@@ -143,7 +143,7 @@ def test_native_crash_is_the_root_cause_with_the_users_line_and_a_hint_for_its_s
     assert "SIGSEGV" in crash.message and "/work/train.py:10 in step" in crash.message  # not ctypes' frame
     assert "extensions" in crash.hint and "memory" not in crash.hint.lower()
     assert "/work/train.py:20 in <module>" in crash.evidence["python_stack"]
-    assert f["DDP802"].evidence["consequence"]
+    assert f["DDP802"].caused_by is not None
     assert code == 128 + signal.SIGSEGV
 
 
@@ -164,7 +164,7 @@ def test_a_crashed_rank_sets_the_status_when_the_launcher_stopped_a_lower_rank_f
                                        {1: (SEGV_DUMP, 20.0)})
     assert code == 128 + signal.SIGSEGV
     f = by_id(findings)
-    assert f["DDP807"].ranks == [1] and f["DDP802"].ranks == [0] and f["DDP802"].evidence["consequence"]
+    assert f["DDP807"].ranks == [1] and f["DDP802"].ranks == [0] and f["DDP802"].caused_by is not None
 
 
 def test_a_launcher_that_fails_before_any_rank_is_never_a_pass(tmp_path):

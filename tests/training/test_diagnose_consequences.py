@@ -22,7 +22,7 @@ def test_stuck_at_exit_after_a_peer_raised_is_info_and_a_consequence():
     findings, code = training_findings(outcomes, {0: -signal.SIGKILL, 1: 1}, [0, 1])
     stuck = [f for f in findings if f.id == "DDP806"]
     assert len(stuck) == 1 and stuck[0].ranks == [0]
-    assert stuck[0].severity == "info" and stuck[0].evidence["consequence"] is True
+    assert stuck[0].severity == "info" and stuck[0].caused_by is not None
     assert "after rank 1 failed" in stuck[0].message
     assert code == 1
 
@@ -38,7 +38,7 @@ def test_two_ranks_stuck_at_exit_on_their_own_stay_warnings():
     findings, code = training_findings({0: outcome(0), 1: outcome(0)}, {0: -signal.SIGKILL, 1: -signal.SIGKILL},
                                        [0, 1])
     assert [f.severity for f in findings] == ["warning", "warning"] and code == 0
-    assert not any(f.evidence.get("consequence") for f in findings)
+    assert not any(f.caused_by is not None for f in findings)
 
 
 def test_exit_status_139_keeps_the_segfault_hint_not_the_oom_one():

@@ -89,7 +89,7 @@ def test_a_lost_peer_as_the_cause_of_a_wrapper_is_a_consequence():
           "cause of the following exception:\n\nTraceback (most recent call last):\n"
           '  File "/w/t.py", line 9, in <module>\nRuntimeError: step failed\n')
     f = exception_finding(0, exc(1.0, "RuntimeError", "step failed", tb))
-    assert f.id == "DDP802" and f.evidence["consequence"] and f.evidence["signature"] == "DDP826"
+    assert f.id == "DDP802" and f.caused_by is not None and f.evidence["signature"] == "DDP826"
 
 
 # -------------------------------------------------------------------- B: same error on several ranks
@@ -120,7 +120,7 @@ def test_the_same_error_on_each_rank_but_for_its_number_is_one_cause_on_both():
     findings, code = training_findings(outcomes, {0: 1, 1: 1}, [0, 1])
     assert [f.id for f in findings] == ["DDP800"], [f.message for f in findings]
     (f,) = findings
-    assert f.ranks == [0, 1] and not f.evidence.get("consequence")
+    assert f.ranks == [0, 1] and f.caused_by is None
     assert f.message.startswith("ranks 0-1 each raised ValueError: DistributedDataParallel device_ids")
     assert "device_ids [0]" in f.message and "as rank 0 wrote it" in f.message
     assert "device_ids [1]" in f.evidence["per_rank"]["1"]["error"]
@@ -134,7 +134,7 @@ def test_a_genuinely_different_later_error_is_still_a_peer_failure():
                 1: outcome(exc(10.5, "RuntimeError", "shapes (4,) and (5,) differ on rank 1"))}
     findings, _ = training_findings(outcomes, {0: 1, 1: 1}, [0, 1])
     by = {f.id: f for f in findings}
-    assert by["DDP800"].ranks == [0] and by["DDP802"].ranks == [1] and by["DDP802"].evidence["consequence"]
+    assert by["DDP800"].ranks == [0] and by["DDP802"].ranks == [1] and by["DDP802"].caused_by is not None
     assert "after rank 0 failed" in by["DDP802"].message
 
 
@@ -158,5 +158,5 @@ def test_alike_lost_peer_errors_are_each_kept_as_consequences():
     outcomes = {r: outcome(exc(10.0 + r, "RuntimeError", f"{GLOO_CLOSED} on rank {r}")) for r in (0, 1)}
     findings, code = training_findings(outcomes, {2: -9}, [0, 1, 2])
     peers = sorted(f.ranks[0] for f in findings if f.id == "DDP802")
-    assert peers == [0, 1] and all(f.evidence["consequence"] for f in findings if f.id == "DDP802")
+    assert peers == [0, 1] and all(f.caused_by is not None for f in findings if f.id == "DDP802")
     assert code == 137

@@ -119,11 +119,11 @@ def test_the_ledger_names_the_cause_and_the_waiting_ranks_errors_become_conseque
     out = with_ledgers([raised, hung], ledgers)
     cause = [f for f in out if f.id == "DDP892"]
     assert cause and cause[0].ranks == [1] and cause[0].time == 2.0
-    assert raised.evidence["consequence"] and raised.evidence["explained_by"] == "DDP892"
-    assert hung.evidence["consequence"]
+    assert raised.caused_by == "DDP892"
+    assert hung.caused_by is not None
     # nothing to explain: the findings stay as they were
     plain = event_finding(RANK_RAISED, "rank 1 raised ValueError", rank=1, phase="training")
-    assert with_ledgers([plain], {}) == [plain] and "consequence" not in plain.evidence
+    assert with_ledgers([plain], {}) == [plain] and plain.caused_by is None
 
 
 def test_without_a_flight_recorder_the_python_calls_are_the_ledger(tmp_path, monkeypatch):

@@ -229,7 +229,7 @@ def test_mismatched_all_reduce_from_the_dumps_is_the_cause_and_the_aborts_are_co
         and "train.py:25" in found[0].message
     out = with_ledgers(aborted([0, 1]), ledgers, world_size=2)
     crashes = [f for f in out if f.id == "DDP807"]
-    assert len(crashes) == 2 and all(f.evidence.get("consequence") for f in crashes)
+    assert len(crashes) == 2 and all(f.caused_by is not None for f in crashes)
     assert {f.evidence["nccl_dump"] for f in crashes} == {p0, p1}
     rep = reportlib.build_report(world={}, ranks=[], findings=out, phase="training")
     assert rep["root_cause"]["id"] == "DDP890"
@@ -249,7 +249,7 @@ def test_a_rank_elsewhere_from_the_dumps(tmp_path):
     # rank 0 aborted by NCCL's watchdog, rank 1 stopped by the launcher afterwards
     before, _ = training_findings({}, {0: -signal.SIGABRT, 1: -signal.SIGTERM}, [0, 1])
     out = with_ledgers(before, ledgers, world_size=2)
-    assert all(f.evidence.get("consequence") for f in out if f.id != "DDP891")
+    assert all(f.caused_by is not None for f in out if f.id != "DDP891")
     rep = reportlib.build_report(world={}, ranks=[], findings=out, phase="training")
     assert rep["root_cause"]["id"] == "DDP891" and rep["root_cause"]["ranks"] == [1]
 
@@ -284,7 +284,7 @@ def test_a_sigabrt_not_waiting_in_the_faulty_collective_stays_a_cause(tmp_path):
     write_dump(d, 1, [nccl_entry(1, [[8]])])
     out = with_ledgers(aborted([1]), nccl_dumps.merged(d, {}), world_size=2)
     crash = next(f for f in out if f.id == "DDP807")
-    assert not crash.evidence.get("consequence")  # rank 1 was elsewhere: its abort is its own
+    assert crash.caused_by is None  # rank 1 was elsewhere: its abort is its own
 
 
 def test_nccls_own_aids_are_turned_on_for_the_ranks_unless_the_user_set_them(tmp_path):

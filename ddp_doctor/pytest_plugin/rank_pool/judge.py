@@ -85,7 +85,7 @@ def judge(inputs: dict[str, Any], ledgers: dict[int, dict[str, Any]]) -> dict[st
                 if isinstance(ev, dict) and (ev.get("waiting") or ev.get("consequence")) \
                         and int(r) not in cause_ranks:
                     waiting.setdefault(int(r), ev.get("entry") or {})
-        if evidence.get("consequence") and f.get("id") != failures.RANK_HUNG.id:
+        if f.get("caused_by") and f.get("id") != failures.RANK_HUNG.id:
             for r in f.get("ranks") or []:
                 if int(r) not in cause_ranks:
                     consequence.setdefault(int(r), str(f.get("id")))

@@ -1,5 +1,5 @@
 """A distributed test's outcome from how each of its ranks ended. A rank that reported success and
-then died by SIGABRT is torch 2.13's gloo teardown abort (DOMAIN.md section 2): the test passed,
+then died by SIGABRT is torch 2.13's gloo teardown abort (docs/facts.md, "The gloo teardown abort"): the test passed,
 and the report says so in a note. A rank that died without a result file failed. The root cause
 of a failed test is the one ddp-doctor's judgement names (rank_pool/judge.py, the judgement of
 `ddp-doctor run` with each rank's ledger of collectives), and each rank is labelled by it: the
@@ -260,7 +260,7 @@ def _judged(res: RunResult, j: dict[str, Any], events: list[tuple[float, int, st
         lines.append(f"  rank {r}: " + (f"{p}; " if p else "") + _position(res, e, root))
         lines.extend(f"    {ln}" for ln in _ledger_lines(e.ledger))
     for f in j.get("findings") or []:
-        tag = " (a consequence)" if (f.get("evidence") or {}).get("consequence") else ""
+        tag = f" (a consequence of {f['caused_by']})" if f.get("caused_by") else ""
         lines.append(f"  {f['id']} {f['severity']}{tag}: {f['message']}")
     t0 = next((t for t, r, *_ in events if r == root), None)
     ordered = sorted(events, key=lambda ev: (ev[1] not in causes,))
