@@ -63,6 +63,25 @@ def ledgers_of(runs_dir: Path) -> dict[int, dict]:
     return records.read_ledgers(str(run_dir))
 
 
+def two_nodes(tmp_path: Path, script: str, extra: list[str]) -> list:
+    """`ddp-doctor run --nnodes 2` of `script`, one rank a node, on two simulated hosts (algo-1,
+    algo-2); each node's report in tmp_path/nodeN.json. Their results, waited for with a bound."""
+    import sys
+
+    from helpers.nodes import hosts_file, on_node, require_namespaces
+    from helpers.procs import free_port
+    require_namespaces()
+    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
+               "--timeout", "30", *extra, "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / script)]
+        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
+    return [finish(p, 150) for p in procs]
+
+
 def errors(rep: dict) -> list[dict]:
     return [f for f in rep["findings"] if f["severity"] == "error"]
 
@@ -165,20 +184,7 @@ def test_a_hang_leaves_ledgers_with_the_pending_collectives(runs, base):
 def test_across_nodes_the_master_nodes_report_names_the_cause_on_the_other_node(tmp_path):
     """Two simulated nodes (`ddp-doctor run --nnodes 2`, one rank each, host names algo-1/algo-2):
     rank 1 on node 1 raises; node 0's report, the one read first, names it (from the job's store)."""
-    import sys
-
-    from helpers.nodes import hosts_file, on_node, require_namespaces
-    from helpers.procs import free_port
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
-               "--timeout", "30", "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / "rank1_raises.py")]
-        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
-    results = [finish(p, 120) for p in procs]
+    results = two_nodes(tmp_path, "rank1_raises.py", [])
     for node, res in enumerate(results):
         assert res.rc == 1, res.output
         rep = load_json(str(tmp_path / f"node{node}.json"))
@@ -233,21 +239,7 @@ def test_a_hang_on_another_node_is_named_on_every_node_with_its_line(tmp_path):
     """Two simulated nodes, one rank each: rank 1 (node 1) blocks on a queue before its next
     all_reduce while rank 0 (node 0) waits in it. Each node finds the hang on its own; the ranks
     share their ledgers and stacks through the job's store, so both reports name rank 1 and its line."""
-    import sys
-
-    from helpers.nodes import hosts_file, on_node, require_namespaces
-    from helpers.procs import free_port
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
-               "--timeout", "30", "--hang-timeout", "8", "--skip", "communication",
-               "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / "rank1_blocks_on_queue.py")]
-        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
-    results = [finish(p, 150) for p in procs]
+    results = two_nodes(tmp_path, "rank1_blocks_on_queue.py", ["--hang-timeout", "8", "--skip", "communication"])
     blocked = line_of("rank1_blocks_on_queue.py", "batches.get()")
     for node, res in enumerate(results):
         assert res.rc == 124, (node, res.output)

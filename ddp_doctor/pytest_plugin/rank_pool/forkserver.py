@@ -10,6 +10,7 @@ import select
 import signal
 import sys
 import time
+from typing import Any, Callable
 
 from ddp_doctor.pytest_plugin.rank_pool.rank import rank_main
 from ddp_doctor.pytest_plugin.rank_pool.wire import JUDGE, PRELOAD, PRELOAD_ENV, Reader, pdeathsig, send
@@ -99,16 +100,8 @@ def serve() -> None:
                     pids: list[int] = []
                     pgid = 0
                     for r in range(int(spec["world_size"])):
-                        pid = os.fork()
-                        if pid == 0:
-                            try:
-                                signal.set_wakeup_fd(-1)
-                                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                                for fd in (wake_r, wake_w, ctl_out):
-                                    os.close(fd)
-                                rank_main(spec, r, pgid, server)
-                            finally:
-                                os._exit(70)
+                        pid = _fork_child(lambda r=r, pgid=pgid, spec=spec: rank_main(spec, r, pgid, server),
+                                          (wake_r, wake_w, ctl_out))
                         if pgid == 0:
                             pgid = pid
                         try:
@@ -120,16 +113,7 @@ def serve() -> None:
                     groups[req] = pgid
                     send(ctl_out, ("started", req, pids, pgid))
                 elif kind == "judge":
-                    pid = os.fork()
-                    if pid == 0:
-                        try:
-                            signal.set_wakeup_fd(-1)
-                            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                            for fd in (wake_r, wake_w, ctl_out):
-                                os.close(fd)
-                            judge_child(msg[2], server)
-                        finally:
-                            os._exit(70)
+                    pid = _fork_child(lambda msg=msg: judge_child(msg[2], server), (wake_r, wake_w, ctl_out))
                     children[pid] = (req, JUDGE)
                 elif kind == "signal":
                     for pid in live(req):
@@ -160,3 +144,19 @@ def serve() -> None:
             except ProcessLookupError:
                 pass
         os._exit(0)
+
+
+def _fork_child(body: Callable[[], Any], server_fds: tuple[int, ...]) -> int:
+    """Fork a child of the server that runs `body` without the server's signal plumbing and pipes,
+    and never returns into the server's loop (exit 70 if `body` does)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in server_fds:
+                os.close(fd)
+            body()
+        finally:
+            os._exit(70)
+    return pid
