@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seq-len", type=int, default=16, help="tokens per example (truncate / pad)")
     add("--vocab-size", type=int, default=128, help="minimum vocabulary size of the tiny model")
     add("--logging-steps", type=int, default=5)
+    add("--eval-strategy", choices=("no", "epoch", "steps"), default="no",
+        help="evaluate on a held-out synthetic set every epoch or every --eval-steps (default: no)")
+    add("--eval-steps", type=int, default=5)
     add("--ddp-timeout", type=int, default=600, help="process group timeout, seconds (Trainer default 1800)")
     add("--no-doctor-callback", action="store_true", help="do not add ddp_doctor's TrainerCallback")
     return p
@@ -225,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         logging_steps=max(1, args.logging_steps),
         save_strategy="no",
-        eval_strategy="no",
+        eval_strategy=args.eval_strategy,
+        eval_steps=max(1, args.eval_steps),
+        per_device_eval_batch_size=args.per_device_train_batch_size,
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -234,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ddp_timeout=args.ddp_timeout,
         ddp_find_unused_parameters=False,  # every parameter is used; True costs a graph traversal a step
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=train,
+    held_out = (synthetic_dataset(max(16, args.num_samples // 4), args.seq_len, args.vocab_size, args.seed + 1)
+                if args.eval_strategy != "no" else None)
+    trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=held_out,
                       callbacks=doctor_callbacks(args.no_doctor_callback))
     result = trainer.train()
     trainer.save_model(args.model_dir)  # rank 0 writes; every rank must call it
@@ -249,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": source,
         "seconds": round(time.monotonic() - started, 3),
         **{k: v for k, v in result.metrics.items() if isinstance(v, (int, float))},
+        "evaluations": sum(1 for entry in trainer.state.log_history if "eval_loss" in entry),
     }
     is_main = trainer.is_world_process_zero()
     if is_main:
@@ -278,7 +286,7 @@ if __name__ == "__main__":
     code = main()
     # The process group is destroyed and every file is written: end without interpreter teardown,
     # where torch 2.13's gloo sometimes aborts or hangs after a correct destroy_process_group
-    # (DOMAIN.md section 2).
+    # (docs/facts.md, "The gloo teardown abort").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

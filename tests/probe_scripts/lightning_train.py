@@ -4,6 +4,9 @@
     python lightning_train.py --report R.json --no-sampler        use_distributed_sampler=False and a
                                                                   plain shuffling DataLoader: same seed,
                                                                   every rank draws the same samples
+    python lightning_train.py --report R.json --sync-dist         correct too: the loss logged with
+                                                                  sync_dist=True on every rank, and a
+                                                                  validation loop each epoch
 
 Run as a plain script, Lightning's own launcher re-executes it for rank 1 (LOCAL_RANK set, no RANK);
 under torchrun each rank runs it. Every rank prints "lightning_train: done rank=R" once fit returned.
@@ -22,6 +25,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--report", required=True)
 p.add_argument("--no-sampler", action="store_true")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--sync-dist", action="store_true")
 args = p.parse_args()
 
 
@@ -32,7 +36,14 @@ class Tiny(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self.net(x), y)
+        if args.sync_dist:
+            self.log("train_loss", loss, sync_dist=True)  # every rank: one all_reduce each, in step
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y), sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
@@ -42,12 +53,17 @@ class Tiny(pl.LightningModule):
         x = torch.randn(128, 8, generator=g)
         return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=True)
 
+    def val_dataloader(self):
+        x = torch.randn(32, 8, generator=torch.Generator().manual_seed(2))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
 
 pl.seed_everything(0)  # the same seed on every rank
 trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs,
                      use_distributed_sampler=not args.no_sampler,
                      callbacks=[DoctorLightningCallback(report_path=args.report)], logger=False,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     log_every_n_steps=1)
+                     log_every_n_steps=1, limit_val_batches=None if args.sync_dist else 0,
+                     num_sanity_val_steps=0)
 trainer.fit(Tiny())
 os.write(1, f"lightning_train: done rank={trainer.global_rank} pid={os.getpid()}\n".encode())  # one write

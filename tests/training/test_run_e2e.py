@@ -55,7 +55,8 @@ def launches(base: Path) -> dict[str, Launch]:
     if importlib.util.find_spec("transformers"):  # else its test skips
         hf = at("hf_trainer")
         out["hf_trainer"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("hf_trainer"), "-m",
-                                    "ddp_doctor.training.hf_trainer", "--max-steps", "4"],
+                                    "ddp_doctor.training.hf_trainer", "--max-steps", "0", "--epochs", "2",
+                                    "--num-samples", "64", "--eval-strategy", "epoch"],
                                    clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=f"{hf}/model",
                                              SM_OUTPUT_DATA_DIR=f"{hf}/out"), hf, timeout=300)
     out |= {
@@ -317,6 +318,8 @@ def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(runs):
     assert "world_size=2" in res.stdout
     hf = dir_of(runs, "hf_trainer")
     assert (hf / "out" / "metrics.json").is_file() and any((hf / "model").iterdir())
+    # it evaluated at the end of each epoch, on every rank: a correct pattern, no finding
+    assert load_json(str(hf / "out" / "metrics.json"))["evaluations"] == 2
     rep = report_of(runs, "hf_trainer")
     assert rep["status"] in ("pass", "warn")
     # No false positive from the probes on a correct Trainer run; the callback's note made it in.
