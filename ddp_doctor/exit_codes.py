@@ -1,4 +1,4 @@
-"""The exit codes of every ddp-doctor command, defined once (DESIGN.md).
+"""The exit codes of every ddp-doctor command, defined once (the README's exit codes).
 
     EXIT_OK        0    no errors found (warnings do not count)
     EXIT_INTERNAL  1    ddp-doctor itself failed (a bug, a missing dependency, an unreadable state)

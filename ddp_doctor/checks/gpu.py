@@ -179,7 +179,7 @@ def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
     snap = gpu_facts.snapshot(ctx)
     it = _instance(ctx)
     row = _instance_type(ctx)
-    # Only the DOMAIN.md section 1 types (those with a known GPU model) are compared.
+    # Only the p3/p4d/p4de/p5 types of docs/facts.md (those with a known GPU model) are compared.
     expected = row.gpus if row is not None and row.gpu_model else None
     seen: int | None = _count(snap) if snap.ok and not is_unknown(snap.count) else None
     source = "NVML counts"

@@ -7,7 +7,7 @@ objects, the output bucket exists) and the training instance quota. The job's ow
 which also declares DDP900 / DDP901 for the AWS calls these checks could not make.
 
 Facts follow the SageMaker developer guide (train-vpc: self-referencing security groups, free IPs
-per instance); see DOMAIN.md section 1, "Client side".
+per instance); see docs/facts.md, "Client side".
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ which caches answers and records calls that were denied or could not be made: th
 DDP900 / DDP901, so a check that could not ask AWS says nothing.
 
 Facts follow the SageMaker Python SDK (distribution shapes, SMDDP instance list, framework
-versions); see DOMAIN.md section 1, "Client side".
+versions); see docs/facts.md, "Client side".
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def rank_argv(argv: list[str]) -> list[str]:
 
 def exit_now(code: int) -> None:
     """End a rank process without running interpreter teardown: torch 2.13's gloo can abort in
-    static destructors after a correct destroy_process_group (DOMAIN.md section 2), which would
+    static destructors after a correct destroy_process_group (docs/facts.md, "The gloo teardown abort"), which would
     turn a finished preflight into a SIGABRT. Everything was flushed and written before this."""
     sys.stdout.flush()
     sys.stderr.flush()

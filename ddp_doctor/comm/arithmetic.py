@@ -1,4 +1,4 @@
-"""Sizes and exact arithmetic of the collective benchmarks (DOMAIN.md section 3): byte sizes
+"""Sizes and exact arithmetic of the collective benchmarks (docs/facts.md, "Bandwidth"): byte sizes
 (parse_bytes, format_bytes, sizes), the bandwidth formulas (busbw_factor, bandwidth), the exact
 float32 sums (exact_sum, final_exact) and the per-rank fill patterns checked element by element
 (pattern, fill_rank_values, count_wrong).

@@ -1,4 +1,4 @@
-"""The all_reduce sweep with the nccl-tests methodology (DOMAIN.md section 3), shared by the
+"""The all_reduce sweep with the nccl-tests methodology (docs/facts.md, "Bandwidth"), shared by the
 `communication` checks of every preflight and by `ddp-doctor bench-comm`: SweepConfig and its
 defaults, Comm (a process group whose every collective is bounded), the sweep, and the checked
 broadcast / all_gather.

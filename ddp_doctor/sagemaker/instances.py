@@ -5,9 +5,9 @@ Every fact ddp-doctor knows about an EC2 / SageMaker instance type lives here; t
 expectations (comm/) read it through :func:`lookup` or the tuples derived below.
 
 A field is ``None`` where the project has no sourced fact: the checks then stay silent rather
-than guess (e.g. NVLink is known only for the DOMAIN.md section 1 types).
+than guess (e.g. NVLink is known only for the p3/p4d/p4de/p5 types of docs/facts.md).
 
-Sources: GPUs per instance from the EC2 user guide / DOMAIN.md instance table (trn types count
+Sources: GPUs per instance from the EC2 user guide (trn types count
 NeuronCores: what torchrun starts one rank per); SMDDP support from the SageMaker developer guide;
 EFA lists from sagemaker-training-toolkit; EFA device counts in _EFA_DEVICES, each with its
 source ("estimate" where no public source confirms it); busbw figures as noted on each row.
@@ -38,7 +38,7 @@ class InstanceType:
 
     name: str
     gpus: int                      # GPUs (trn: NeuronCores) - the ranks torchrun starts per instance
-    gpu_model: str | None = None   # known for the DOMAIN.md section 1 types only
+    gpu_model: str | None = None   # known for the p3/p4d/p4de/p5 types of docs/facts.md only
     nvlink: bool | None = None     # GPUs joined by NVLink / NVSwitch (None: not recorded)
     efa: bool = False              # the toolkit sets FI_PROVIDER=efa on it
     efa_rdma: bool = False         # ... and FI_EFA_USE_DEVICE_RDMA=1
@@ -106,12 +106,12 @@ del _T
 # A type not listed here has efa_devices None: the EFA device check (DDP330) stays silent on it.
 _UG = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide"
 _EFA_DEVICES: dict[str, tuple[int, str]] = {
-    "p3dn.24xlarge": (1, "DOMAIN.md section 1 instance table (EC2 UG, EFA supported instance types: "
+    "p3dn.24xlarge": (1, "EC2 UG (EFA supported instance types: "
                          f"{_UG}/efa.html)"),
-    "p4d.24xlarge": (4, "DOMAIN.md section 1 table; NCCL log on a p4d.24xlarge 'NET/OFI Selected provider is "
+    "p4d.24xlarge": (4, "EC2 UG; NCCL log on a p4d.24xlarge 'NET/OFI Selected provider is "
                         "efa, fabric is efa (found 4 nics)' (https://github.com/aws/aws-ofi-nccl/issues/889)"),
-    "p4de.24xlarge": (4, "DOMAIN.md section 1 table (same network as p4d.24xlarge)"),
-    "p5.48xlarge": (32, "DOMAIN.md section 1 table; EC2 UG 'EFA configuration for a P5 and P5e instances' "
+    "p4de.24xlarge": (4, "EC2 UG (same network as p4d.24xlarge)"),
+    "p5.48xlarge": (32, "EC2 UG 'EFA configuration for a P5 and P5e instances' "
                         f"requests 32 EFA devices ({_UG}/efa-acc-inst-types.html#efa-for-p5)"),
     "p5e.48xlarge": (32, "EC2 UG 'EFA configuration for a P5 and P5e instances' "
                          f"({_UG}/efa-acc-inst-types.html#efa-for-p5): the P5 layout, 32 network cards"),
@@ -119,7 +119,7 @@ _EFA_DEVICES: dict[str, tuple[int, str]] = {
                           "(https://github.com/NVIDIA/nccl/issues/1597)"),
     "g4dn.8xlarge": (1, "estimate: EFA-capable (sagemaker-training-toolkit EFA list), one network card"),
     "g4dn.12xlarge": (1, "estimate: EFA-capable (sagemaker-training-toolkit EFA list), one network card"),
-    "g5.48xlarge": (1, "DOMAIN.md section 1 table (100 Gbps, 1 EFA device)"),
+    "g5.48xlarge": (1, "EC2 UG (100 Gbps, 1 EFA device)"),
     "trn1.32xlarge": (8, "estimate: 800 Gbps of EFA (Neuron docs, Trn1 architecture: https://awsdocs-neuron."
                          "readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn1-arch.html) at "
                          "100 Gbps per device"),
@@ -133,13 +133,13 @@ TYPES = tuple(replace(t, efa_devices=_EFA_DEVICES[t.name][0], efa_source=_EFA_DE
 _P4 = "https://aws.amazon.com/ec2/instance-types/p4/"
 _P5 = "https://aws.amazon.com/ec2/instance-types/p5/"
 _NETWORK_GBPS: dict[str, tuple[int, str]] = {
-    "p3dn.24xlarge": (100, "DOMAIN.md section 1 table"),
+    "p3dn.24xlarge": (100, "EC2 UG"),
     "p4d.24xlarge": (400, f"AWS P4 instance page ({_P4}): 400 Gbps EFA"),
     "p4de.24xlarge": (400, f"AWS P4 instance page ({_P4})"),
     "p5.48xlarge": (3200, f"AWS P5 instance page ({_P5}): 3200 Gbps EFA"),
     "p5e.48xlarge": (3200, f"AWS P5 instance page ({_P5})"),
     "p5en.48xlarge": (3200, f"AWS P5 instance page ({_P5}): 3200 Gbps EFAv3"),
-    "g5.48xlarge": (100, "DOMAIN.md section 1 table"),
+    "g5.48xlarge": (100, "EC2 UG"),
     "trn1.32xlarge": (800, "Neuron docs, Trn1 architecture (see the EFA devices above)"),
     "trn1n.32xlarge": (1600, "Neuron docs, Trn1 architecture"),
 }

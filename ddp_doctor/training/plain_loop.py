@@ -151,7 +151,7 @@ if __name__ == "__main__":
     code = main()
     # The process group is destroyed and every file is written: end without interpreter teardown,
     # where torch 2.13's gloo sometimes aborts or hangs after a correct destroy_process_group
-    # (DOMAIN.md section 2).
+    # (docs/facts.md, "The gloo teardown abort").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

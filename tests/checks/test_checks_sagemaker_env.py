@@ -15,7 +15,7 @@ from ddp_doctor.runner import run_stage
 
 SAGEMAKER_IDS = [f"DDP2{i:02d}" for i in range(1, 16)]
 HOSTS = ["algo-1", "algo-2"]
-# The real p4d layout from DOMAIN.md: instance_groups list algo-2 first, so algo-2 is the master.
+# A real p4d layout (docs/facts.md): instance_groups list algo-2 first, so algo-2 is the master.
 GROUPS_ALGO2_FIRST = [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.p4d.24xlarge",
                        "hosts": ["algo-2", "algo-1"]}]
 EFA_VARS = {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple", "FI_EFA_USE_DEVICE_RDMA": "1"}

@@ -13,7 +13,7 @@ from helpers.procs import clean_env, ids, load_json
 
 pytestmark = pytest.mark.slow
 HOSTS = ["algo-1", "algo-2"]
-# The p4d example of DOMAIN.md: the instance group lists algo-2 first, so algo-2 is the master.
+# A real p4d layout (docs/facts.md): the instance group lists algo-2 first, so algo-2 is the master.
 GROUP_ORDER = ["algo-2", "algo-1"]
 
 

@@ -4,7 +4,7 @@ hf_trainer: a tiny BERT built from a config, Hugging Face Trainer + accelerate, 
 offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) so that a download would fail the run.
 plain_loop: DDP + DistributedSampler + set_epoch + rank-0 checkpoint + destroy_process_group.
 
-Known teardown abort (DOMAIN.md section 2): torch 2.13 CPU sometimes aborts at interpreter exit after a
+Known teardown abort (docs/facts.md): torch 2.13 CPU sometimes aborts at interpreter exit after a
 correct destroy_process_group on gloo ("terminate called without an active exception", SIGABRT). A rank
 that dies that way *after* the script printed its final summary is accepted as that abort (under torchrun
 the launcher then exits 1 and names signal 6 / exit code -6 for the rank); every other non-zero exit fails.

@@ -63,7 +63,7 @@ def rank_main(spec: dict[str, Any], rank: int, pgid: int, server: int) -> None:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001
         pass
-    os._exit(0)  # no interpreter teardown: gloo may abort in static destructors (DOMAIN.md s2)
+    os._exit(0)  # no interpreter teardown: gloo may abort in static destructors (docs/facts.md)
 
 
 def _load_function(spec: dict[str, Any]) -> Any:

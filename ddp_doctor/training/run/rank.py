@@ -92,7 +92,7 @@ def run_training_rank(opts: RunOptions) -> int:
     _, code = preflight(opts, run_dir)
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
-        # there after a correct teardown, DOMAIN.md section 2), keeping exit status 3 exact.
+        # there after a correct teardown, docs/facts.md, "The gloo teardown abort"), keeping exit status 3 exact.
         watch.stop()
         if own_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
