@@ -1,9 +1,14 @@
 """Run a callable with a time limit: the one way ddp-doctor bounds a call that might block (a check,
 a DNS lookup, a store connection, a teardown). The call runs in a daemon thread; past the limit it
 is abandoned (a thread cannot be killed) and the caller carries on with what it knows.
+
+Also the one rule for a bound a user gives in seconds (`--timeout`, `--hang-timeout`):
+usable_timeout, which both the CLI's options (ddp_doctor/cli/options.py) and `ddp-doctor run`'s
+own parser (ddp_doctor/training/run/command.py) apply.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 import traceback
@@ -12,6 +17,31 @@ from typing import Any, Callable, Generic, Hashable, Mapping, TypeVar
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
+
+
+# The longest bound a user may give: one day. Every wait takes it as it is (thread joins, socket and
+# store timeouts, torch's timedelta, torchrun's whole seconds); a longer one is no bound in
+# practice, and past about 1e9 s the conversions to timedelta and time_t overflow.
+MAX_TIMEOUT_S = 86400.0
+
+
+def usable_timeout(text: str, maximum: float = MAX_TIMEOUT_S) -> float:
+    """A bound in seconds from the user's text: a finite number above 0 and at most `maximum`;
+    otherwise ValueError with a one-line reason that quotes the text and says what is accepted."""
+    accepted = f"a number of seconds above 0 and at most {maximum:g}"
+    if maximum == MAX_TIMEOUT_S:
+        accepted += " (one day)"
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a number of seconds; give {accepted}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is no bound; give {accepted}")
+    if value <= 0:
+        raise ValueError(f"{text!r} must be more than 0 seconds; give {accepted}")
+    if value > maximum:
+        raise ValueError(f"{text!r} is more than {maximum:g} seconds; give {accepted}")
+    return value
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping
 
+from ddp_doctor.checks.sagemaker_config import host_evidence, hosts_text
 from ddp_doctor.context import BACKENDS, RankContext
 from ddp_doctor.facts.host import SMDDP_MODULE
 from ddp_doctor.facts.launchers import RANK_VARIABLES, LauncherInfo
@@ -438,12 +439,12 @@ def sagemaker_without_launcher(ctx: RankContext) -> Iterator[Problem]:
     if sm.is_hetero and sm.this_host and sm.distribution_hosts and sm.this_host not in sm.distribution_hosts:
         return  # a host outside the distribution groups takes no part (DDP214 says so)
     hosts, gpus = _sm_hosts(ctx), sm.num_gpus or 0
-    ev = {"hosts": hosts, "num_gpus": gpus, "distribution": sm.distribution}
+    ev = {**host_evidence({"hosts": hosts}), "num_gpus": gpus, "distribution": sm.distribution}
     per_host = max(gpus, 1)
     if len(hosts) > 1:
         yield Problem(
             message=f"no launcher: a single process on a SageMaker job with {len(hosts)} hosts "
-                    f"(SM_HOSTS={hosts}) and SM_NUM_GPUS={gpus}; every host runs its own independent copy "
+                    f"(SM_HOSTS={hosts_text(hosts)}) and SM_NUM_GPUS={gpus}; every host runs its own independent copy "
                     f"and {len(hosts) * per_host - len(hosts)} of {len(hosts) * per_host} GPUs idle",
             evidence=ev)
     elif gpus > 1:

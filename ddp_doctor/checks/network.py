@@ -15,6 +15,10 @@ from ddp_doctor.time_limit import call_all_with_time_limit
 
 # Overall bound on resolving every host name (resolutions run concurrently).
 RESOLVE_TIMEOUT_S = 5.0
+# Host names looked up at most (one thread each): the master and this host first, then the others in
+# the job's order. A job of thousands of hosts is judged on this sample, and the finding says so.
+MAX_RESOLVED = 64
+FAILED_SHOWN = 10  # failed names a message quotes; the others are counted
 # Indirection so tests can stand in a slow or fake resolver.
 _getaddrinfo: Callable[..., Any] = socket.getaddrinfo
 LOOPBACK = "lo"
@@ -57,10 +61,24 @@ def resolve_all(hosts: list[str], timeout: float | None = None) -> dict[str, str
     return {h: outcome(h) for h in hosts}
 
 
-@check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0)
+def resolve_sample(ctx: RankContext, names: list[str], limit: int = MAX_RESOLVED) -> list[str]:
+    """The names to look up: all of them, or for a larger job `limit` of them: the SageMaker master
+    and this host first (the names the launch depends on), then the others in the job's order."""
+    if len(names) <= limit:
+        return names
+    sm = ctx.sagemaker
+    first = [h for h in (sm.master_hostname, sm.this_host) if h] if sm is not None else []
+    known = set(names)
+    picked = list(dict.fromkeys([h.strip() for h in first if h.strip() in known] + names))
+    return picked[:limit]
+
+
+@check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0,
+       severities=("info",))
 def hosts_resolve(ctx: RankContext) -> Iterator[Problem]:
     """
-    What: Every host name of the job (the hosts in SM_HOSTS and in SageMaker's resourceconfig.json)
+    What: Every host name of the job (the hosts in SM_HOSTS and in SageMaker's resourceconfig.json;
+    of a job of more than 64 hosts, 64 of them: the master, this host and the first others)
     resolves to an address on this host, within a few seconds. MASTER_ADDR is resolved by the
     rendezvous itself (DDP310).
     Why: A rank that cannot resolve the master's name cannot join the rendezvous; one that cannot
@@ -68,19 +86,37 @@ def hosts_resolve(ctx: RankContext) -> Iterator[Problem]:
     long after start, with a message that rarely names the host.
     Fix: Make the name resolvable on every node (DNS or /etc/hosts), or set MASTER_ADDR to the
     master's IP address.
+    Severity: error for a name that does not resolve; info when a job of more than 64 hosts had a
+    sample of its names looked up (the master, this host, then the first others) and all resolved.
     """
     sources = hosts_to_resolve(ctx)
     if not sources:
         return
-    outcome = resolve_all(list(sources))
+    names = list(sources)
+    checked = resolve_sample(ctx, names)
+    sample = (f" (a sample of {len(checked)} of the job's {len(names)} host names: the master, this host and "
+              f"the first others; the rest were not looked up)") if len(checked) < len(names) else ""
+    outcome = resolve_all(checked)
     failed = {h: why for h, why in outcome.items() if why is not None}
+    evidence: dict[str, Any] = {"checked": len(checked), "names": len(names), "timeout_s": RESOLVE_TIMEOUT_S}
     if not failed:
+        if sample:
+            yield Problem(message=f"all {len(checked)} host names looked up resolved on this host{sample}",
+                          severity="info", evidence=evidence)
         return
-    parts = [f"{h} (from {', '.join(sources[h])}): {why}" for h, why in failed.items()]
+    alike: dict[tuple[str, str], list[str]] = {}  # names failing the same way, from the same sources
+    for h, why in failed.items():
+        alike.setdefault((", ".join(sources[h]), why), []).append(h)
+    parts = [f"{', '.join(hs[:FAILED_SHOWN])}{f' +{len(hs) - FAILED_SHOWN} more' if len(hs) > FAILED_SHOWN else ''}"
+             f" (from {src}): {why}" for (src, why), hs in list(alike.items())[:FAILED_SHOWN]]
+    if len(alike) > FAILED_SHOWN:
+        parts.append(f"+{sum(len(hs) for hs in list(alike.values())[FAILED_SHOWN:])} more failing otherwise")
+    kept = dict(list(failed.items())[:100])
     yield Problem(
-        message=f"{len(failed)} of {len(sources)} host name(s) did not resolve on this host: " + "; ".join(parts),
+        message=f"{len(failed)} of {len(checked)} host name(s) looked up did not resolve on this host{sample}: "
+                + "; ".join(parts),
         hint=_resolve_hint(ctx),
-        evidence={"failed": failed, "sources": sources, "timeout_s": RESOLVE_TIMEOUT_S},
+        evidence={"failed": kept, "failed_count": len(failed), "sources": {h: sources[h] for h in kept}, **evidence},
     )
 
 

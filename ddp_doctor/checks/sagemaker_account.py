@@ -16,6 +16,7 @@ import urllib.parse
 from typing import Any, Iterator
 
 from ddp_doctor.checks.sagemaker_job import STAGE, TIMEOUT, local_mode
+from ddp_doctor.facts.env_values import bounded_json
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 from ddp_doctor.sagemaker.aws import JobContext, Reply
@@ -252,7 +253,7 @@ def role_exists(ctx: JobContext) -> Iterator[Problem]:
 def _policy(doc: Any) -> dict[str, Any]:
     if isinstance(doc, str):
         try:
-            doc = json.loads(urllib.parse.unquote(doc))
+            doc = bounded_json(urllib.parse.unquote(doc))
         except ValueError:
             return {}
     return doc if isinstance(doc, dict) else {}

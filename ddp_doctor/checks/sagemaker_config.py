@@ -10,7 +10,8 @@ sagemaker-training-toolkit (environment.py, torch_distributed.py, smdataparallel
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections import Counter
+from typing import Any, Iterator, Mapping, Sequence
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts.sagemaker_env import SageMakerEnv
@@ -18,10 +19,32 @@ from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
 RAW_LIMIT = 200  # characters of a raw value quoted in a message
+HOSTS_SHOWN = 8  # host names a message quotes; the others are counted ("+K more")
+HOSTS_KEPT = 100  # host names a finding's evidence keeps (a job may have thousands of hosts)
 
 
 def _clip(raw: str) -> str:
     return raw if len(raw) <= RAW_LIMIT else raw[:RAW_LIMIT] + "..."
+
+
+def hosts_text(hosts: Sequence[str] | None) -> str:
+    """A host list for a message: a short one as Python shows it (['algo-1', 'algo-2']), a long one
+    as its first HOSTS_SHOWN names and how many more (['algo-1', ..., 'algo-8', +7992 more])."""
+    hosts = list(hosts or [])
+    if len(hosts) <= HOSTS_SHOWN:
+        return str(hosts)
+    return f"{str(hosts[:HOSTS_SHOWN])[:-1]}, +{len(hosts) - HOSTS_SHOWN} more]"
+
+
+def host_evidence(lists: Mapping[str, Sequence[str] | None]) -> dict[str, Any]:
+    """Host lists for a finding's evidence: each kept to its first HOSTS_KEPT names, with
+    "<key>_count" (the full length) beside one that was cut."""
+    out: dict[str, Any] = {}
+    for key, hosts in lists.items():
+        out[key] = None if hosts is None else list(hosts[:HOSTS_KEPT])
+        if hosts is not None and len(hosts) > HOSTS_KEPT:
+            out[f"{key}_count"] = len(hosts)
+    return out
 
 
 def dist_hosts(sm: SageMakerEnv) -> list[str]:
@@ -44,9 +67,9 @@ def _rc_shape_errors(rc: dict[str, Any]) -> Iterator[str]:
     """Structural problems of a resourceconfig.json that parsed to an object."""
     hosts = rc.get("hosts")
     if not (isinstance(hosts, list) and hosts and all(isinstance(h, str) for h in hosts)):
-        yield f"resourceconfig.json: hosts is {hosts!r}, not a non-empty list of host names"
+        yield f"resourceconfig.json: hosts is {_clip(repr(hosts))}, not a non-empty list of host names"
     if not isinstance(rc.get("current_host"), str):
-        yield f"resourceconfig.json: current_host is {rc.get('current_host')!r}, not a host name"
+        yield f"resourceconfig.json: current_host is {_clip(repr(rc.get('current_host')))}, not a host name"
     groups = rc.get("instance_groups")
     if groups is None:
         return
@@ -92,7 +115,7 @@ def sagemaker_config_readable(ctx: RankContext) -> Iterator[Problem]:
         return
     for source, why in sorted(sm.errors.items()):
         raw = ctx.env.get(source) if source.startswith("SM_") else None
-        message = why if raw is None or repr(raw) in why else f"{why} (value: {_clip(raw)!r})"
+        message = why if raw is None or repr(_clip(raw)) in why else f"{why} (value: {_clip(raw)!r})"
         severity = "warning" if source == "resourceconfig.json" and why.endswith(" is missing") else None
         hint = CONFIG_HINTS.get(source) or JSON_OBJECT_HINT.format(name=source)
         yield Problem(message=message, hint=hint, severity=severity,
@@ -117,12 +140,13 @@ def current_host_listed(ctx: RankContext) -> Iterator[Problem]:
     if sm is None:
         return
     if sm.hosts is not None and sm.current_host is not None and sm.current_host not in sm.hosts:
-        yield Problem(message=f"SM_CURRENT_HOST={sm.current_host!r} is not in SM_HOSTS={sm.hosts}",
-                      evidence={"current_host": sm.current_host, "hosts": sm.hosts})
+        yield Problem(message=f"SM_CURRENT_HOST={sm.current_host!r} is not in SM_HOSTS={hosts_text(sm.hosts)}",
+                      evidence={"current_host": sm.current_host, **host_evidence({"hosts": sm.hosts})})
     rc_hosts, rc_host = sm.rc_hosts, sm.rc_current_host
     if rc_hosts is not None and rc_host is not None and rc_host not in rc_hosts:
-        yield Problem(message=f"resourceconfig.json current_host={rc_host!r} is not in its hosts {rc_hosts}",
-                      evidence={"current_host": rc_host, "hosts": rc_hosts})
+        yield Problem(message=f"resourceconfig.json current_host={rc_host!r} is not in its hosts "
+                              f"{hosts_text(rc_hosts)}",
+                      evidence={"current_host": rc_host, **host_evidence({"hosts": rc_hosts})})
 
 
 @check("DDP203", category="launcher_env", severity="error", title="SM_* variables disagree with resourceconfig.json",
@@ -146,8 +170,14 @@ def sm_variables_match_config(ctx: RankContext) -> Iterator[Problem]:
     rc_hosts, rc_host = sm.rc_hosts, sm.rc_current_host
     # Order is DDP204's business; here only the membership.
     if sm.hosts is not None and rc_hosts is not None and sorted(sm.hosts) != sorted(rc_hosts):
-        yield Problem(message=f"SM_HOSTS={sm.hosts} but resourceconfig.json hosts are {rc_hosts}",
-                      evidence={"SM_HOSTS": sm.hosts, "resourceconfig_hosts": rc_hosts})
+        differ = ""
+        if max(len(sm.hosts), len(rc_hosts)) > HOSTS_SHOWN:  # long lists: where they differ, not only how they start
+            only_sm, only_rc = sorted(set(sm.hosts) - set(rc_hosts)), sorted(set(rc_hosts) - set(sm.hosts))
+            differ = "".join([f"; only in SM_HOSTS: {hosts_text(only_sm)}" if only_sm else "",
+                              f"; only in resourceconfig.json: {hosts_text(only_rc)}" if only_rc else ""])
+        yield Problem(message=f"SM_HOSTS={hosts_text(sm.hosts)} but resourceconfig.json hosts are "
+                              f"{hosts_text(rc_hosts)}{differ}",
+                      evidence=host_evidence({"SM_HOSTS": sm.hosts, "resourceconfig_hosts": rc_hosts}))
     if sm.current_host is not None and rc_host is not None and sm.current_host != rc_host:
         if ctx.launcher.name == "mpirun":
             yield Problem(
@@ -181,13 +211,16 @@ def hosts_unique_sorted(ctx: RankContext) -> Iterator[Problem]:
     source, hosts = ("resourceconfig.json hosts", sm.rc_hosts) if sm.rc_hosts is not None else ("SM_HOSTS", sm.hosts)
     if not hosts:
         return
-    dupes = sorted({h for h in hosts if hosts.count(h) > 1})
+    dupes = sorted(h for h, n in Counter(hosts).items() if n > 1)
     if dupes:
-        yield Problem(message=f"{source} {hosts} name {', '.join(dupes)} more than once",
-                      evidence={"source": source, "hosts": hosts, "duplicates": dupes})
+        more = len(dupes) - HOSTS_SHOWN
+        shown = ", ".join(dupes[:HOSTS_SHOWN]) + (f" (+{more} more)" if more > 0 else "")
+        yield Problem(message=f"{source} {hosts_text(hosts)} name {shown} more than once",
+                      evidence={"source": source, **host_evidence({"hosts": hosts, "duplicates": dupes})})
     elif hosts != sorted(hosts):
-        yield Problem(message=f"{source} {hosts} are not sorted; SageMaker writes {sorted(hosts)}",
-                      severity="warning", evidence={"source": source, "hosts": hosts})
+        yield Problem(message=f"{source} {hosts_text(hosts)} are not sorted; SageMaker writes "
+                              f"{hosts_text(sorted(hosts))}",
+                      severity="warning", evidence={"source": source, **host_evidence({"hosts": hosts})})
 
 
 @check("DDP205", category="topology", severity="error", title="Instance groups do not match the hosts")
@@ -208,6 +241,7 @@ def instance_groups_consistent(ctx: RankContext) -> Iterator[Problem]:
     if not isinstance(groups, list):
         return  # shape problems are DDP201's
     names = []
+    known = set(hosts or ())
     for g in groups:
         if not isinstance(g, dict):
             continue
@@ -215,11 +249,12 @@ def instance_groups_consistent(ctx: RankContext) -> Iterator[Problem]:
         gh = g.get("hosts")
         if hosts is None or not isinstance(gh, list):
             continue
-        extra = [h for h in gh if h not in hosts]
+        extra = [h for h in gh if not isinstance(h, str) or h not in known]
         if extra:
             yield Problem(
-                message=f"instance group {g.get('instance_group_name')!r} lists {extra}, not in hosts {hosts}",
-                evidence={"group": g.get("instance_group_name"), "extra": extra, "hosts": hosts})
+                message=f"instance group {_clip(repr(g.get('instance_group_name')))} lists {hosts_text(extra)}, "
+                        f"not in hosts {hosts_text(hosts)}",
+                evidence={"group": g.get("instance_group_name"), **host_evidence({"extra": extra, "hosts": hosts})})
     if sm.is_hetero and sm.distribution_groups:
         missing = [n for n in sm.distribution_groups if n not in names]
         if missing:
@@ -248,9 +283,9 @@ def master_not_first_sorted(ctx: RankContext) -> Iterator[Problem]:
     here = sm.this_host
     where = f"; this host {here} is node {dh.index(here)}" if here in dh else ""
     yield Problem(
-        message=f"instance_groups list the hosts as {dh}: the master is {dh[0]} (not {sorted(dh)[0]}) and "
+        message=f"instance_groups list the hosts as {hosts_text(dh)}: the master is {dh[0]} (not {min(dh)}) and "
                 f"node ranks follow this order{where}",
-        evidence={"distribution_hosts": dh, "master": dh[0], "this_host": here})
+        evidence={**host_evidence({"distribution_hosts": dh}), "master": dh[0], "this_host": here})
 
 
 @check("DDP214", category="topology", severity="info", title="Host outside the distribution instance groups")
@@ -266,7 +301,7 @@ def host_outside_distribution(ctx: RankContext) -> Iterator[Problem]:
     sm = ctx.sagemaker
     if sm is None or takes_part(sm):
         return
-    yield Problem(message=f"this host {sm.this_host} is not in the distribution hosts {dist_hosts(sm)} "
-                          f"(SM_DISTRIBUTION_INSTANCE_GROUPS={sm.distribution_groups})",
-                  evidence={"this_host": sm.this_host, "distribution_hosts": dist_hosts(sm),
-                            "distribution_groups": sm.distribution_groups})
+    yield Problem(message=f"this host {sm.this_host} is not in the distribution hosts {hosts_text(dist_hosts(sm))} "
+                          f"(SM_DISTRIBUTION_INSTANCE_GROUPS={hosts_text(sm.distribution_groups)})",
+                  evidence={"this_host": sm.this_host, **host_evidence({"distribution_hosts": dist_hosts(sm),
+                                                                       "distribution_groups": sm.distribution_groups})})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Iterator
 
-from ddp_doctor.checks.sagemaker_config import dist_hosts, multi_host, takes_part
+from ddp_doctor.checks.sagemaker_config import dist_hosts, host_evidence, hosts_text, multi_host, takes_part
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
@@ -73,10 +73,10 @@ def master_addr_is_sagemaker_master(ctx: RankContext) -> Iterator[Problem]:
     master, dh = sm.master_hostname, dist_hosts(sm)
     te_master = sm.training_env.get("master_hostname")
     ev = {"MASTER_ADDR": ctx.master_addr, "master": master, "training_env_master": te_master,
-          "distribution_hosts": dh, "this_host": sm.this_host, "node_rank": ctx.node_rank}
+          **host_evidence({"distribution_hosts": dh}), "this_host": sm.this_host, "node_rank": ctx.node_rank}
     if isinstance(te_master, str) and master and te_master != master:
         yield Problem(message=f"SM_TRAINING_ENV master_hostname={te_master!r} but resourceconfig.json "
-                              f"instance_groups put {master!r} first ({dh})", evidence=ev)
+                              f"instance_groups put {master!r} first ({hosts_text(dh)})", evidence=ev)
     addr = ctx.master_addr
     if not addr or _is_ip(addr):
         return  # unset is DDP104's; an IP needs name resolution (network checks)
@@ -91,10 +91,12 @@ def master_addr_is_sagemaker_master(ctx: RankContext) -> Iterator[Problem]:
     elif master and addr_host not in (master, te_master):
         # The toolkit sets MASTER_ADDR itself; a user's launcher may still be self-consistent.
         yield Problem(
-            message=f"MASTER_ADDR={addr} but the SageMaker master is {master} (distribution_hosts[0] of {dh})",
+            message=f"MASTER_ADDR={addr} but the SageMaker master is {master} (distribution_hosts[0] of "
+                    f"{hosts_text(dh)})",
             severity=None if _toolkit_torchrun(ctx, sm) else "warning", evidence=ev,
             hint=None if _toolkit_torchrun(ctx, sm) else
-            f"Works only if rank 0 runs on {addr}; prefer MASTER_ADDR={master} and node ranks in the order {dh}.")
+            f"Works only if rank 0 runs on {addr}; prefer MASTER_ADDR={master} and node ranks in the order "
+            f"{hosts_text(dh)}.")
 
 
 
@@ -140,13 +142,14 @@ def node_rank_matches_host_order(ctx: RankContext) -> Iterator[Problem]:
     toolkit = _toolkit_torchrun(ctx, sm)
     yield Problem(
         message=f"GROUP_RANK={nr} but this host {here} is at position {dh.index(here)} of the distribution "
-                f"hosts {dh} (master {dh[0]})",
+                f"hosts {hosts_text(dh)} (master {dh[0]})",
         # A torchrun of your own with a dynamic (c10d) rendezvous numbers nodes in join order.
         severity=None if toolkit else "warning",
         hint=None if toolkit else
         f"With --rdzv-backend c10d node ranks follow join order and this is expected; with a static "
         f"rendezvous pass --node_rank {dh.index(here)} on this host.",
-        evidence={"node_rank": nr, "expected": dh.index(here), "distribution_hosts": dh, "this_host": here})
+        evidence={"node_rank": nr, "expected": dh.index(here), **host_evidence({"distribution_hosts": dh}),
+                  "this_host": here})
 
 
 
@@ -174,7 +177,7 @@ def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
                          else ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
     # With no distribution the launcher is the user's own: say so, but it may be intended.
     severity = None if sm.distribution != "none" else "warning"
-    ev = {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size, "hosts": dh,
+    ev = {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size, **host_evidence({"hosts": dh}),
           "processes_per_host": ppn, "distribution": sm.distribution}
     expected = len(dh) * ppn
     if ctx.launcher.name == "mpirun":
@@ -182,12 +185,13 @@ def world_matches_sagemaker_layout(ctx: RankContext) -> Iterator[Problem]:
         own = f"`mpirun -np {expected} -npernode {ppn} ...`"
     else:
         dist = '{"torch_distributed": {"enabled": True}}'
-        own = f"`torchrun --nnodes {len(dh)} --nproc-per-node {ppn} --node_rank <index in {dh}> ...` on every host"
+        own = (f"`torchrun --nnodes {len(dh)} --nproc-per-node {ppn} --node_rank <index in {hosts_text(dh)}> ...` "
+               "on every host")
     hint = f"Let the estimator start the ranks (distribution={dist}) or run {own}"
     if ctx.world_size is not None and ctx.world_size != expected:
         yield Problem(
-            message=f"{world_n}={ctx.world_size} but SageMaker runs {len(dh)} host(s) {dh} x {ppn} processes "
-                    f"per host ({_ppn_source(sm)}) = {expected}",
+            message=f"{world_n}={ctx.world_size} but SageMaker runs {len(dh)} host(s) {hosts_text(dh)} x {ppn} "
+                    f"processes per host ({_ppn_source(sm)}) = {expected}",
             severity=severity, hint=hint, evidence=ev)
     if ctx.local_world_size is not None and ctx.local_world_size != ppn:
         yield Problem(
@@ -267,7 +271,7 @@ def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
     if multi_host(sm):
         addr, port = env.get("SMDATAPARALLEL_SERVER_ADDR"), env.get("SMDATAPARALLEL_SERVER_PORT")
         ev = {"SMDATAPARALLEL_SERVER_ADDR": addr, "SMDATAPARALLEL_SERVER_PORT": port,
-              "master": sm.master_hostname, "distribution_hosts": dist_hosts(sm)}
+              "master": sm.master_hostname, **host_evidence({"distribution_hosts": dist_hosts(sm)})}
         if not addr:
             yield Problem(message=f"SMDATAPARALLEL_SERVER_ADDR is not set on a {len(sm.distribution_hosts)}-host "
                                   f"job (master {sm.master_hostname})", evidence=ev)

@@ -22,10 +22,11 @@ torch.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
+
+from ddp_doctor.facts.env_values import bounded_json
 
 _HEADER = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
@@ -182,7 +183,7 @@ def error_file_text(data: Any) -> str:
     py_callstack, else the message. Any other text is returned as it is."""
     if isinstance(data, str):
         try:
-            parsed = json.loads(data)
+            parsed = bounded_json(data)  # any text: bounded in size and depth
         except ValueError:
             return data
         data = parsed
@@ -200,7 +201,7 @@ def _is_error_file(text: str) -> bool:
     if not text.lstrip().startswith("{"):
         return False
     try:
-        data = json.loads(text)
+        data = bounded_json(text)
     except ValueError:
         return False
     return isinstance(data, dict) and isinstance(data.get("message"), dict)

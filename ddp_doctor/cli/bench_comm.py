@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable
 
 from ddp_doctor.cli.launch import exit_now, rank_argv
-from ddp_doctor.cli.options import UsageError, byte_size, positive_float, positive_int
+from ddp_doctor.cli.options import UsageError, byte_size, positive_int, timeout_seconds
 from ddp_doctor.comm import expected, stragglers, sweep, table
 from ddp_doctor.comm.arithmetic import format_bytes
 from ddp_doctor.exit_codes import EXIT_INTERNAL
@@ -42,7 +42,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", default=None,
                    help="write the JSON report (measurements.all_reduce) here "
                         "(default: $DDP_DOCTOR_REPORT or ./ddp-doctor-report.json)")
-    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="bound in seconds for each wait, each collective included (default: 60)")
     p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"), default=None,
                    help="process-group backend (default: nccl with GPUs, gloo without)")

@@ -1,6 +1,6 @@
 """What the subcommands share to read their arguments: UsageError (a usage mistake found after
 parsing; main prints it and exits 2) and the argparse validators, one definition each:
-positive_float, int_at_least (positive_int, non_negative_int), threshold, byte_size.
+timeout_seconds (positive_float), int_at_least (positive_int, non_negative_int), threshold, byte_size.
 """
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ class UsageError(Exception):
     """A usage mistake argparse cannot see (e.g. an unknown --select ID): exit 2 with its message."""
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a number of seconds above 0."""
+def timeout_seconds(text: str) -> float:
+    """An argparse type: a bound in seconds, as ddp_doctor.time_limit.usable_timeout takes it (above 0,
+    finite, at most MAX_TIMEOUT_S, one day); `ddp-doctor run` applies the same rule to its own."""
+    from ddp_doctor.time_limit import usable_timeout
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return v
+        return usable_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+positive_float = timeout_seconds  # the name the options used before the bound had a maximum
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ddp_doctor.cli.launch import exit_now, rank_argv
-from ddp_doctor.cli.options import UsageError, non_negative_int, positive_float, positive_int, threshold
+from ddp_doctor.cli.options import UsageError, non_negative_int, positive_int, threshold, timeout_seconds
 
 HELP = "check the launcher environment, the network and the process group"
 
@@ -19,9 +19,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", default=None,
                    help="write the merged JSON report here, pass or fail "
                         "(default: $DDP_DOCTOR_REPORT or ./ddp-doctor-report.json)")
-    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="bound in seconds for each wait: reaching the master, meeting the other "
-                        "ranks, creating the process group, each collective (default: 60)")
+                        "ranks, creating the process group, each collective (default: 60; at most "
+                        "86400, one day)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "

@@ -1,8 +1,100 @@
-"""Small, total parsers for environment values: they never raise, they say what was wrong."""
+"""Small, total parsers for environment values: they never raise, they say what was wrong.
+
+Also the one way ddp-doctor reads JSON (and text files) a user or a platform hands it: SM_* variables,
+/opt/ml/input/config/*.json, sagemaker-check's --config and --distribution. bounded_json refuses
+text larger than MAX_JSON_BYTES or nested deeper than MAX_JSON_DEPTH before json.loads sees it (the
+decoder recurses once per level: 60,000 brackets are a RecursionError, not a parse error);
+read_text_file decodes a file by its byte-order mark (UTF-8 with or without one, UTF-16 and UTF-32
+with one: what Windows PowerShell writes) within a size bound. Both fail with ValueError and a
+one-line reason, never anything else.
+"""
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Any, Mapping
+
+# Far deeper than anything SageMaker, the SDK or an estimator writes (SM_TRAINING_ENV nests about
+# 5 levels), far shallower than the interpreter's recursion limit in any thread.
+MAX_JSON_DEPTH = 100
+# Far larger than any SM_* value (the kernel caps one at 128 KiB) or config file (8,000 hosts in
+# resourceconfig.json are about 200 KB); small enough to read and scan in well under a second.
+MAX_JSON_BYTES = 4 * 1024 * 1024
+
+
+def _too_big(size: int, max_bytes: int) -> str:
+    return f"larger than {max_bytes} bytes ({size} bytes)"
+
+
+_ESCAPE = re.compile(r"\\.", re.S)       # a backslash and the character it escapes
+_STRING = re.compile(r'"[^"]*"')           # a string, once its escapes are gone: linear, no backtracking
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth(text: str) -> int:
+    """How deep [ and { nest in JSON text, what is inside strings left out; counted without
+    recursion (regular expressions and a running sum), so it can be asked of any text before
+    json.loads is. Text that is no JSON gets a number too (json.loads then rejects it)."""
+    bare = _STRING.sub("", _ESCAPE.sub("", text))
+    quote = bare.find('"')
+    if quote >= 0:  # an unterminated string: all after it is inside it
+        bare = bare[:quote]
+    brackets = _NOT_BRACKET.sub("", bare)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def bounded_json(text: str, *, max_depth: int = MAX_JSON_DEPTH, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """json.loads(text), within bounds: ValueError, whose message says what is wrong in a phrase that
+    follows "X is" ("larger than ...", "nested N levels deep ...", "not valid JSON (...)"), when the
+    text is larger than `max_bytes` (UTF-8), nests deeper than `max_depth`, or is no JSON. It never
+    raises anything else (no RecursionError, whatever the text)."""
+    if len(text) > max_bytes:  # each character is at least one byte
+        raise ValueError(_too_big(len(text.encode("utf-8", "surrogatepass")), max_bytes))
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ValueError(_too_big(size, max_bytes))
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"nested {depth} levels deep (ddp-doctor reads at most {max_depth})")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # e.g. a number of too many digits
+        raise ValueError(f"not valid JSON ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+# byte-order mark -> (codec, the name a message gives); UTF-32's before UTF-16's (FF FE 00 00 starts both)
+BOMS = ((b"\xef\xbb\xbf", "utf-8", "UTF-8"), (b"\xff\xfe\x00\x00", "utf-32-le", "UTF-32 LE"),
+        (b"\x00\x00\xfe\xff", "utf-32-be", "UTF-32 BE"), (b"\xff\xfe", "utf-16-le", "UTF-16 LE"),
+        (b"\xfe\xff", "utf-16-be", "UTF-16 BE"))
+
+
+def decode_text(data: bytes) -> str:
+    """Text from a file's bytes: by its byte-order mark (which is dropped), UTF-8 without one.
+    ValueError, one line naming the encoding and what failed, when the bytes do not decode, or
+    hold NUL characters without a mark (UTF-16 written without one)."""
+    bom, codec, name = next((m for m in BOMS if data.startswith(m[0])), (b"", "utf-8", "UTF-8"))
+    if not bom and b"\x00" in data:  # no text file holds NUL: UTF-16 or UTF-32 saved without a mark
+        raise ValueError("not UTF-8 text: it holds NUL bytes and has no byte-order mark (UTF-16 without "
+                         "one?); save it as UTF-8")
+    try:
+        return data[len(bom):].decode(codec)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid {name} text (byte {e.start + len(bom)}: {e.reason}); save it as UTF-8") from None
+
+
+def read_text_file(path: str, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A user's text file, decoded by decode_text and read no further than `max_bytes` + 1 bytes.
+    OSError when it cannot be opened or read; ValueError (one line) when it is larger than
+    `max_bytes` or does not decode."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    return decode_text(data)
 
 
 class Invalid:
@@ -32,14 +124,15 @@ def env_int(env: Mapping[str, str], name: str) -> int | None | Invalid:
 
 
 def env_json(env: Mapping[str, str], name: str) -> Any:
-    """None when unset; the decoded JSON; or Invalid when it is not JSON."""
+    """None when unset; the decoded JSON; or Invalid when it is not JSON, or too large or too deeply
+    nested to read (bounded_json)."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
-        return json.loads(raw)
+        return bounded_json(raw)
     except ValueError as e:
-        return Invalid(raw, f"not valid JSON ({e.msg})")
+        return Invalid(raw, str(e))
 
 
 def env_bool(env: Mapping[str, str], name: str) -> bool:

@@ -6,12 +6,11 @@ checks to report. Facts follow sagemaker-training-toolkit (environment.py, torch
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ddp_doctor.facts.env_values import Invalid, as_int, env_int, env_json
+from ddp_doctor.facts.env_values import Invalid, as_int, bounded_json, env_int, env_json, read_text_file
 
 DEFAULT_ROOT = "/opt/ml"
 TORCHRUN_PORT = 7777
@@ -82,27 +81,39 @@ def present(env: Mapping[str, str], root: str | None = None) -> bool:
 
 
 def _read_json_file(path: str) -> tuple[Any, str | None]:
+    """(the file's JSON, None), or (None, what is wrong): "missing", or "unreadable: ..." for a file
+    that cannot be read, decoded, or parsed within bounded_json's size and depth."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f), None
+        return bounded_json(read_text_file(path)), None
     except FileNotFoundError:
         return None, "missing"
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        return None, f"unreadable: {e.strerror or e}"
+    except ValueError as e:
         return None, f"unreadable: {e}"
 
 
-def _decode_hyperparameters(raw: Any) -> dict[str, Any]:
-    # Every value in hyperparameters.json is a JSON-encoded string ("3", "\"train.py\"").
+def _decode_hyperparameters(raw: Any, problems: list[str]) -> dict[str, Any]:
+    # Every value in hyperparameters.json is a JSON-encoded string ("3", "\"train.py\""). A value that
+    # is no JSON stays the string it is; one too large or too deep to read is also noted in `problems`.
     out: dict[str, Any] = {}
     for k, v in (raw or {}).items():
         if isinstance(v, str):
             try:
-                out[k] = json.loads(v)
+                out[k] = bounded_json(v)
                 continue
-            except ValueError:
-                pass
+            except ValueError as e:
+                if not str(e).startswith("not valid JSON"):
+                    problems.append(f"the value of {str(k)[:80]!r} is {e}")
         out[k] = v
     return out
+
+
+RAW_LIMIT = 200  # characters of a raw value quoted in an error (checks/sagemaker_config.py clips alike)
+
+
+def _clip(raw: str) -> str:
+    return raw if len(raw) <= RAW_LIMIT else raw[:RAW_LIMIT] + "..."
 
 
 def _str_list(value: Any) -> list[str] | None:
@@ -121,9 +132,10 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     hosts_raw = env_json(env, "SM_HOSTS")
     hosts = _str_list(hosts_raw)
     if isinstance(hosts_raw, Invalid):
-        errors["SM_HOSTS"] = f"SM_HOSTS={hosts_raw.raw!r} is {hosts_raw.why}; it must be a JSON list of host names"
+        errors["SM_HOSTS"] = (f"SM_HOSTS={_clip(hosts_raw.raw)!r} is {hosts_raw.why}; it must be a JSON list "
+                              "of host names")
     elif hosts_raw is not None and hosts is None:
-        errors["SM_HOSTS"] = (f"SM_HOSTS={env.get('SM_HOSTS')!r} is a JSON {type(hosts_raw).__name__}, "
+        errors["SM_HOSTS"] = (f"SM_HOSTS={_clip(env.get('SM_HOSTS') or '')!r} is a JSON {type(hosts_raw).__name__}, "
                               "not a list of host names")
 
     num_gpus = env_int(env, "SM_NUM_GPUS")
@@ -158,7 +170,12 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     if hp_err and hp_err != "missing":
         errors["hyperparameters.json"] = f"{os.path.join(cfg, 'hyperparameters.json')} is {hp_err}"
     elif isinstance(hp_raw, dict):
-        hyperparameters = _decode_hyperparameters(hp_raw)
+        hp_problems: list[str] = []
+        hyperparameters = _decode_hyperparameters(hp_raw, hp_problems)
+        if hp_problems:
+            errors["hyperparameters.json"] = (f"{os.path.join(cfg, 'hyperparameters.json')}: "
+                                              + "; ".join(hp_problems[:3])
+                                              + (f" (+{len(hp_problems) - 3} more)" if len(hp_problems) > 3 else ""))
         for k, v in hyperparameters.items():  # toolkit: sagemaker_* hyperparameters are framework params
             if k.startswith("sagemaker_"):
                 framework_params.setdefault(k, v)

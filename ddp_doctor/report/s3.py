@@ -48,8 +48,9 @@ def job_name(env: Mapping[str, str]) -> str | None:
     name = env.get("SAGEMAKER_JOB_NAME") or env.get("TRAINING_JOB_NAME")
     if name:
         return name
+    from ddp_doctor.facts.env_values import bounded_json  # SM_TRAINING_ENV as any SM_* JSON: bounded
     try:
-        te = json.loads(env.get("SM_TRAINING_ENV") or "{}")
+        te = bounded_json(env.get("SM_TRAINING_ENV") or "{}")
         return str(te.get("job_name")) if isinstance(te, dict) and te.get("job_name") else None
     except ValueError:
         return None

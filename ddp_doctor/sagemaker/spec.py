@@ -7,10 +7,10 @@ processes_per_instance. No AWS here: see ddp_doctor.sagemaker.aws.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from ddp_doctor.facts.env_values import MAX_JSON_DEPTH, bounded_json, read_text_file
 from ddp_doctor.sagemaker.instances import lookup_sagemaker
 
 
@@ -111,10 +111,10 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
         if name in out:
             out[name] = _as_list(name, out[name])
     if "distribution" in out and isinstance(out["distribution"], str):
-        try:
-            out["distribution"] = json.loads(out["distribution"]) if out["distribution"].strip() else None
+        try:  # bounded: --distribution is text a user typed, any size and depth
+            out["distribution"] = bounded_json(out["distribution"]) if out["distribution"].strip() else None
         except ValueError as e:
-            raise SpecError(f"distribution is not valid JSON: {e}") from None
+            raise SpecError(f"distribution is {e}") from None
     for name in ("instance_count", "per_device_batch_size"):
         if out.get(name) is not None:
             try:
@@ -157,12 +157,15 @@ def distribution_name(dist: Any) -> str:
 
 
 def load_spec_file(path: str) -> JobSpec:
-    """A JobSpec from a JSON or YAML file (YAML needs PyYAML)."""
+    """A JobSpec from a JSON or YAML file (YAML needs PyYAML), in UTF-8 (with or without a BOM) or
+    UTF-16/UTF-32 with a BOM (what Windows PowerShell writes), no larger than MAX_JSON_BYTES and
+    nested no deeper than MAX_JSON_DEPTH. SpecError, one line naming the file, for anything else."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text_file(path)
     except OSError as e:
         raise SpecError(f"cannot read --config {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise SpecError(f"cannot read --config {path}: it is {e}") from None
     if path.lower().endswith((".yaml", ".yml")):
         try:
             import yaml  # type: ignore[import-untyped]
@@ -170,15 +173,58 @@ def load_spec_file(path: str) -> JobSpec:
             raise SpecError(f"--config {path} is YAML, which needs PyYAML (`pip install pyyaml`); "
                             f"or write the same settings as JSON") from None
         try:
+            bad = yaml_problem(yaml, text)
+            if bad:
+                raise SpecError(f"--config {path} cannot be read: it is {bad}")
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise SpecError(f"--config {path} is not valid YAML: {e}") from None
+            raise SpecError(f"--config {path} is not valid YAML: {' '.join(str(e).split())}") from None
     else:
         try:
-            data = json.loads(text)
+            data = bounded_json(text)
         except ValueError as e:
-            raise SpecError(f"--config {path} is not valid JSON: {e}") from None
-    return JobSpec.from_dict(data or {})
+            raise SpecError(f"--config {path} is {e}") from None
+    try:
+        return JobSpec.from_dict(data or {})
+    except SpecError as e:
+        raise SpecError(f"--config {path}: {e}") from None
+
+
+MAX_YAML_VALUES = 100_000  # values a YAML file may stand for once its aliases are expanded
+
+
+def yaml_problem(yaml: Any, text: str, max_depth: int = MAX_JSON_DEPTH,
+                 max_values: int = MAX_YAML_VALUES) -> str | None:
+    """What makes YAML text unsafe to load, read from PyYAML's event stream (its parser keeps a
+    stack, it does not recurse, unlike the composer that safe_load runs): nesting deeper than
+    `max_depth`, an alias inside the collection it names (a structure that holds itself), or
+    aliases that expand to more than `max_values` values (a "billion laughs"). None when it is fine;
+    yaml.YAMLError for text that is no YAML."""
+    sizes: dict[str, int] = {}
+    open_: list[list[Any]] = []  # [anchor, values so far] of each collection being read
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            open_.append([ev.anchor, 1])
+            if len(open_) > max_depth:
+                return f"nested more than {max_depth} levels deep"
+            continue
+        if isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            anchor, n = open_.pop()
+            if anchor:
+                sizes[anchor] = n
+        elif isinstance(ev, yaml.AliasEvent):
+            if any(a == ev.anchor for a, _ in open_):
+                return f"a structure that holds itself (the alias *{ev.anchor} is inside &{ev.anchor})"
+            n = sizes.get(ev.anchor, 1)
+        elif isinstance(ev, yaml.ScalarEvent):
+            n = 1
+        else:
+            continue
+        if open_:
+            open_[-1][1] += n
+            if open_[-1][1] > max_values:
+                return f"more than {max_values} values once its aliases are expanded"
+    return None
 
 
 def processes_per_instance(spec: JobSpec, gpus: int | None) -> int | None:

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +49,12 @@ def test_no_host_names_nothing_to_do() -> None:
 
 def test_unresolvable_sagemaker_host_is_named_quickly(tmp_path: Path) -> None:
     ctx = make_ctx(sm_env(["localhost", BAD_HOST], "localhost"), sm_root=tmp_path)
-    start = time.monotonic()
     (f,) = run("DDP300", ctx)
-    assert time.monotonic() - start < 5.0  # fails fast: no such name, no waiting for the bound
     assert f.id == "DDP300" and f.severity == "error" and f.category == "network"
     assert BAD_HOST in f.message and "SM_HOSTS" in f.message
     assert "SM_HOSTS" in f.hint
-    assert f.evidence["failed"][BAD_HOST]
+    # fails fast: the resolver's own answer (no such name), not the bound running out
+    assert f.evidence["failed"][BAD_HOST] and "did not resolve within" not in f.evidence["failed"][BAD_HOST]
 
 
 def test_master_addr_is_left_to_the_rendezvous() -> None:
@@ -88,9 +86,8 @@ def test_resolution_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(network, "_getaddrinfo", slow)
     monkeypatch.setattr(network, "RESOLVE_TIMEOUT_S", 0.3)
-    start = time.monotonic()
     out = network.resolve_all(["slow-host", "localhost"], timeout=0.3)
-    assert time.monotonic() - start < 2.0
+    # "did not resolve within": the lookup was abandoned at its bound (the resolver never answered)
     assert out == {"slow-host": "did not resolve within 0.3 s", "localhost": None}
     (f,) = run("DDP300", make_ctx(sm_env(["slow-host"], "slow-host"), sm_root=Path("/nonexistent")))
     release.set()
