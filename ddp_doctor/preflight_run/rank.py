@@ -27,8 +27,9 @@ from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.preflight_run import rendezvous
 from ddp_doctor.report import build as reportlib
+from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, deliver
-from ddp_doctor.report.redact import redact_text
+from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.time_limit import call_with_time_limit
 
 LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
@@ -331,13 +332,11 @@ class RankPreflight:
         if not self.launch_dir:
             return
         path = os.path.join(self.launch_dir, f"rank-{self.rank}.json")
-        tmp = f"{path}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"rank": self.rank, "final": final, "view": self.view,
-                           "findings": [x.to_dict() for x in self.findings], "timeline": self.timeline}, f)
-            os.replace(tmp, path)
-        except OSError:
+        try:  # redacted, and readable by this user only (0600), as every record in a run directory
+            write_private(path, json.dumps(redact_obj({
+                "rank": self.rank, "final": final, "view": self.view,
+                "findings": [x.to_dict() for x in self.findings], "timeline": self.timeline}), default=str))
+        except (OSError, ValueError):
             pass
 
 

@@ -115,9 +115,10 @@ def _findings_text(report: dict[str, Any]) -> str:
                          for f in report.get("findings") or [] if isinstance(f, dict))
 
 
-def _atomic_write(path: str, text: str) -> None:
+def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     """Write to a temp file in the same directory, fsync, then rename over `path`: a reader
-    (the launcher, S3 upload) sees the old file or the whole new one, never half of it."""
+    (the launcher, S3 upload) sees the old file or the whole new one, never half of it. `mode`
+    0600: a file left in a run directory, for this user only."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -126,7 +127,8 @@ def _atomic_write(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the report is meant to be read by others
+        if mode != 0o600:
+            os.chmod(tmp, mode)  # mkstemp makes it 0600; the report is meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -140,22 +142,24 @@ def _error(what: str, path: str, e: BaseException) -> str:
     return f"could not write {what} {path}: {type(e).__name__}: {e}"
 
 
-def write_report_file(report: dict[str, Any], path: str) -> str | None:
-    """Write the (redacted) JSON report atomically, creating parent directories.
+def write_report_file(report: dict[str, Any], path: str, *, private: bool = False) -> str | None:
+    """Write the (redacted) JSON report atomically, creating parent directories; `private`: 0600
+    (a rank's report left in a run directory for the parent), else 0644.
     Returns None on success, else the error text."""
     try:
         text = json.dumps(redact_obj(report), indent=2, sort_keys=False, default=str) + "\n"
-        _atomic_write(path, text)
+        _atomic_write(path, text, 0o600 if private else 0o644)
         return None
     except Exception as e:
         return _error("report", path, e)
 
 
-def write_trace_file(trace: dict[str, Any], path: str) -> str | None:
+def write_trace_file(trace: dict[str, Any], path: str, *, private: bool = False) -> str | None:
     """Write a Chrome trace (report/trace.py; redacted, since it carries exception messages and
-    call sites) atomically, creating parent directories. None on success, else the error text."""
+    call sites) atomically, creating parent directories; `private`: 0600 (the copy in a kept run
+    directory). None on success, else the error text."""
     try:
-        _atomic_write(path, json.dumps(redact_obj(trace), default=str) + "\n")
+        _atomic_write(path, json.dumps(redact_obj(trace), default=str) + "\n", 0o600 if private else 0o644)
         return None
     except Exception as e:
         return _error("trace", path, e)

@@ -9,25 +9,33 @@ ledger-request (written by the parent on a hang, or by a failing rank: each live
 then writes its ledger), init-PID.json (what a process passed to init_process_group, written as it
 called it), nccl-fr-rank-N (NCCL's flight recorder dump on a collective timeout, pickled by torch;
 read by training/run/nccl_dumps.py).
+
+Private: the run directory is made 0700 (report/private_files.py, make_private_dir) and every file
+ddp-doctor writes in it 0600 (write_json, open_private); the records are redacted as reports are
+(report/redact.py) before they are written, since they hold exception text and arguments.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
-import threading
 import time
 from typing import Any
 
+from ddp_doctor.report.private_files import make_private_dir, open_private, write_private
+from ddp_doctor.report.redact import redact_obj
 
-def write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # two threads of a rank may write one record
+__all__ = ["make_private_dir", "open_private"]  # run directories and the files faulthandler writes into
+
+
+def write_json(path: str, data: dict[str, Any], *, redact: bool = True) -> None:
+    """One record, atomically, readable by this user only (0600), redacted (exception text,
+    arguments, probe notes can quote a secret). `redact=False` only for records without free text
+    that are written often or are large (heartbeats, ledgers)."""
     try:
-        text = json.dumps(data, default=str)  # one write: json.dump streams many small ones
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except (OSError, ValueError):
+        text = json.dumps(redact_obj(data) if redact else data, default=str)
+        write_private(path, text)  # two threads of a rank may write one record: own temp files
+    except (OSError, ValueError, RecursionError):
         pass  # a record that cannot be written must not break the user's job
 
 
@@ -78,16 +86,21 @@ def ledger_request_path(run_dir: str) -> str:
 
 
 def write_outcome(run_dir: str, rank: int, data: dict[str, Any]) -> None:
+    """How the rank ended; its exception's message and traceback are redacted before they are
+    written (write_json), as the report is."""
     write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
 
 
 def write_heartbeat(run_dir: str, rank: int, data: dict[str, Any]) -> None:
-    write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data})
+    # every second, and no free text (phase, counters, the frame it is in): not redacted
+    write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data}, redact=False)
 
 
 def write_ledger(run_dir: str, rank: int, data: dict[str, Any]) -> None:
-    """One rank's ledger of collectives; a later ending replaces an earlier one."""
-    write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
+    """One rank's ledger of collectives; a later ending replaces an earlier one. Up to the flight
+    recorder's 2000 entries of collectives, sizes and call sites, no free text: not redacted."""
+    write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data},
+               redact=False)
 
 
 SAME_JOB = 5.0  # seconds: records written this long before a rank started may be its job's (the

@@ -13,7 +13,6 @@ and exits with status 3, as a failed preflight does.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -23,14 +22,12 @@ RESULT_ENV = "DDP_DOCTOR_AGENT_RESULT"
 
 
 def _write_result(exits: dict[str, int]) -> None:
-    """rank -> exit status of the ranks that failed, for the ddp-doctor parent."""
+    """rank -> exit status of the ranks that failed, for the ddp-doctor parent (0600, as every
+    record in the run directory)."""
     path = os.environ.get(RESULT_ENV)
     if path:
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(exits, f)
-        except OSError:
-            pass
+        from ddp_doctor.training import records
+        records.write_json(path, exits, redact=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +236,7 @@ def write_node_report(run_dir: str, finding: Any) -> None:
              "nproc_per_node": nproc, "master_addr": ev.get("master_addr"), "master_port": ev.get("master_port")}
     rep = reportlib.build_report(world=world, ranks=[], findings=[finding])
     try:
-        os.makedirs(pf_dir, exist_ok=True)
+        records.make_private_dir(pf_dir)
         for name, data in (("report.json", rep),
                            ("rank-0.json", {"rank": 0, "final": True, "view": {}, "findings": []})):
             records.write_json(os.path.join(pf_dir, name), data)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ddp_doctor.training.run.target import Target
 
@@ -70,24 +70,75 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], Target]:
     raise RunUsageError(f"no script or -m MODULE given (usage: {USAGE})")
 
 
-def _positive(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v) or v <= 0:  # inf/nan: no bound at all, and torchrun's options take whole seconds
-        raise ValueError(text)
-    return v
+def _seconds(text: str) -> float:
+    """--timeout / --hang-timeout: the CLI's one rule for a bound (ddp_doctor.time_limit.usable_timeout:
+    above 0, finite, at most one day; torchrun's options take it in whole seconds)."""
+    from ddp_doctor.time_limit import usable_timeout
+    try:
+        return usable_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _DoctorParser(argparse.ArgumentParser):
+    """argparse for the ddp-doctor options of `run`: a mistake is one RunUsageError line (main prints
+    it and exits 2), never argparse's usage dump and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise RunUsageError(f"bad ddp-doctor option: {message}")
 
 
 def doctor_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddp-doctor run", add_help=False)
+    p = _DoctorParser(prog="ddp-doctor run", add_help=False)
     p.add_argument("--report", default=None)
-    p.add_argument("--timeout", type=_positive, default=60.0)
-    p.add_argument("--hang-timeout", type=_positive, default=None)
+    p.add_argument("--timeout", type=_seconds, default=60.0)
+    p.add_argument("--hang-timeout", type=_seconds, default=None)
     p.add_argument("--select", action="append")
     p.add_argument("--skip", action="append")
     p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"))
     p.add_argument("--run-dir", default=None)  # keep the run directory (records, ledgers, stacks) in it
     p.add_argument("--trace", default=None)  # the ranks' timelines as a Chrome trace (run/trace_file.py)
     return p
+
+
+NPROC_ACCEPTED = "a whole number of processes above 0, cpu, auto, or gpu / xpu where that device is present"
+
+
+def check_nproc_per_node(torchrun: list[str]) -> None:
+    """Every --nproc-per-node given for torchrun, judged as torch.distributed.run takes it
+    (determine_local_world_size): a whole number as int() reads it, and above 0 (torchrun takes 0 or
+    -3 and fails later with a bare AssertionError), or cpu or auto; another word (gpu, xpu, the
+    privateuse1 device's name) is asked of torch's own function, which knows whether that device is
+    here. RunUsageError, one line, otherwise."""
+    names = ("--nproc-per-node", "--nproc_per_node")
+    for i, a in enumerate(torchrun):
+        key, eq, val = a.partition("=")
+        if key not in names:
+            continue
+        value = val if eq else (torchrun[i + 1] if i + 1 < len(torchrun) else "")
+        why = _nproc_problem(value)
+        if why:
+            raise RunUsageError(f"--nproc-per-node {value!r}: {why}; torchrun takes {NPROC_ACCEPTED}")
+
+
+def _nproc_problem(value: str) -> str | None:
+    try:
+        n: int | None = int(value)
+    except ValueError:
+        n = None
+    if n is not None:
+        return None if n >= 1 else "no process would start"
+    if value in ("cpu", "auto"):
+        return None
+    try:
+        from torch.distributed.run import determine_local_world_size
+        n = determine_local_world_size(value)
+    except ImportError:
+        return None  # no torch to ask here: the launcher says it
+    except Exception as e:  # noqa: BLE001 - torch's answer for a word it does not take (ValueError, RuntimeError)
+        said = (str(e).splitlines() or [type(e).__name__])[0]
+        return f"torch says {said[:160]!r}"
+    return None if isinstance(n, int) and n >= 1 else f"no {value} device on this host"
 
 
 def torchrun_value(torchrun: list[str], *names: str) -> str | None:
@@ -104,7 +155,7 @@ def run_options(doctor: list[str], target: Target) -> Any:
     from ddp_doctor.training.run.rank import RunOptions
     try:
         ns = doctor_parser().parse_args(doctor)
-    except SystemExit:
+    except SystemExit:  # argparse's own exit (e.g. a handler that exits): still one usage line
         raise RunUsageError(f"bad ddp-doctor option in {' '.join(doctor)!r} (usage: {USAGE})") from None
     select, skip = registry.parse_selectors(ns.select), registry.parse_selectors(ns.skip)
     bad = catalogue.unknown_selectors(select + skip)
@@ -122,6 +173,7 @@ def main(argv: list[str]) -> int:
         return 0
     torchrun, doctor, target = split_argv(argv)
     opts = run_options(doctor, target)
+    check_nproc_per_node(torchrun)
     if target.path and not os.path.isfile(target.path):
         raise RunUsageError(f"no such script: {target.path}")
     from ddp_doctor.facts.launchers import launcher_name
@@ -171,8 +223,9 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     keep_in = opts.run_dir  # --run-dir: the run directory is made inside it and kept
     try:
         if keep_in:
-            os.makedirs(keep_in, exist_ok=True)
-        run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-", dir=keep_in)
+            os.makedirs(keep_in, mode=0o700, exist_ok=True)  # the user's directory: made private, never changed
+        run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-", dir=keep_in)  # 0700
+        records.make_private_dir(run_dir)
     except OSError as e:
         raise RunUsageError(f"--run-dir {keep_in}: cannot make the run directory there "
                             f"({e.strerror or e})") from None
@@ -215,10 +268,12 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
         return finish(run_dir, proc.returncode, hang, opts, torchrun, stuck_in_init=stuck_in_init,
                       interrupted=stop.caught, slow=slow)
     finally:
+        from ddp_doctor.report.private_files import tighten_tree
         from ddp_doctor.training.run.nccl_dumps import dump_files
         if keep_in:  # the user's --run-dir: everything stays
-            pass
+            tighten_tree(run_dir)  # NCCL's dumps and log, written with the umask: 0600 as ours are
         elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
+            tighten_tree(run_dir)
             sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
         else:
             import shutil

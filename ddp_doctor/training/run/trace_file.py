@@ -84,7 +84,7 @@ def write_trace_if_asked(opts: Any, run_dir: str, rep: dict[str, Any] | None) ->
         trace = tracelib.chrome_trace(rank_lanes(run_dir, rep))
         err = sinks.write_trace_file(trace, path)
         if getattr(opts, "run_dir", None):
-            sinks.write_trace_file(trace, os.path.join(run_dir, TRACE_IN_RUN_DIR))
+            sinks.write_trace_file(trace, os.path.join(run_dir, TRACE_IN_RUN_DIR), private=True)
     except Exception as e:  # noqa: BLE001 - the trace never takes the run down
         err = f"could not make the trace {path}: {type(e).__name__}: {e}"
     if err:
