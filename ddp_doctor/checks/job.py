@@ -17,7 +17,7 @@ from typing import Any
 
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
-from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings
+from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings, vanished_finding
 from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
 from ddp_doctor.checks.training_probes import probe_findings
@@ -61,6 +61,9 @@ class JobEvidence:
     world_size: int | None = None
     started: bool = True  # a rank started its script (a heartbeat was seen)
     launched_alone: bool = False  # ddp-doctor launched the ranks: it knows each one (DDP876 may judge)
+    # rank -> its last heartbeat, for ranks whose process is gone without an ending (no outcome, no
+    # exit status seen: killed by SIGKILL under an outside launcher)
+    vanished: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -78,7 +81,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
         findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
     else:
         more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes)
-        findings += more
+        findings += more + [vanished_finding(r, hb) for r, hb in sorted(ev.vanished.items())]
         if code == 0 and ev.launcher_code and not ev.outcomes:
             code = ev.launcher_code  # the launcher itself failed
             if not ev.started and not any(f.severity == "error" for f in earlier + findings):

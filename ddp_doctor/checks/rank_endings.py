@@ -296,7 +296,13 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                and _others_failed(r, outcomes, exits)}
     ranks = [r for r in ranks if r not in stopped] + sorted(stopped)
     killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
-    if first_rank is not None and not causes and killed:
+    # a script that ended itself with sys.exit(N) while its peers waited: only lost-peer symptoms
+    # were raised, and the rank that left has the job's status, N
+    exited = [int(o["exit_code"]) for r in ranks if (o := outcomes.get(r)) is not None and o.get("exit_code")
+              and not o.get("exception") and not o.get("interrupted")]
+    if first_rank is not None and not causes and exited:
+        code = exited[0]
+    elif first_rank is not None and not causes and killed:
         code = 128 - killed[0]  # only lost-peer symptoms raised: the killed rank is the cause
     elif first_rank is not None:
         code = int(outcomes[first_rank].get("exit_code") or 1)
@@ -339,3 +345,18 @@ def launcher_failed_finding(code: int) -> Finding:
                               "--rdzv-*, --node-rank), or a rendezvous it could not set up (--master-addr/"
                               "--master-port unreachable or taken).",
                          evidence={"launcher_exit": code}, phase="training")
+
+
+def vanished_finding(rank: int, heartbeat: dict[str, Any]) -> Finding:
+    """A rank whose process is gone without an ending (no record of how its script ended, and no
+    launcher of ours saw its exit status): SIGKILL (the OOM killer) or a crash it could not record.
+    Dated from its last heartbeat: it died after that and before the next one was due."""
+    where = heartbeat.get("where") or heartbeat.get("innermost")
+    steps = heartbeat.get("steps")
+    at = (f" at {where}" if where else "") + (f" after {int(steps)} steps" if isinstance(steps, int) and steps else "")
+    return event_finding(
+        failures.RANK_KILLED, f"rank {rank} (pid {heartbeat.get('pid', '?')}) was killed without an ending{at}: "
+        f"its process is gone and it recorded no exit (SIGKILL: the OOM killer?)", rank=rank, phase="training",
+        time=float(heartbeat.get("time") or 0) or None,
+        evidence={"pid": heartbeat.get("pid"), "last_heartbeat": heartbeat.get("time"), "where": where,
+                  "vanished": True})

@@ -166,6 +166,12 @@ def exit_code(report: dict[str, Any]) -> int:
     return EXIT_FAILED if report.get("status") == "fail" else EXIT_OK
 
 
+def mark_running(report: dict[str, Any]) -> dict[str, Any]:
+    """The preflight's report once the training has started: status "running" (a job still to end
+    is never a "pass"), the preflight's own verdict kept under "preflight_status"."""
+    return {**report, "status": "running", "phase": "training", "preflight_status": report.get("status")}
+
+
 def mark_interrupted(report: dict[str, Any], interrupt: dict[str, Any]) -> dict[str, Any]:
     """A job a signal stopped: status "interrupted" whatever its findings (never "pass"), and the
     signal and its sender under "interrupted"."""

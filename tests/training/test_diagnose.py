@@ -180,3 +180,13 @@ def test_a_launcher_that_fails_before_any_rank_is_never_a_pass(tmp_path):
     assert code == 1 and rep["status"] == "fail"
     cause = rep["root_cause"]
     assert cause["id"] == "DDP003" and "exited with status 1 before any rank" in cause["message"]
+
+
+def test_a_rank_that_exits_with_its_own_status_gives_the_job_that_status():
+    # rank 1 called sys.exit(5) while rank 0 waited: rank 0 raised only the lost-peer symptom
+    lost = {"type": "RuntimeError", "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:1", "traceback": "", "time": 11.0}
+    outcomes = {0: {"rank": 0, "time": 11.0, "exit_code": 1, "exception": lost},
+                1: {"rank": 1, "time": 10.0, "exit_code": 5, "exception": None}}
+    _, code = training_findings(outcomes, {0: 1, 1: 5}, [0, 1])
+    assert code == 5

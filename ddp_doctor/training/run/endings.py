@@ -187,7 +187,7 @@ class HangExchange:
                 d = json.loads(store.get(f"{prefix}/{r}"))
                 _keep(self.run_dir, r, d)
                 if d.get("stack"):
-                    with open(records.stack_path(self.run_dir, r), "w", encoding="utf-8") as f:
+                    with records.open_private(records.stack_path(self.run_dir, r)) as f:
                         f.write(str(d["stack"]))
                 copied.append(r)
             if wanted <= set(copied) or time.monotonic() >= deadline:

@@ -155,11 +155,32 @@ def request_reason(run_dir: str) -> str | None:
 
 
 def live_ranks(run_dir: str, but: int, since: float = 0.0) -> list[int]:
-    """Ranks of this run directory still in their script (a heartbeat in training, no outcome),
-    counting records written at `since` or later."""
+    """Ranks of this run directory still in their script (a heartbeat in training, no outcome, a
+    live process), counting records written at `since` or later."""
     ended = records.read_outcomes(run_dir, since)
     return sorted(r for r, hb in records.read_heartbeats(run_dir, since).items()
-                  if r != but and r not in ended and hb.get("phase") == "training")
+                  if r != but and r not in ended and hb.get("phase") == "training" and not process_gone(hb.get("pid")))
+
+
+def vanished_ranks(run_dir: str, but: int, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    """Ranks of this run directory whose process is gone without an ending: a heartbeat in
+    training, no outcome, and no live process with its pid (SIGKILL leaves nothing else). Their
+    last heartbeats."""
+    ended = records.read_outcomes(run_dir, since)
+    return {r: hb for r, hb in records.read_heartbeats(run_dir, since).items()
+            if r != but and r not in ended and hb.get("phase") == "training" and process_gone(hb.get("pid"))}
+
+
+def process_gone(pid: Any) -> bool:
+    """No live process has this pid (none at all, or a zombie its parent has not reaped yet).
+    False when it cannot be told."""
+    import psutil
+    try:
+        return psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, ValueError, TypeError):
+        return False
 
 
 def from_exception(exc: dict[str, Any] | None) -> tuple[bool, str | None]:

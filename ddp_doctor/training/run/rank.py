@@ -60,7 +60,7 @@ def preflight(opts: RunOptions, run_dir: str) -> tuple[dict[str, Any], int]:
                       launch_dir=os.path.join(run_dir, "preflight") if under_parent else None,
                       entry_script=opts.target.path)
     if pf_opts.launch_dir:
-        os.makedirs(pf_opts.launch_dir, exist_ok=True)
+        records.make_private_dir(pf_opts.launch_dir)
     pf = RankPreflight(current_context(backend=opts.backend, entry_script=opts.target.path,
                                        options=opts.check_options), pf_opts)
     rep = pf.run()
@@ -78,7 +78,7 @@ def run_training_rank(opts: RunOptions) -> int:
     started = time.time()
     own_dir = info.name == "none"  # one process, no launcher: this run's directory is ours to remove
     run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-") if own_dir else run_dir_for(os.environ)
-    os.makedirs(run_dir, exist_ok=True)
+    records.make_private_dir(run_dir)  # 0700; an earlier version's 0755 directory is tightened
     under_parent = bool(os.environ.get(PARENT_ENV))
     if not own_dir:  # before the first process group (the preflight's): under an outside launcher
         from ddp_doctor.training.run.ledger import recorder_env  # no parent set the recorder's env
@@ -89,7 +89,12 @@ def run_training_rank(opts: RunOptions) -> int:
                          on_hang=None if under_parent else _end_hung_rank).start()
     if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
         watch.watch_stop_signals(lambda w, sig: _end_stopped_rank(w, sig, started, opts))
-    _, code = preflight(opts, run_dir)
+    outside = not under_parent and not own_dir  # torchrun, SageMaker's toolkit, mpirun, SLURM
+    if outside:  # a chdir in the script must not move the report
+        opts.report_path = os.path.abspath(Output(report_path=opts.report_path).path())
+    pf_report, code = preflight(opts, run_dir)
+    if code == 0 and outside and rank == 0:
+        _say_running(pf_report, opts)  # never the preflight's "pass" for a job still to run
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
         # there after a correct teardown, docs/facts.md, "The gloo teardown abort"), keeping exit status 3 exact.
@@ -99,8 +104,7 @@ def run_training_rank(opts: RunOptions) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    watch.phase = "training"
-    watch.last_progress = time.time()
+    watch.training_starts()
     # mpirun / MPICH / srun set only their own variables: export torch's (RANK, WORLD_SIZE,
     # LOCAL_RANK, and MASTER_ADDR/PORT on one node) so the script's init_process_group() works (DDP110)
     from ddp_doctor.checks.launcher_env import script_env_exports
@@ -186,7 +190,7 @@ def _record_fatal_signals(run_dir: str, rank: int) -> None:
     global _fatal_signal_file
     import faulthandler
     try:
-        _fatal_signal_file = open(records.crash_path(run_dir, rank), "w", encoding="utf-8")  # noqa: SIM115
+        _fatal_signal_file = records.open_private(records.crash_path(run_dir, rank))  # 0600
         faulthandler.enable(file=_fatal_signal_file, all_threads=True)
     except (OSError, ValueError, RuntimeError):
         pass
@@ -223,6 +227,15 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     if not watch.claim_stop():
         return  # the other thread reports this stop and ends the process
     stop = Interrupt(signo)
+    own = records.read_outcomes(watch.run_dir, watch.job_since).get(watch.rank)
+    if own is not None and (own.get("exception") or own.get("exit_code")) and not own.get("interrupted"):
+        # this rank had failed already; the launcher stops it because of that (or of a peer's
+        # failure): the job's verdict is the failure, and the rank exits with its own status
+        try:
+            _finish_outside(watch.rank, watch.run_dir, started, True, opts)
+        finally:
+            sys.stderr.flush()
+            os._exit(int(own.get("exit_code") or 1))
     try:
         if watch.phase == "training":
             # first: in a collective at its last sample, that one did not complete, even if a peer
@@ -251,46 +264,62 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
 
 def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions,
                     interrupted: Any = None, stuck_in_init: bool = False) -> None:
-    """No ddp-doctor parent: rank 0 writes the report from the records it can see (the ranks of
-    its node, or the processes the script started itself); a failing rank also leaves its
-    diagnosis in torchelastic's error file and SageMaker's failure file (first writer wins: the
-    first rank to fail) and says it on stderr. `stuck_in_init`: the job was ended because its
-    processes waited inside init_process_group with arguments that cannot work (InitWatch)."""
-    if rank != 0 and not failed:
-        return
+    """No ddp-doctor parent: the job's report is written by a rank that knows how the job ended.
+    A rank that failed writes it at once (a peer whose process is gone without an ending is named:
+    killed, the OOM killer?); a rank that ended well writes it when every rank of its node has
+    ended (rank 0 waits a bounded moment for them), so the last one to end writes the verdict and
+    a job with a rank still running stays "running", never "pass". A failing rank also leaves its
+    diagnosis in torchelastic's error file and SageMaker's failure file (first writer wins) and
+    says it on stderr. `stuck_in_init`: the job was ended because its processes waited inside
+    init_process_group with arguments that cannot work (InitWatch)."""
     from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.context import current_context
     from ddp_doctor.report import sinks
-    from ddp_doctor.report.publish import platform_sinks, show
+    from ddp_doctor.report.publish import platform_sinks, publish, show
     from ddp_doctor.training.job_report import job_report
     from ddp_doctor.training.run.run_dir import read_run
-    if rank == 0 and not failed:
+    since = started - records.SAME_JOB
+    if rank == 0 and not failed and interrupted is None:
         _wait_for_local_ranks(run_dir, started)
-    run = read_run(run_dir, since=started - records.SAME_JOB)
+    run = read_run(run_dir, since=since)
+    from ddp_doctor.training.run.ledger import vanished_ranks
+    gone = vanished_ranks(run_dir, but=rank, since=since) if interrupted is None else {}
+    local = set(records.read_heartbeats(run_dir, since)) | {rank}
+    if not failed and interrupted is None and not stuck_in_init and not local <= set(run.outcomes) | set(gone):
+        return  # ranks of this node still run: the last one to end writes the verdict
     beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank} if interrupted else {}
     # what this job's processes passed to init_process_group (spawned children's included)
-    calls = [c for c in run.init_calls if float(c.get("time") or 0) >= started - records.SAME_JOB]
-    ev = JobEvidence(ranks=sorted(run.outcomes), outcomes=run.outcomes, ledgers=run.ledgers, probes=run.probes,
-                     interrupted=interrupted, stopped_at=beats, stacks=run.stacks(beats), init_calls=calls,
-                     stuck_in_init=stuck_in_init)
+    calls = [c for c in run.init_calls if float(c.get("time") or 0) >= since]
+    ev = JobEvidence(ranks=sorted(set(run.outcomes) | set(gone)), outcomes=run.outcomes, ledgers=run.ledgers,
+                     probes=run.probes, interrupted=interrupted, stopped_at=beats, stacks=run.stacks(beats),
+                     init_calls=calls, stuck_in_init=stuck_in_init, vanished=gone)
     ctx = current_context()
     rep, _ = job_report(ev, world=reportlib.world_of(ctx))
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     path = out.path()
-    own = path if rank == 0 else f"{path}.rank{rank}.json"
     if interrupted is not None:  # every rank was stopped: each keeps its file, rank 0 shows its report
+        own = path if rank == 0 else f"{path}.rank{rank}.json"
         sinks.write_report_file(rep, own)
         if rank == 0:
             show(rep, out, own)
         return
-    sinks.write_report_file(rep, own)
+    shown = not failed or rank in (rep.get("root_cause") or {}).get("ranks", []) or (ctx.world_size or 1) == 1
+    publish(rep, Output(report_path=path, only_if_not_pass=True, stderr=True, quiet=not shown), path=path)
     if failed:
         platform_sinks(rep, ctx)
-        cause = rep.get("root_cause") or {}
-        if rank in cause.get("ranks", []) or (ctx.world_size or 1) == 1:
-            show(rep, out, own)
-    elif rep.get("status") != "pass":
-        show(rep, out, own)  # what the probes found in a run that ended well
+
+
+def _say_running(preflight_report: dict[str, Any], opts: RunOptions) -> None:
+    """From the moment training starts, the report (file, S3) says the job is running, with the
+    preflight's verdict inside; the job's real ending replaces it (_finish_outside)."""
+    from ddp_doctor.report import sinks
+    from ddp_doctor.report.publish import upload_report, warn
+    rep = reportlib.mark_running(preflight_report)
+    out = Output(report_path=opts.report_path)
+    err = sinks.write_report_file(rep, out.path())
+    if err:
+        warn(err)
+    upload_report(rep, out)
 
 
 LOCAL_WAIT = 10.0  # seconds rank 0 waits for the other ranks of its node to finish their records

@@ -113,7 +113,7 @@ class ProgressWatch:
         except Exception:  # noqa: BLE001 - older torch: stack sampling alone still tells progress
             pass
         try:
-            self._stack_file = open(records.stack_path(self.run_dir, self.rank), "w", encoding="utf-8")
+            self._stack_file = records.open_private(records.stack_path(self.run_dir, self.rank))
             faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._stack_file = None
@@ -143,10 +143,7 @@ class ProgressWatch:
                 last_sig, last_steps = sig, self.steps
             where = describe(stack)
             self.where, self.in_collective = where["where"], where["in_collective"]
-            records.write_heartbeat(self.run_dir, self.rank, {
-                "time": now, "last_progress": self.last_progress, "steps": self.steps,
-                "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
-                **where})
+            self._beat(now, where)
             if self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
                     and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
@@ -170,6 +167,19 @@ class ProgressWatch:
             stop = self.stop_signal()
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
+
+    def _beat(self, now: float, where: dict[str, Any]) -> None:
+        records.write_heartbeat(self.run_dir, self.rank, {
+            "time": now, "last_progress": self.last_progress, "steps": self.steps,
+            "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
+            **where})
+
+    def training_starts(self) -> None:
+        """The script is about to run: a heartbeat at once (a rank killed in its first second
+        must still be known to have trained, with its pid)."""
+        self.phase = "training"
+        self.last_progress = time.time()
+        self._beat(self.last_progress, {"where": None, "innermost": None, "in_collective": False})
 
     def claim_stop(self) -> bool:
         """Whether the calling thread reports the stop: once per process. One signal reaches both
