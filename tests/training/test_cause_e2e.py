@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Launch, clean_env, finish, load_json, result_of, run_all, start
+from helpers.procs import DDP, TIMING_WARNINGS, Launch, clean_env, finish, load_json, result_of, run_all, start
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -157,7 +157,9 @@ def test_a_world_size_changed_by_the_script_is_reported_at_once(runs):
 def test_correct_patterns_stay_clean(runs):
     res, rep = ran(runs, "correct")
     assert res.rc == 0, res.output
-    assert not [f for f in rep["findings"] if f["severity"] in ("error", "warning")], rep["findings"]
+    # the preflight's timing warnings depend on the machine's load, not on the script
+    assert not [f for f in rep["findings"] if f["severity"] in ("error", "warning")
+                and f["id"] not in TIMING_WARNINGS], rep["findings"]
 
 
 def test_each_rank_leaves_its_ledger_of_the_scripts_own_collectives(runs, base):

@@ -282,11 +282,15 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     if rank == 0 and not failed and interrupted is None:
         _wait_for_local_ranks(run_dir, started)
     run = read_run(run_dir, since=since)
+    from ddp_doctor.training.run.endings import multi_node
     from ddp_doctor.training.run.ledger import vanished_ranks
     gone = vanished_ranks(run_dir, but=rank, since=since) if interrupted is None else {}
     local = set(records.read_heartbeats(run_dir, since)) | {rank}
-    if not failed and interrupted is None and not stuck_in_init and not local <= set(run.outcomes) | set(gone):
-        return  # ranks of this node still run: the last one to end writes the verdict
+    ended_well = not failed and interrupted is None and not stuck_in_init
+    if ended_well and (multi_node() and rank != 0 or not multi_node() and not local <= set(run.outcomes) | set(gone)):
+        # one node: the last rank to end writes the verdict; several: rank 0 does (it gathers the
+        # other nodes' probe records), after its bounded wait for the ranks of its node
+        return
     beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank} if interrupted else {}
     # what this job's processes passed to init_process_group (spawned children's included)
     calls = [c for c in run.init_calls if float(c.get("time") or 0) >= since]
