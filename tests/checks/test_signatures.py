@@ -341,7 +341,7 @@ def test_failure_script_is_diagnosed_end_to_end(name, e2e):
     got = e2e[name]
     if isinstance(got, BaseException):
         raise got
-    res, rep, latency = got
+    res, rep, _ = got
     _, want_id, want_ranks, want_rc, _, _ = CASES[name]
     cause = rep["root_cause"]
     assert rep["phase"] == "training" and cause is not None, res.output
@@ -355,7 +355,12 @@ def test_failure_script_is_diagnosed_end_to_end(name, e2e):
         assert SYMPTOMS[name] in {f["id"] for f in rep["findings"]}, rep["findings"]
     assert not OWN_FRAME.search(res.output), res.output[-3000:]
     assert f"Root cause: {want_id}" in res.stderr
-    assert latency < 30, latency
+    # the report followed from the failure itself, not from a bound running out on the way: no hang
+    # bound (DDP801) and no rank ended by the teardown bound (DDP806, SIGKILL). How long failure ->
+    # report takes is printed by the fixture and measured by bench/failure_report.py.
+    fired = [f for f in rep["findings"] if f["id"] == "DDP801"
+             or (f["id"] == "DDP806" and (f.get("evidence") or {}).get("exit_status") == -9)]
+    assert not fired, fired
 
 
 @pytest.mark.slow

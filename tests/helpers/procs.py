@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -57,12 +59,51 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _reap(pgid: int) -> bool:
-    """Wait briefly for a process group to empty; kill what is left. True if it had survivors."""
-    deadline = time.monotonic() + 3.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _group_alive(pgid):
+def wait_for(predicate: Callable[[], Any], bound: float, what: str | Callable[[], str],
+             interval: float = 0.05) -> Any:
+    """Wait until `predicate()` is truthy and return its value: the way a test waits for a state (a
+    file appearing, a port listening, a process's children existing), never a sleep of a guessed
+    length. Past `bound` seconds it fails the test with `what` it waited for (a callable: called
+    then, to say what it saw). The bound only ends a wait that would never end: it is no verdict."""
+    deadline = time.monotonic() + bound
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {bound:g} s for {what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def wait_for_line(stream: Any, pattern: str | re.Pattern[str], bound: float) -> str:
+    """Read a process's pipe (Popen's stdout or stderr) until a line matches `pattern` (re.search),
+    for at most `bound` seconds; returns everything read (the matching line included), which the
+    stream no longer holds. Fails the test with what was read when the bound passes or the stream
+    ends first."""
+    rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    fd = stream.fileno()
+    deadline = time.monotonic() + bound
+    data = b""
+    while True:
+        text = data.decode("utf-8", errors="replace")
+        if any(rx.search(line) for line in text.splitlines()):
+            return text
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"waited {bound:g} s for a line matching {rx.pattern!r}; read:\n{text}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the stream ended before a line matching {rx.pattern!r}; read:\n{text}")
+            data += chunk
+
+
+def _reap(pgid: int, bound: float = 15.0) -> bool:
+    """Wait (bounded) for a process group to empty; kill what is left. True if it had survivors."""
+    try:
+        wait_for(lambda: not _group_alive(pgid), bound, f"process group {pgid} to empty")
+    except AssertionError:
         os.killpg(pgid, signal.SIGKILL)
         return True
     return False

@@ -170,10 +170,11 @@ def test_world_size_larger_than_launched_names_missing_rank(tmp_path):
     res = run_ranks(2, ["preflight", "--timeout", "3", "--report", str(report)], clean_env(),
                     str(tmp_path), world_size=3)
     assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
-    assert all(r.seconds < 30 for r in res.values())
     rep = load_json(str(report))
     missing = [f for f in rep["findings"] if f["id"] == "DDP320"]
     assert missing and missing[0]["ranks"] == [2] and "missing 2" in missing[0]["message"]
+    # the meeting ended by the --timeout bound it was given (run_ranks fails the test on an overrun)
+    assert missing[0]["evidence"]["timeout_s"] == 3.0 and "within 3 s" in missing[0]["message"]
     assert rep["root_cause"]["id"] == "DDP320"
     for r in res.values():
         assert_clean_output(r)
@@ -184,9 +185,12 @@ def test_master_refusing_is_diagnosed_within_bound(tmp_path):
     res = run_ranks(2, ["preflight", "--timeout", "2", "--report", str(report)], clean_env(),
                     str(tmp_path), ranks=[1])
     r1 = res[1]
-    assert r1.rc == 3 and r1.seconds < 20, r1.output
+    assert r1.rc == 3, r1.output
     own = load_json(str(report) + ".rank1.json")
     assert "DDP311" in ids(own, "error")
+    refused = next(f for f in own["findings"] if f["id"] == "DDP311")
+    # refused for the whole --timeout bound, then diagnosed (run_ranks fails the test on an overrun)
+    assert refused["evidence"]["bound_s"] == 2.0 and refused["evidence"]["elapsed_s"] >= 2.0, refused
     assert load_json(str(report))["status"] == "fail"  # PATH exists in every outcome
     assert_clean_output(r1)
 

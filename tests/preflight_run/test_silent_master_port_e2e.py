@@ -8,27 +8,46 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-import time
 
 import pytest
-from helpers.procs import assert_clean_output, clean_env, finish, free_port, kill_tree, load_json, run_ranks, start
+from helpers.procs import (
+    assert_clean_output,
+    clean_env,
+    finish,
+    free_port,
+    kill_tree,
+    load_json,
+    run_ranks,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 BOUND = 5
-WITHIN = 20.0  # start to report, for --timeout 5: interpreter start, imports and the bound itself
+
+
+def listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 def _preflight_rank1(tmp_path, port: int):
     report = tmp_path / "r.json"
     res = run_ranks(2, ["preflight", "--timeout", str(BOUND), "--report", str(report)], clean_env(),
                     str(tmp_path), port=port, ranks=[1], timeout=60.0)[1]
-    assert res.rc == 3, res.output
-    assert res.seconds < WITHIN, (res.seconds, res.output)
+    assert res.rc == 3, res.output  # run_ranks fails the test if the rank is still waiting at 60 s
     assert_clean_output(res)
     own = load_json(str(report) + ".rank1.json")
     assert own["root_cause"]["id"] == "DDP315", own["findings"]
     found = next(f for f in own["findings"] if f["id"] == "DDP315")
     assert f"MASTER_PORT={port}" in found["message"] and "DDP313" in found["hint"]
+    # within the --timeout bound: the one the rank applied, and torch's handshake ended (failed, or
+    # abandoned by that bound), never a wait in it for good
+    assert found["evidence"]["bound_s"] == BOUND, found
+    assert "torch's store handshake failed" in found["message"] or "handshake got no answer" in found["message"]
     return res, found
 
 
@@ -37,13 +56,7 @@ def test_http_server_on_master_port_is_named(tmp_path):
     server = start([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], clean_env(),
                    str(tmp_path))
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # until it listens
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for(lambda: listens(port), 60, f"http.server to listen on port {port}")
         res, found = _preflight_rank1(tmp_path, port)
     finally:
         kill_tree(server.pid)

@@ -145,18 +145,30 @@ def test_sagemaker_failure_file_first_writer_wins(tmp_path: Path) -> None:
 
 
 def test_sagemaker_failure_race_has_exactly_one_winner(tmp_path: Path) -> None:
+    from helpers.procs import wait_for_line
     code = textwrap.dedent("""
-        import sys, time
+        import sys
         from ddp_doctor.report import sinks
         from tests.report.test_sinks import finding, make_report
-        time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
         rep = make_report([finding("DDP1%02d" % int(sys.argv[1]), "writer " + sys.argv[1], "m")])
-        print(sinks.write_sagemaker_failure(rep, root=sys.argv[3]))
+        print("ready", flush=True)
+        sys.stdin.readline()  # the start: every writer is ready
+        print(sinks.write_sagemaker_failure(rep, root=sys.argv[2]))
     """)
-    start = str(time.time() + 1.5)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), start, str(tmp_path)], cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(tmp_path)], cwd=ROOT, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for i in range(6)]
-    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    try:
+        for p in procs:  # all six imported and built their report: then they write at once
+            wait_for_line(p.stdout, r"^ready$", 60)
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert sorted(outs) == ["None"] + [sinks.ALREADY_WRITTEN] * 5
     winner = outs.index("None")
     assert f"[DDP1{winner:02d}] writer {winner}" in (tmp_path / "output" / "failure").read_text()

@@ -110,30 +110,41 @@ def test_a_stop_signal_reaches_the_watchdog_even_when_the_wakeup_pipe_was_taken(
         signal.set_wakeup_fd(-1)
 
 
-def test_the_watchdog_wakes_at_once_for_a_stop_signal_and_not_for_a_scripts_other_signals(tmp_path):
+def test_the_watchdog_wakes_at_once_for_a_stop_signal_and_not_for_a_scripts_other_signals(tmp_path, monkeypatch):
     """Every rank of a stopped job acts at once (not at its next tick); a signal the script handles
     itself (a profiler's timer) writes to the same pipe and must not shorten the interval."""
     import os
+    import select
     import signal
-    import time
+    from types import SimpleNamespace
 
+    from ddp_doctor.training.run import watchdog
     from ddp_doctor.training.run.watchdog import ProgressWatch
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)}
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGUSR1, lambda *_: None)  # the script's own handler
+    waits: list[bool] = []  # each wait of the tick on the wakeup pipe: did it end with a byte to read
+
+    def recorded(r, w, x, timeout):
+        got = select.select(r, w, x, timeout)
+        waits.append(bool(got[0]))
+        return got
+
+    monkeypatch.setattr(watchdog, "select", SimpleNamespace(select=recorded))
     watch = ProgressWatch(str(tmp_path), 0, None, interval=0.3)
     try:
         watch.watch_stop_signals(lambda w, sig: None)
         os.kill(os.getpid(), signal.SIGUSR1)
-        t = time.monotonic()
-        assert watch._tick() is False
-        assert time.monotonic() - t >= 0.3 and watch._stop_seen is None  # the whole interval
+        assert watch._tick() is False and watch._stop_seen is None
+        # the script's signal woke the wait, which went on until the interval ran out (a wait that
+        # ends with nothing to read is one that reached its timeout): the whole interval
+        assert waits[0] is True and waits[-1] is False, waits
+        waits.clear()
         watch.interval = 60.0
         os.kill(os.getpid(), signal.SIGTERM)
-        t = time.monotonic()
-        assert watch._tick() is False
-        assert time.monotonic() - t < 30 and watch._stop_seen == signal.SIGTERM  # at once, not after 60 s
+        assert watch._tick() is False and watch._stop_seen == signal.SIGTERM
+        assert waits == [True]  # at once: one wait, ended by the signal, not by the 60 s interval
     finally:
         for s, h in saved.items():
             signal.signal(s, h)

@@ -20,11 +20,21 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Launch, Result, assert_healthy, clean_env, ids, load_json, result_of, run_all
+from helpers.procs import (
+    DDP,
+    Launch,
+    Result,
+    assert_healthy,
+    clean_env,
+    ids,
+    load_json,
+    result_of,
+    run_all,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +74,9 @@ def assert_finished(result: Result) -> None:
 
 
 def survivors(marker: str) -> list[str]:
-    """Ranks still alive a bounded moment after the launch ended, killed (torchrun starts its workers
-    in sessions of their own, out of reach of procs.run's process-group check). Every rank's command
-    line names its launch's report path."""
+    """Ranks still alive once the launch ended, when a bounded wait for them to end runs out; then
+    killed (torchrun starts its workers in sessions of their own, out of reach of procs.run's
+    process-group check). Every rank's command line names its launch's report path."""
     import psutil
 
     def alive() -> list[psutil.Process]:
@@ -79,10 +89,11 @@ def survivors(marker: str) -> list[str]:
                 pass
         return out
 
-    deadline = time.monotonic() + 5.0
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = alive()
+    try:
+        wait_for(lambda: not alive(), 30, f"the ranks of {marker} to end")
+        return []
+    except AssertionError:
+        left = alive()
     for p in left:
         try:
             p.kill()

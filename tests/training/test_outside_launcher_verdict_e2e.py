@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import Launch, clean_env, finish, load_json, result_of, run_all, start
+from helpers.procs import Launch, clean_env, finish, load_json, result_of, run_all, start, wait_for
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -50,16 +49,6 @@ def test_a_rank_that_fails_after_rank_0_ended_well_makes_the_report_fail_where_i
     assert rep["root_cause"]["ranks"] == [1] and "disk quota exceeded" in rep["root_cause"]["message"]
 
 
-def _wait_for(predicate, bound: float, what: str):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"waited {bound:g} s for {what}")
-
-
 def _outcome(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -82,8 +71,8 @@ def test_while_training_runs_the_report_says_running_and_pass_only_once_every_ra
                  clean_env(GO_FILE=str(go), DDP_DOCTOR_RUN_DIR=str(run_dir)), str(tmp_path))
     try:
         # rank 1 waits for the test; rank 0 ended well and its process is gone: the job has not ended
-        rank0 = _wait_for(lambda: _outcome(run_dir / "rank-0.json"), 120, "rank 0's outcome record")
-        _wait_for(lambda: process_gone(rank0["pid"]), 60, "rank 0's process to end")
+        rank0 = wait_for(lambda: _outcome(run_dir / "rank-0.json"), 120, "rank 0's outcome record")
+        wait_for(lambda: process_gone(rank0["pid"]), 60, "rank 0's process to end")
         assert _status(tmp_path / "r.json") == "running", load_json(str(tmp_path / "r.json"))
         rep = load_json(str(tmp_path / "r.json"))
         assert rep["preflight_status"] in ("pass", "warn") and rep["phase"] == "training", rep
