@@ -1,4 +1,4 @@
-"""Catalogue entries for what the bounded rendezvous observes (DDP310-DDP329)."""
+"""Catalogue entries for what the bounded rendezvous observes (DDP310-DDP329; DDP846, two jobs at one store)."""
 from __future__ import annotations
 
 from ddp_doctor.registry import declare
@@ -116,4 +116,22 @@ REPORTER_LOST = declare(
     What: This rank handed its findings over but never received the merged verdict.
     Why: The reporting rank (rank 0) died or hung while merging; this rank wrote its own report.
     Fix: Read rank 0's stderr and the per-rank report files (PATH.rankN.json).
+    """)
+
+SHARED_RENDEZVOUS = declare(
+    "DDP846", category="launcher_env", severity="error",
+    title="Two jobs share one rendezvous (MASTER_ADDR:MASTER_PORT)",
+    doc="""
+    What: More processes met at the rendezvous store than its world has ranks: a rank claimed by
+    two processes, ranks beyond WORLD_SIZE, or a rank 0 that could not host the store because
+    another job's rendezvous holds MASTER_PORT. The finding names every process it saw (rank,
+    pid, host) and how many checked in for WORLD_SIZE.
+    Why: Two jobs (or one job started twice) were given the same MASTER_ADDR and MASTER_PORT, as
+    hand-written launch scripts with a fixed port do. Their processes meet in one store and form
+    one group from parts of both: a job could train with another job's ranks while its own wait
+    or fail. Every process that met there fails its preflight instead, so neither job reports a
+    pass.
+    Fix: Give each job its own MASTER_PORT (a free one: `torchrun --standalone` picks one for a
+    one-node job; otherwise the same --master-port on every node of that job, and another for the
+    next job), start each rank once, and end the extra processes the finding names.
     """)

@@ -64,6 +64,7 @@ class RankPreflight:
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
+        self.job_token: str | None = None  # agreed by every rank at the store (records name their job)
         # Wall-clock records of this rank's stages and checks ({"name", "cat", "start", "end"}):
         # measurements.stage_seconds / check_seconds and the Chrome trace are made from them.
         self.timeline: list[dict[str, Any]] = []
@@ -135,11 +136,7 @@ class RankPreflight:
         if hosting:
             busy = rendezvous.port_in_use(port)
             if busy:
-                self.findings.append(events.event_finding(
-                    ev.PORT_IN_USE, f"rank 0 cannot listen on MASTER_PORT={port} on host "
-                    f"{ctx.host.hostname}: {busy}", rank=self.rank,
-                    evidence={"master_port": port, "error": busy}))
-                return self._alone()
+                return self._port_taken(addr, port, busy)
             local = rendezvous.is_local_host(addr)
             if local is None:
                 reach = rendezvous.Reach(False, "unresolvable", "the name does not resolve")
@@ -160,12 +157,38 @@ class RankPreflight:
             with self._stage("store"):
                 store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
         except Exception as e:  # noqa: BLE001 - turned into a finding
-            entry = ev.PORT_IN_USE if hosting and "in use" in str(e).lower() else ev.STORE_LOST
+            if hosting and "in use" in str(e).lower():  # another rank 0 bound it since port_in_use looked
+                return self._port_taken(addr, port, str(e))
             self.findings.append(events.event_finding(
-                entry, f"could not {'host' if hosting else 'connect to'} the store at {addr}:{port}: {e}",
+                ev.STORE_LOST, f"could not {'host' if hosting else 'connect to'} the store at {addr}:{port}: {e}",
                 rank=self.rank, evidence={"error": str(e)}))
             return self._alone()
         return self._with_store(store, hosting)
+
+    def _prefix(self) -> str:
+        """The preflight's keys in the store: one namespace per job attempt (torchrun's run id and
+        restart count; hand-launched ranks of one MASTER_ADDR:MASTER_PORT share 'preflight/0')."""
+        env = self.ctx.env
+        return f"ddp_doctor/{env.get('TORCHELASTIC_RUN_ID', 'preflight')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+    def _port_taken(self, addr: str, port: int, error: str) -> dict[str, Any]:
+        """Rank 0 cannot host the store: MASTER_PORT is taken. When another job's rendezvous holds
+        it, this process is counted there (so that job fails too: two jobs at one port never pass)
+        and the finding names that job's rank 0 (DDP846); otherwise the port in use (DDP313)."""
+        host = self.ctx.host.hostname
+        said = f"rank 0 cannot listen on MASTER_PORT={port} on host {host}: {error}"
+        seen = rendezvous.announce(addr, port, self._prefix(), {
+            "rank": self.rank, "pid": os.getpid(), "host": host, "why": rendezvous.COULD_NOT_HOST},
+            self.ctx.world_size or 1, min(self.opts.timeout, rendezvous.ANNOUNCE_S))
+        if seen is not None:
+            f = rendezvous.crowd_finding(seen, addr, port, self.rank)
+            f.message = f"{said}; another job's rendezvous holds it: {f.message}"
+            f.evidence["error"] = error
+            self.findings.append(f)
+        else:
+            self.findings.append(events.event_finding(
+                ev.PORT_IN_USE, said, rank=self.rank, evidence={"master_port": port, "error": error}))
+        return self._alone()
 
     def _master(self) -> tuple[str | None, int]:
         ctx = self.ctx
@@ -176,8 +199,7 @@ class RankPreflight:
 
     def _with_store(self, base_store: Any, hosting: bool) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
-        run_id = f"{ctx.env.get('TORCHELASTIC_RUN_ID', 'preflight')}/{ctx.env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        store = rendezvous.prefixed(base_store, f"ddp_doctor/{run_id}/")
+        store = rendezvous.prefixed(base_store, self._prefix())
         ws = ctx.world_size or 1
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
@@ -189,8 +211,12 @@ class RankPreflight:
                 evidence={"error": str(e)}))
             return self._alone()
         self.findings += meeting.findings
-        duplicate = any(f.id == ev.DUPLICATE_RANK.id for f in meeting.findings)
-        if meeting.complete and not duplicate:
+        if any(f.id == ev.DUPLICATE_RANK.id for f in meeting.findings):
+            # not one of this world's ranks (the first claimant is): its own report says why
+            self._crowded(store, ws)
+            return self._alone()
+        self.job_token = rendezvous.agree_job_token(store, rendezvous.op_bound(opts.timeout))
+        if meeting.complete:
             self._group_stage(store, ws)
         try:
             self._stage_measurements()
@@ -270,6 +296,8 @@ class RankPreflight:
         with self._stage("cross_rank_checks"):
             findings += runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
                                          select=opts.select, skip=opts.skip, timings=self.timeline)
+        # the latest moment before the verdict: every process that met here by now is counted
+        findings += self._crowded(store, ctx.world_size or 1, keep=False)
         crossed = self.timeline[-1]
         stage_seconds = measurements.setdefault("stage_seconds", {})
         stage_seconds["cross_rank_checks"] = round(crossed["end"] - crossed["start"], 6)
@@ -307,15 +335,35 @@ class RankPreflight:
                 ev.REPORTER_LOST, f"rank {self.rank} got no verdict from the reporting rank within "
                 f"{self.opts.timeout + 30:g} s", rank=self.rank))
             return self._alone()
+        # two jobs met here (one that met after the reporter counted included): this rank fails and
+        # says why itself, whatever the verdict (read before "done", while the store is kept up)
+        crowded = self._crowded(store, self.ctx.world_size or 1)
         try:
             rendezvous.store_call(lambda: store.add("done", 1), "the done count",
                                   rendezvous.op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
+        if crowded:
+            return self._alone()
         rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}
         deliver(rep, self.ctx, self.opts.output, reporter=False, launch_dir=self.launch_dir)
         self._write_partial(final=True)
         return rep
+
+    def _crowded(self, store: Any, ws: int, keep: bool = True) -> list[Finding]:
+        """DDP846 when more processes met at this store than the world has ranks (two jobs at one
+        MASTER_ADDR:MASTER_PORT); added to this rank's findings with `keep`. Never raises."""
+        try:
+            seen = rendezvous.crowd(store, ws, rendezvous.op_bound(self.opts.timeout))
+        except Exception:  # noqa: BLE001 - a store that stopped answering is said elsewhere
+            return []
+        if seen is None:
+            return []
+        addr, port = self._master()
+        found = [rendezvous.crowd_finding(seen, addr or "?", port, self.rank)]
+        if keep:
+            self.findings += found
+        return found
 
     def _alone(self) -> dict[str, Any]:
         """This rank could not join the others: it reports what it knows itself."""

@@ -305,7 +305,10 @@ def _wait_count(store: Any, key: str, target: int, deadline: float, bound: float
 
 
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float) -> Meeting:
-    """Check in, publish this rank's view, and wait (bounded) until every rank has done so."""
+    """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
+
+    A process that claims a rank already claimed is not a member: it leaves the first claimant's
+    view alone and is counted among the extras (add_extra), which fails everyone there (crowd)."""
     findings: list[Finding] = []
     bound = op_bound(timeout)
     claims = int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
@@ -314,9 +317,12 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
             f"{view.get('hostname')}, pid {view.get('pid')})", rank=rank,
             evidence={"rank": rank, "claims": claims}))
-    text = json.dumps(view)
-    store_call(lambda: store.set(f"view/{rank}", text), "set(view)", bound)
-    store_call(lambda: store.add("arrived", 1), "add(arrived)", bound)
+        add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
+                          "why": "claimed a rank already claimed"}, bound)
+    else:
+        text = json.dumps(view)
+        store_call(lambda: store.set(f"view/{rank}", text), "set(view)", bound)
+        store_call(lambda: store.add("arrived", 1), "add(arrived)", bound)
     n = _wait_count(store, "arrived", world_size, time.monotonic() + timeout, bound)
     arrived = store_call(lambda: [r for r in range(world_size) if store.check([f"view/{r}"])],
                          "check(views)", bound)
@@ -330,6 +336,102 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": n, "timeout_s": timeout}))
     return Meeting(store=store, arrived=arrived, missing=missing, findings=findings)
+
+
+# ---------------------------------------------------------------- two jobs at one store
+
+MAX_NAMED = 16  # processes a crowd finding names (the count says how many more)
+ANNOUNCE_S = 3.0  # a rank 0 that could not host: how long it tries the store that holds its port
+COULD_NOT_HOST = "could not host"  # why a rank 0 is among a store's extras (announce)
+
+
+def add_extra(store: Any, who: dict[str, Any], bound: float) -> None:
+    """Count a process that met at this store without being one of its world's ranks: a second
+    claimant of a rank, or a rank 0 that could not host the store here (announce)."""
+    k = int(store_call(lambda: store.add("extra", 1), "add(extra)", bound))
+    text = json.dumps(who)
+    store_call(lambda: store.set(f"extra/{k}", text), "set(extra)", bound)
+
+
+@dataclass
+class Crowd:
+    """More processes met at one store than its world has ranks: two jobs (or one job started
+    twice) share MASTER_ADDR:MASTER_PORT."""
+    world_size: int
+    members: int  # processes that checked in as a rank nobody had claimed
+    extra: int  # processes beyond them: second claimants, a rank 0 that could not host
+    named: list[dict[str, Any]]  # up to MAX_NAMED of the extras, and the first claimant of each rank they claim
+
+    @property
+    def processes(self) -> int:
+        return self.members + self.extra
+
+
+def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
+    """None while this store holds no more processes than `world_size` ranks; else who is there.
+    Read by the reporting rank just before its verdict, by the others once they have read it."""
+    members = int(store_call(lambda: store.add("arrived", 0), "add(arrived)", bound))
+    extra = int(store_call(lambda: store.add("extra", 0), "add(extra)", bound))
+    if members <= world_size and extra == 0:
+        return None
+    soon = time.monotonic() + 1.0  # a key counted a moment ago is being written
+    extras = [v for v in read_json_keys(store, [f"extra/{k}" for k in range(1, min(extra, MAX_NAMED) + 1)],
+                                        soon).values() if isinstance(v, dict)]
+    claimed = sorted({e["rank"] for e in extras if isinstance(e.get("rank"), int)})
+    firsts = read_json_keys(store, [f"view/{r}" for r in claimed], soon)
+    named = [{"rank": v.get("rank"), "pid": v.get("pid"), "host": v.get("hostname"), "why": "claimed it first"}
+             for v in firsts.values() if isinstance(v, dict)]
+    return Crowd(world_size, members, extra, named + extras)
+
+
+def crowd_finding(c: Crowd, host: str, port: int, rank: int | None) -> Finding:
+    by_rank: dict[Any, list[str]] = {}
+    for p in c.named:
+        note = " (could not host the store: the port was taken)" if p.get("why") == COULD_NOT_HOST else ""
+        by_rank.setdefault(p.get("rank"), []).append(f"pid {p.get('pid')} on host {p.get('host')}{note}")
+    said = "; ".join(f"rank {r}: {', '.join(who)}" for r, who in sorted(by_rank.items(), key=lambda i: str(i[0])))
+    more = c.extra - min(c.extra, MAX_NAMED)
+    ranks = sorted(r for r in by_rank if isinstance(r, int))
+    return event_finding(
+        ev.SHARED_RENDEZVOUS,
+        f"{c.processes} processes met at the rendezvous on MASTER_ADDR={host} MASTER_PORT={port} for "
+        f"WORLD_SIZE={c.world_size} ({c.members} as distinct ranks, {c.extra} more)"
+        + (f": {said}" if said else "") + (f"; and {more} more not named" if more > 0 else "")
+        + ": two jobs, or one job started twice, share this MASTER_ADDR:MASTER_PORT; every process "
+        "there fails its preflight", rank=rank, ranks=ranks or None,
+        evidence={"master_addr": host, "master_port": port, "world_size": c.world_size, "members": c.members,
+                  "extra": c.extra, "processes": c.named})
+
+
+def announce(host: str, port: int, prefix: str, who: dict[str, Any], world_size: int,
+             bound: float = ANNOUNCE_S) -> Crowd | None:
+    """A rank 0 that could not host the store because MASTER_PORT is taken: when a torch store
+    answers there, this process is counted among its extras, so that a job whose rendezvous runs
+    there fails too (two jobs at one port never pass); returns the crowd there once that job's
+    rank 0 is seen in it (its view appears within moments of its store), else None (a store of
+    something else, or no torch store: the taken port alone is the finding). Bounded by about
+    2 x `bound`; never raises."""
+    try:
+        base = connect_store(host, port, hosting=False, timeout=bound)
+        store = prefixed(base, prefix)
+        b = op_bound(bound)
+        add_extra(store, who, b)
+        if not read_json_keys(store, ["view/0"], time.monotonic() + bound):
+            return None
+        return crowd(store, world_size, b)
+    except Exception:  # noqa: BLE001 - not a store, gone, or not answering: the port in use says it
+        return None
+
+
+def agree_job_token(store: Any, bound: float) -> str | None:
+    """A token every rank that met at this store agrees on (the first proposal wins), naming the
+    job in its records (training/records.py, join_job); None if the store cannot say."""
+    import uuid
+    try:
+        got = store_call(lambda: store.compare_set("job_token", "", uuid.uuid4().hex), "compare_set(job_token)", bound)
+        return (got.decode("utf-8") if isinstance(got, bytes) else str(got)) or None
+    except Exception:  # noqa: BLE001 - an old store: the records are then judged by time alone
+        return None
 
 
 def read_json_keys(store: Any, keys: list[str], deadline: float) -> dict[str, Any]:

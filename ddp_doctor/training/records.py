@@ -10,15 +10,22 @@ then writes its ledger), init-PID.json (what a process passed to init_process_gr
 called it), nccl-fr-rank-N (NCCL's flight recorder dump on a collective timeout, pickled by torch;
 read by training/run/nccl_dumps.py).
 
+One job, one run directory: under an outside launcher the directory is named after what the ranks
+of one job on this node share and no other job does (training/run/run_dir.py, job_id), and each
+outcome, heartbeat and ledger names the job that wrote it (`job`: a token every rank of the job
+agreed through the preflight's store, join_job); the readers keep only this job's records.
+
 Private: the run directory is made 0700 (report/private_files.py, make_private_dir) and every file
 ddp-doctor writes in it 0600 (write_json, open_private); the records are redacted as reports are
 (report/redact.py) before they are written, since they hold exception text and arguments.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -31,12 +38,34 @@ __all__ = ["make_private_dir", "open_private"]  # run directories and the files 
 def write_json(path: str, data: dict[str, Any], *, redact: bool = True) -> None:
     """One record, atomically, readable by this user only (0600), redacted (exception text,
     arguments, probe notes can quote a secret). `redact=False` only for records without free text
-    that are written often or are large (heartbeats, ledgers)."""
+    that are written often or are large (heartbeats, ledgers). A record that cannot be written
+    never breaks the user's job: a full or read-only file system is said once on stderr."""
     try:
         text = json.dumps(redact_obj(data) if redact else data, default=str)
         write_private(path, text)  # two threads of a rank may write one record: own temp files
-    except (OSError, ValueError, RecursionError):
-        pass  # a record that cannot be written must not break the user's job
+    except OSError as e:
+        _record_lost(path, e)
+    except (ValueError, RecursionError):
+        pass
+
+
+# What a full disk, a quota or a read-only mount answers; a missing directory is the run's end
+# (its owner removed it) and says nothing.
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+_lost_said = False
+
+
+def _record_lost(path: str, e: OSError) -> None:
+    global _lost_said
+    if _lost_said or e.errno not in _STORAGE_ERRORS:
+        return
+    _lost_said = True
+    try:
+        sys.stderr.write(f"ddp-doctor: warning: could not write {path} ({e.strerror or e}): ddp-doctor's "
+                         f"records of this run are incomplete; the job itself is not affected\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def outcome_path(run_dir: str, rank: int) -> str:
@@ -67,8 +96,16 @@ def init_call_path(run_dir: str, pid: int) -> str:
     return os.path.join(run_dir, f"init-{pid}.json")
 
 
+def _when(d: dict[str, Any], key: str) -> float:
+    """A record's time; 0 when it has none or a bad one (a damaged record reads as an old one)."""
+    try:
+        return float(d.get(key) or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def read_init_calls(run_dir: str) -> list[dict[str, Any]]:
-    """Every init_process_group call recorded in the run directory, oldest first."""
+    """Every init_process_group call of this job (join_job) recorded in the run directory, oldest first."""
     out = []
     for p in glob.glob(os.path.join(run_dir, "init-*.json")):
         try:
@@ -76,45 +113,82 @@ def read_init_calls(run_dir: str) -> list[dict[str, Any]]:
                 d = json.load(f)
         except (OSError, ValueError):
             continue
-        if isinstance(d, dict):
+        if isinstance(d, dict) and _of_this_job(d):
             out.append(d)
-    return sorted(out, key=lambda d: float(d.get("time") or 0))
+    return sorted(out, key=lambda d: _when(d, "time"))
 
 
 def ledger_request_path(run_dir: str) -> str:
     return os.path.join(run_dir, "ledger-request")
 
 
+JOB_FIELD = "job"  # the field of a record that names the job that wrote it
+_job: str | None = None  # this process's job token; None until its preflight met the other ranks
+
+
+def join_job(token: str | None) -> None:
+    """The job this process belongs to: a token every rank of the job agreed through the
+    preflight's store (preflight_run/rank.py, RankPreflight.job_token). From now on it is written
+    into this process's outcome, heartbeat and ledger, and the readers below keep only records of
+    this job. A record that names no job (written before the preflight ended, or by an older
+    version) is judged by time alone (`since`), as before."""
+    global _job
+    _job = token or None
+
+
+def current_job() -> str | None:
+    return _job
+
+
+def _of_this_job(d: dict[str, Any]) -> bool:
+    """Not another job's: this process has no token yet, the record names none, or the same."""
+    job = d.get(JOB_FIELD)
+    return _job is None or job is None or job == _job
+
+
+def names_this_job(d: dict[str, Any]) -> bool:
+    """Strictly this job's: the record names this process's job (any record while it has none).
+    For judgements about a peer (gone, still live) that only a record of this job may support."""
+    return _job is None or d.get(JOB_FIELD) == _job
+
+
+def _stamp() -> dict[str, Any]:
+    return {JOB_FIELD: _job} if _job else {}
+
+
 def write_outcome(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     """How the rank ended; its exception's message and traceback are redacted before they are
     written (write_json), as the report is."""
-    write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data})
+    write_json(outcome_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **_stamp(),
+                                             **data})
 
 
 def write_heartbeat(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     # every second, and no free text (phase, counters, the frame it is in): not redacted
-    write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **data}, redact=False)
+    write_json(heartbeat_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), **_stamp(), **data},
+               redact=False)
 
 
 def write_ledger(run_dir: str, rank: int, data: dict[str, Any]) -> None:
     """One rank's ledger of collectives; a later ending replaces an earlier one. Up to the flight
     recorder's 2000 entries of collectives, sizes and call sites, no free text: not redacted."""
-    write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **data},
-               redact=False)
+    write_json(ledger_path(run_dir, rank), {"rank": rank, "pid": os.getpid(), "time": time.time(), **_stamp(),
+                                            **data}, redact=False)
 
 
 SAME_JOB = 5.0  # seconds: records written this long before a rank started may be its job's (the
-# ranks of a job start within seconds of each other). Under an outside launcher the run directory
-# can be shared by jobs (torchrun's default --rdzv-id "none"): older records are another job's.
+# ranks of a job start within seconds of each other). A record that names its job (join_job) is
+# kept or dropped by that; the time bound judges the records that name none.
 
 
 def _read_all(pattern: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    """rank -> record, for the records of this job (join_job) written at `since` or later."""
     out: dict[int, dict[str, Any]] = {}
     for p in glob.glob(pattern):
         try:
             with open(p, encoding="utf-8") as f:
                 d = json.load(f)
-            if float(d.get("time") or 0) >= since:
+            if _when(d, "time") >= since and _of_this_job(d):
                 out[int(d["rank"])] = d
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -161,7 +235,7 @@ def read_crashes(run_dir: str) -> dict[int, tuple[str, float]]:
 
 
 def read_probes(run_dir: str, since: float = 0.0) -> list[dict[str, Any]]:
-    """The probe records of every process that wrote one (started at `since` or later)."""
+    """The probe records of every process of this job that wrote one (started at `since` or later)."""
     out = []
     for p in sorted(glob.glob(os.path.join(run_dir, "probe-*.json"))):
         try:
@@ -169,6 +243,6 @@ def read_probes(run_dir: str, since: float = 0.0) -> list[dict[str, Any]]:
                 d = json.load(f)
         except (OSError, ValueError):
             continue
-        if isinstance(d, dict) and float(d.get("started", 0)) >= since:
+        if isinstance(d, dict) and _when(d, "started") >= since and _of_this_job(d):
             out.append(d)
     return out

@@ -365,3 +365,62 @@ def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
     got = rendezvous.read_json_keys(late, ["final/1"], time.monotonic() + 60.0)
     assert got == {"final/1": {"x": 1}}
     assert late.looks == 2  # missing at the first look: it waited and looked again
+
+
+# ---------------------------------------------------------------- two jobs at one store (DDP846)
+
+def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store: Any) -> None:
+    """Two jobs' processes at one MASTER_ADDR:MASTER_PORT: the second claimant of rank 1 leaves
+    the first one's view alone and makes the store a crowd, which every rank reads as DDP846."""
+    s = rendezvous.prefixed(store, "t6/")
+    results: dict[int, Meeting] = {}
+
+    def go(st: Any, key: int, rank: int) -> None:
+        results[key] = rendezvous.meet(rendezvous.prefixed(st, "t6/"), rank, 2, view(rank) | {"pid": key}, 30.0)
+
+    first = [threading.Thread(target=go, args=(store, 10, 0)),
+             threading.Thread(target=go, args=(client_of(store), 11, 1))]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(60)
+    assert rendezvous.crowd(s, 2, 5.0) is None  # exactly the world: no crowd
+    go(client_of(store), 12, 1)  # a process of another job, as rank 1 too
+    assert [f.id for f in results[12].findings] == ["DDP322"] and not results[12].missing
+    assert json.loads(s.get("view/1"))["pid"] == 11  # the first claimant's view stands
+    c = rendezvous.crowd(s, 2, 5.0)
+    assert c is not None and (c.members, c.extra, c.processes) == (2, 1, 3)
+    f = rendezvous.crowd_finding(c, "127.0.0.1", 29500, 0)
+    assert f.id == "DDP846" and f.ranks == [1] and f.severity == "error"
+    assert "3 processes met at the rendezvous on MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 for WORLD_SIZE=2" \
+        in f.message
+    assert "rank 1: pid 11 on host test-host, pid 12 on host test-host" in f.message, f.message
+    assert "MASTER_PORT" in (f.hint or "")
+
+
+def test_a_rank_0_that_could_not_host_is_counted_where_another_jobs_rendezvous_runs(store: Any) -> None:
+    s = rendezvous.prefixed(store, "t7/")
+    rendezvous.meet(s, 0, 1, view(0), 5.0)  # that job's rank 0 is there
+    who = {"rank": 0, "pid": 4242, "host": "test-host", "why": rendezvous.COULD_NOT_HOST}
+    seen = rendezvous.announce("127.0.0.1", store.port, "t7/", who, 2, bound=5.0)
+    assert seen is not None and seen.extra == 1
+    f = rendezvous.crowd_finding(seen, "127.0.0.1", store.port, 0)
+    assert "pid 1000 on host test-host, pid 4242 on host test-host (could not host the store: the port was taken)" \
+        in f.message, f.message
+    assert rendezvous.crowd(s, 1, 5.0) is not None  # that job's ranks now read a crowd and fail too
+    # no rendezvous of ours in the store that holds the port: only the port in use is said
+    assert rendezvous.announce("127.0.0.1", store.port, "t8/", who, 2, bound=0.5) is None
+
+
+def test_announce_at_a_port_that_no_store_holds_is_bounded_and_says_nothing(
+        listening: tuple[socket.socket, int]) -> None:
+    _, port = listening  # accepts, never answers: torch's handshake would wait forever
+    assert rendezvous.announce("127.0.0.1", port, "t9/", {"rank": 0}, 2, bound=0.5) is None
+
+
+def test_every_rank_agrees_on_one_job_token(store: Any) -> None:
+    s = rendezvous.prefixed(store, "t10/")
+    tokens = {rendezvous.agree_job_token(rendezvous.prefixed(st, "t10/"), 5.0) for st in (store, client_of(store))}
+    assert len(tokens) == 1 and None not in tokens
+    assert rendezvous.agree_job_token(rendezvous.prefixed(store, "t11/"), 5.0) not in tokens  # another job
+    assert s.get("job_token").decode() in tokens

@@ -155,20 +155,26 @@ def request_reason(run_dir: str) -> str | None:
 
 
 def live_ranks(run_dir: str, but: int, since: float = 0.0) -> list[int]:
-    """Ranks of this run directory still in their script (a heartbeat in training, no outcome, a
+    """Ranks of this job still in their script (a heartbeat of this job in training, no outcome, a
     live process), counting records written at `since` or later."""
     ended = records.read_outcomes(run_dir, since)
-    return sorted(r for r, hb in records.read_heartbeats(run_dir, since).items()
-                  if r != but and r not in ended and hb.get("phase") == "training" and not process_gone(hb.get("pid")))
+    return sorted(r for r, hb in _training_beats(run_dir, since).items()
+                  if r != but and r not in ended and not process_gone(hb.get("pid")))
 
 
 def vanished_ranks(run_dir: str, but: int, since: float = 0.0) -> dict[int, dict[str, Any]]:
-    """Ranks of this run directory whose process is gone without an ending: a heartbeat in
+    """Ranks of this job whose process is gone without an ending: a heartbeat of this job in
     training, no outcome, and no live process with its pid (SIGKILL leaves nothing else). Their
-    last heartbeats."""
+    last heartbeats. Another job's heartbeat never makes a rank "gone" (a false DDP803)."""
     ended = records.read_outcomes(run_dir, since)
+    return {r: hb for r, hb in _training_beats(run_dir, since).items()
+            if r != but and r not in ended and process_gone(hb.get("pid"))}
+
+
+def _training_beats(run_dir: str, since: float) -> dict[int, dict[str, Any]]:
+    # a rank's heartbeat names its job from the start of training on (records.join_job)
     return {r: hb for r, hb in records.read_heartbeats(run_dir, since).items()
-            if r != but and r not in ended and hb.get("phase") == "training" and process_gone(hb.get("pid"))}
+            if hb.get("phase") == "training" and records.names_this_job(hb)}
 
 
 def process_gone(pid: Any) -> bool:
