@@ -17,6 +17,7 @@ from typing import Any
 
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
+from ddp_doctor.checks.leftovers import leftover_findings
 from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings, vanished_finding
 from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
@@ -96,6 +97,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
         o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
     findings += probe_findings(ev.probes, failed=failed)
+    findings += leftover_findings(ev.outcomes)  # warnings: the job's verdict and exit code stay its own
     if ev.launched_alone:
         alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)
         # the sampler rules' "each rank trained alone on all the data" already says it, and more

@@ -15,16 +15,19 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import ask as ask_for_ledgers
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import written_since as ledger_written_since
 from ddp_doctor.pytest_plugin.rank_pool.results import (
     POOL_LOST,
+    LeftoverProcessesWarning,
     RankEnd,
     RunResult,
     collect,
     file_size,
+    leftover_notes,
     read_json,
     read_result,
     read_text,
@@ -240,6 +243,8 @@ class RankPool:
         res.seconds = time.monotonic() - t0
         for e in ends.values():
             collect(e, spec["dir"])
+        for note in leftover_notes(res):  # in pytest's warnings summary too, not only in the test's notes
+            warnings.warn(note, LeftoverProcessesWarning, stacklevel=2)
         return res
 
     def _dump_and_kill(self, req: int, d: str, live: list[int], *, ledgers: bool = True) -> None:

@@ -65,6 +65,19 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
 
+class LeftoverProcessesWarning(UserWarning):
+    """A distributed test left processes running after it ended; its rank ended them (DDP816)."""
+
+
+def leftover_notes(res: RunResult) -> list[str]:
+    """What each rank's test left running and the rank ended (DDP816-DDP818, checks/leftovers.py), in
+    words; the test's outcome stays its own."""
+    from ddp_doctor.checks.leftovers import rank_leftover_findings
+    return [f"{f.id} {f.severity}: {f.message}. Fix: {f.hint}"
+            for r, e in sorted(res.ends.items())
+            for f in rank_leftover_findings(r, (e.result or {}).get("leftovers"), started_by="test")]
+
+
 def read_result(d: str, rank: int) -> dict[str, Any] | None:
     """The result file a rank wrote before exiting, or None when it wrote none."""
     try:

@@ -21,7 +21,7 @@ import ddp_doctor.training.probes.collective_sites as _collective_sites
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import LEFT
 from ddp_doctor.pytest_plugin.rank_pool.pool import PEER_GRACE_S
 from ddp_doctor.pytest_plugin.rank_pool.rank import DESTROY_BOUND_S
-from ddp_doctor.pytest_plugin.rank_pool.results import POOL_LOST, RankEnd, RunResult
+from ddp_doctor.pytest_plugin.rank_pool.results import POOL_LOST, RankEnd, RunResult, leftover_notes
 
 # A failure with one of these messages is a consequence of a peer that went away first.
 PEER_LOSS = ("closed by peer", "reset by peer", "remote worker", "remote process", "broken pipe",
@@ -77,7 +77,7 @@ def classify(res: RunResult, judgement: dict[str, Any] | None = None) -> Verdict
     failures: list[tuple[float, int, str, str]] = []   # (time, rank, one line, detail)
     skips: list[tuple[float, int, str]] = []
     hung: list[RankEnd] = []
-    notes: list[str] = list(res.notes)
+    notes: list[str] = list(res.notes) + leftover_notes(res)
     for r, e in sorted(res.ends.items()):
         out = e.result
         if out is not None:
