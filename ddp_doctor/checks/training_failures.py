@@ -136,3 +136,19 @@ SLOW_RANK = declare(
     (torch.distributed.checkpoint), evaluate on every rank over a shard, or raise the process
     group's timeout for that step if the wait is expected.
     """)
+
+
+RECORDS_DEGRADED = declare(
+    "DDP813", category="internal", severity="warning", title="ddp-doctor's records could not be kept where asked",
+    doc="""
+    What: The run directory where `ddp-doctor run` keeps its records (heartbeats, endings, ledgers,
+    stacks: `$TMPDIR/ddp-doctor-run-*`, `DDP_DOCTOR_RUN_DIR`, `--run-dir`) could not be made or has
+    no room (its file system is full: less than 8 MiB or 256 inodes free, read-only, permission
+    denied). The records went to another place (/dev/shm, /var/tmp), named in the message; when no
+    place could take them, ddp-doctor's records of the run are incomplete.
+    Why: A record that cannot be written reads as a rank that never reported; ddp-doctor moves
+    them rather than let its own storage change the job's verdict or exit status, which stay the
+    job's own.
+    Fix: Free space in (or point TMPDIR / DDP_DOCTOR_RUN_DIR / --run-dir at) a writable directory
+    with room; `df -h $TMPDIR` and `df -i $TMPDIR` show what is left.
+    """)

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reopen_closed_stdio()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "run":
@@ -75,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         code = int(args.func(args))
-        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
-        return code
     except BrokenPipeError:
         # `ddp-doctor list-checks | head`: the reader left. Send the rest of stdout nowhere (so the
         # interpreter's own flush at exit cannot raise again) and exit as a shell does on SIGPIPE.
@@ -88,9 +87,46 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("ddp-doctor: interrupted\n")
         return 130
+    try:
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback at interpreter exit
+    except (BrokenPipeError, ValueError):
+        _silence_stdout()
+        # `run`: the exit status is the training's own, whatever became of the output
+        return code if args.command == "run" else EXIT_BROKEN_PIPE
+    return code
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE, what a shell reports for a command whose reader left
+
+
+def reopen_closed_stdio() -> None:
+    """Started with stdin, stdout or stderr closed (`cmd >&- 2>&-`, a daemon): put /dev/null there,
+    before anything opens a file. Else the first file or socket opened (torch's store, a record)
+    takes fd 1 or 2 and output lands in it, writes to sys.stdout (None) fail, and the ranks and
+    launcher started from here inherit the same holes. Output to /dev/null is what a closed stream
+    would have kept: nothing."""
+    import io
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:  # the lower fds are open (fixed first): null is above fd
+                os.dup2(null, fd)  # inheritable
+                os.close(null)
+            else:
+                os.set_inheritable(fd, True)  # os.open's are not: the launcher and ranks need it
+        except OSError:
+            continue
+        name = ("stdin", "stdout", "stderr")[fd]
+        if getattr(sys, name) is None:  # Python found the fd closed at start
+            stream = io.TextIOWrapper(io.FileIO(fd, "r" if fd == 0 else "w", closefd=False),
+                                      encoding="utf-8", errors="backslashreplace", line_buffering=fd != 0)
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
 
 
 def _silence_stdout() -> None:

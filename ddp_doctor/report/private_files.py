@@ -9,9 +9,11 @@ is redacted as well (training/records.py); the modes keep out what redaction can
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import sys
+import tempfile
 import threading
 from typing import IO
 
@@ -102,7 +104,17 @@ def open_private(path: str) -> IO[str]:
 
 def write_private(path: str, text: str) -> None:
     """Write `text` to `path` atomically (a temp file beside it, then a rename), mode 0600. Two
-    threads or processes may write one path: each has its own temp file. Raises OSError."""
+    threads or processes may write one path: each has its own temp file. A kept directory
+    (keep_dir) that something removed is made again first. Raises OSError."""
+    try:
+        _write_atomically(path, text)
+    except FileNotFoundError:
+        if not _remade(os.path.dirname(path)):
+            raise
+        _write_atomically(path, text)
+
+
+def _write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with open_private(tmp) as f:
@@ -114,3 +126,141 @@ def write_private(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+# A run directory removed while the job runs (by the script, a cleaner of /tmp) would leave the
+# watchdog's heartbeats and every ending unwritten: no hang verdict, no report. The directories
+# this process works in are made again when a write finds them gone.
+_kept: set[str] = set()
+_remade_warned: set[str] = set()
+
+
+def keep_dir(path: str) -> None:
+    """Make `path` again (0700) if it is removed while this process writes records into it."""
+    _kept.add(os.path.abspath(path))
+
+
+def let_go(path: str) -> None:
+    """`path` may be removed from now on (its owner removes it at the end of the run)."""
+    _kept.discard(os.path.abspath(path))
+
+
+def _remade(path: str) -> bool:
+    """Whether the kept directory `path` was missing and is made again (warned once)."""
+    where = os.path.abspath(path)
+    if where not in _kept or os.path.isdir(where):
+        return False
+    try:
+        make_private_dir(where)
+    except OSError:
+        return False
+    if where not in _remade_warned:
+        _remade_warned.add(where)
+        _warn(f"the run directory {where} was removed while the job ran: made again, so ddp-doctor's "
+              f"records of what follows (heartbeats, endings, the report) are kept")
+    return True
+
+
+# A run directory needs room for every rank's records: ledgers (up to about 1.2 MB a rank),
+# stacks, heartbeats. A file system with less free is full for this purpose: records written
+# there are lost part way, and a lost record reads as a rank that never reported.
+RECORDS_ROOM = 8 << 20  # bytes
+RECORDS_INODES = 256
+# Where records go when the asked place cannot hold them: memory first (another device than a
+# full disk), then the disk's other temp directory. The same order for every rank of a node, so
+# ranks that decide alone (an outside launcher) decide alike.
+FALLBACK_ROOTS = ("/dev/shm", "/var/tmp")
+RUN_DIR_PREFIX = "ddp-doctor-run-"
+
+
+def records_problem(path: str) -> str | None:
+    """Why the existing directory `path` cannot hold ddp-doctor's records, None when it can: its
+    file system has less than RECORDS_ROOM (or RECORDS_INODES files) free, or a file cannot be
+    written there (read-only, permission denied, full)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return e.strerror or str(e)
+    free = st.f_bavail * st.f_frsize
+    if free < RECORDS_ROOM:
+        return f"its file system is full: {free // 1024} KiB free"
+    if st.f_files and st.f_favail < RECORDS_INODES:
+        return f"its file system has {st.f_favail} free inodes"
+    probe = os.path.join(path, f".ddp-doctor-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE)
+        try:
+            os.write(fd, b"ddp-doctor")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def make_records_dir(path: str | None = None, *, parent: str | None = None) -> tuple[str, str | None]:
+    """A private directory (0700) with room for a run's records, and a warning when it is not the
+    one asked for: (directory, warning or None).
+
+    `path`: a fixed directory (the ranks of a node each compute the same one); when it cannot be
+    made or has no room (records_problem), the same name under FALLBACK_ROOTS. Without `path`: a
+    new directory (mkdtemp) in `parent` (--run-dir, made if missing) or the temp dir, else in
+    FALLBACK_ROOTS. When no place has room, the first that could be made is used and the warning
+    says the records may be incomplete; when none could be made, the directory asked for is
+    returned as it is (records are then lost, the job runs). Never raises."""
+    if path:
+        name = os.path.basename(os.path.normpath(path))
+        if not name.startswith(RUN_DIR_PREFIX):  # a user's DDP_DOCTOR_RUN_DIR: a name no other path has
+            name = RUN_DIR_PREFIX + hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:12]
+        places = [path, *(os.path.join(root, name) for root in FALLBACK_ROOTS)]
+    else:
+        try:
+            temp = tempfile.gettempdir()
+        except OSError:  # no usable temp directory at all
+            temp = None
+        places = list(dict.fromkeys(p for p in (parent, temp, *FALLBACK_ROOTS) if p))
+    problems: list[str] = []
+    made: str | None = None  # the first directory made, used when none has room
+    for place in places:
+        try:
+            if path:
+                make_private_dir(place)
+                d = place
+            else:
+                if place == parent:
+                    os.makedirs(place, mode=PRIVATE_DIR, exist_ok=True)  # the user's --run-dir
+                d = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=place)  # 0700
+        except OSError as e:
+            problems.append(f"{place}: {e.strerror or e}")
+            continue
+        why = records_problem(d)
+        if why is None:
+            if made is not None and not path:
+                _rmdir(made)  # a new directory without room, not used
+            d = os.path.abspath(d)  # a script's chdir must not move it
+            return d, _moved_note(problems, d) if problems else None
+        problems.append(f"{place}: {why}")
+        if made is None:
+            made = d
+        elif not path:
+            _rmdir(d)
+    if made is not None:
+        made = os.path.abspath(made)
+        return made, (f"no directory can hold ddp-doctor's records ({'; '.join(problems)}): they are kept in "
+                      f"{made} and may be incomplete; the job runs as it would without ddp-doctor")
+    fallback = path or os.path.join(places[0] if places else ".", RUN_DIR_PREFIX + "unwritable")
+    return fallback, (f"no directory can be made for ddp-doctor's records ({'; '.join(problems)}): they are "
+                      f"lost; the job runs as it would without ddp-doctor")
+
+
+def _moved_note(problems: list[str], chosen: str) -> str:
+    return (f"the run directory cannot hold ddp-doctor's records ({'; '.join(problems)}): they are kept "
+            f"in {chosen} instead")
+
+
+def _rmdir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
