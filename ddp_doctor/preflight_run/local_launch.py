@@ -3,11 +3,14 @@ own elastic launcher (`python -m torch.distributed.run --standalone`), then merg
 left in a private directory into one report.
 
 The parent never imports torch (fast start) and bounds the whole launch: on overrun it ends the
-launcher's process group, so no rank survives it.
+launcher's process group, so no rank survives it. While the launch runs it adopts orphans (a rank
+whose launcher was killed is reparented to it, not to init), and ends every process the launch
+left (terminate_tree). A stop signal is reported once, in a report written whole, whatever its
+timing (stop_signals.py).
 """
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import glob
 import json
 import os
@@ -16,13 +19,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks.training_failures import INTERRUPTED
 from ddp_doctor.facts.efa import nccl_log_env
 from ddp_doctor.findings import Finding
-from ddp_doctor.preflight_run.stop_signals import SignalCatcher, unblock_in_child
+from ddp_doctor.preflight_run.stop_signals import (
+    SignalCatcher,
+    adopt_orphans,
+    die_with_parent,
+    note_later,
+    unblock_in_child,
+)
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output, publish
 
@@ -39,11 +48,7 @@ def _die_with_parent() -> None:
     # Runs in the child before exec: its own process group (so we can end the whole tree) and
     # SIGTERM when this parent dies, which torchrun forwards to its workers.
     os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)
 
 
 def _start_launcher() -> None:
@@ -64,16 +69,61 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
-def terminate_tree(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+def _launched(since: float | None) -> list[Any]:
+    """This process's descendants started at `since` (time.time()) or later: the launcher's tree,
+    and the ranks adopted here when their launcher died (adopting)."""
+    if since is None:
+        return []
+    try:
+        import psutil
+        return [p for p in psutil.Process().children(recursive=True) if p.create_time() >= since - 1.0]
+    except Exception:  # noqa: BLE001 - psutil missing, or a process gone while looked at
+        return []
+
+
+@contextlib.contextmanager
+def adopting() -> Iterator[float]:
+    """While the launch runs, this process is a child subreaper: a rank whose launcher was killed
+    is reparented here, where terminate_tree (given the launch's start, yielded) finds and ends it.
+    After it, the adopted processes that ended are reaped and the process is an ordinary one again."""
+    since = time.time()
+    adopted = adopt_orphans(True)
+    try:
+        yield since
+    finally:
+        if adopted:
+            adopt_orphans(False)
+            _reap_adopted(since)
+
+
+def _reap_adopted(since: float) -> None:
+    """Wait for (reap) the adopted processes that ended: they are this process's children now,
+    and no Popen of ours waits for them."""
+    try:
+        import psutil
+        kids = [p.pid for p in psutil.Process().children() if p.create_time() >= since - 1.0
+                and p.status() == psutil.STATUS_ZOMBIE]
+    except Exception:  # noqa: BLE001 - psutil missing, or a process gone while looked at
+        return
+    for pid in kids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+
+
+def terminate_tree(proc: subprocess.Popen[Any], grace: float = 5.0, since: float | None = None) -> None:
     """End the launcher and everything under it. torch's launcher starts each worker in a session
-    of its own, so the launcher's process group does not hold them: remember them first."""
-    workers = _descendants(proc.pid)
+    of its own, so the launcher's process group does not hold them: remember them first. `since`
+    (from `adopting`): also end every process started here since then, those the launcher lost
+    when it was killed included."""
+    workers = _descendants(proc.pid) + [p for p in _launched(since) if p.pid != proc.pid]
     try:
         _terminate_group(proc, grace)
     finally:
         for w in workers:
             try:
-                w.kill()
+                w.kill()  # psutil checks the process is the one seen (not a reused pid)
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
@@ -99,7 +149,8 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
                  trace_path: str | None = None) -> int:
     """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
     (and the Chrome trace of the ranks' stages with `trace_path`)."""
-    with tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
+    # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N; blocked from here to the exit
+    with SignalCatcher(hold=True) as stop, tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         env = dict(os.environ)
         env["DDP_DOCTOR_LAUNCH_DIR"] = tmp
         launched = time.time()
@@ -109,31 +160,49 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
         timed_out = False
         deadline = time.monotonic() + bound
-        with SignalCatcher() as stop:  # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N
+        with adopting() as since:
             proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=_start_launcher)
             try:
                 while proc.poll() is None and stop.wait(0.2) is None:
                     if time.monotonic() > deadline:
                         timed_out = True
                         break
-                terminate_tree(proc, grace=0.5 if proc.poll() is not None else 5.0)
+                terminate_tree(proc, grace=0.5 if proc.poll() is not None else 5.0, since=since)
             except BaseException:
-                terminate_tree(proc)
+                terminate_tree(proc, since=since)
                 raise
-        rc = proc.returncode if proc.returncode is not None else -9
-        rep = merge_launch_dir(tmp, nproc, rc, timed_out, bound)
-        if stop.caught is not None:
-            stopped = events.event_finding(INTERRUPTED, f"stopped by {stop.caught.describe()} during the preflight",
-                                           rank=None, evidence=stop.caught.to_dict())
-            stopped.time = stop.caught.at  # before the ranks it ended went missing
-            rep = reportlib.mark_interrupted(reportlib.build_report(
-                world=rep["world"], ranks=rep["ranks"], findings=[*reportlib.findings_of(rep), stopped],
-                measurements=rep["measurements"]), stop.caught.to_dict())
-        rep["measurements"].setdefault("stage_seconds", {})["launch"] = round(time.time() - launched, 6)
-        if trace_path:
-            write_launch_trace(tmp, rep, trace_path)
-    publish(rep, out)
-    return reportlib.exit_code(rep)
+        rep = _launch_report(tmp, nproc, proc, timed_out, bound, stop, launched, trace_path)
+        publish(rep, out)
+        note_later(stop.drain(), "while the report was written; it was written first")
+    first = stop.first()  # the exit status a stop signal asks for, whenever it came
+    return first.exit_code if first is not None else reportlib.exit_code(rep)
+
+
+def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out: bool, bound: float,
+                   stop: SignalCatcher, launched: float, trace_path: str | None) -> dict[str, Any]:
+    """The merged report of a local launch, with the stop that ended it (DDP808, with any stop
+    signal that came after it), or a stop signal that came after the ranks ended (DDP811)."""
+    from ddp_doctor.checks.stops import late_stop_finding
+    rc = proc.returncode if proc.returncode is not None else -9
+    rep = merge_launch_dir(tmp, nproc, rc, timed_out, bound)
+    more = stop.drain()
+    caught = stop.stopped()
+    note_later(more, "while the ranks were being stopped; noted in the report" if caught is not None
+               else "after the ranks had ended; noted in the report (DDP811)")
+    if caught is not None:
+        stopped = events.event_finding(INTERRUPTED, f"stopped by {caught.describe()} during the preflight",
+                                       rank=None, evidence=caught.to_dict())
+        stopped.time = caught.at  # before the ranks it ended went missing
+        rep = reportlib.mark_interrupted(reportlib.build_report(
+            world=rep["world"], ranks=rep["ranks"], findings=[*reportlib.findings_of(rep), stopped],
+            measurements=rep["measurements"]), caught.to_dict())
+    elif more:  # the ranks had ended: their verdict stands, the signal is noted
+        rep = reportlib.build_report(world=rep["world"], ranks=rep["ranks"], measurements=rep["measurements"],
+                                     findings=[*reportlib.findings_of(rep), late_stop_finding(more[0], "preflight")])
+    rep["measurements"].setdefault("stage_seconds", {})["launch"] = round(time.time() - launched, 6)
+    if trace_path:
+        write_launch_trace(tmp, rep, trace_path)
+    return rep
 
 
 def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, bound: float,

@@ -6,14 +6,19 @@ never in silence or a false "pass".
 The parent blocks these signals in its main thread and takes them with sigtimedwait where it would
 otherwise sleep, so it learns who sent one (the sender's pid and command name) and can finish its
 work (ask the ranks for their stacks and ledgers, end them, write the report) before it exits with
-128 + the signal number. Its children get the signals unblocked again (`unblock_in_child`): a
-blocked mask survives exec.
+128 + the signal number. They stay blocked until the report is written and published: a second
+signal (an impatient Ctrl-C, a scheduler that repeats its SIGTERM) or one that arrives while the
+report is written is taken with `drain`, noted, and never kills the parent in the middle of the
+write. Its children get the signals unblocked again (`unblock_in_child`): a blocked mask survives
+exec.
 """
 from __future__ import annotations
 
+import ctypes
 import signal
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -25,6 +30,8 @@ class Interrupt:
     sender_pid: int | None = None
     sender: str | None = None  # the sender's command name, when it could be read
     at: float = field(default_factory=time.time)
+    to: str | None = None  # whom it was sent to, when not to the process reporting it (the launcher)
+    repeated: tuple["Interrupt", ...] = ()  # stop signals that came after it, while it was reported
 
     @property
     def name(self) -> str:
@@ -38,13 +45,20 @@ class Interrupt:
         return 128 + self.signo
 
     def describe(self) -> str:
+        text = self.name + (f" to {self.to}" if self.to else "")
         if self.sender_pid:
             who = f"pid {self.sender_pid}" + (f" ({self.sender})" if self.sender else "")
-            return f"{self.name} from {who}"
-        return self.name
+            return f"{text} from {who}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"signal": self.name, "signo": self.signo, "sender_pid": self.sender_pid, "sender": self.sender}
+        out: dict[str, Any] = {"signal": self.name, "signo": self.signo, "sender_pid": self.sender_pid,
+                               "sender": self.sender}
+        if self.to:
+            out["to"] = self.to
+        if self.repeated:
+            out["repeated"] = [{k: v for k, v in r.to_dict().items() if k != "repeated"} for r in self.repeated]
+        return out
 
 
 def _command_name(pid: int) -> str | None:
@@ -56,10 +70,16 @@ def _command_name(pid: int) -> str | None:
 
 
 class SignalCatcher:
-    """`with SignalCatcher() as catcher: ... catcher.wait(0.5)` in place of time.sleep(0.5)."""
+    """`with SignalCatcher() as catcher: ... catcher.wait(0.5)` in place of time.sleep(0.5). Keep the
+    report's writing inside the `with`: leaving it unblocks the signals, and a pending one would
+    then end the process with its default action. `hold=True` (a command whose report is its last
+    act) keeps them blocked after the `with` too, until the process exits: a stop that comes then
+    finds the report written and changes nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold: bool = False) -> None:
         self.caught: Interrupt | None = None
+        self.later: list[Interrupt] = []  # taken by drain: after the first, or after the job ended
+        self.hold = hold
         self._old: Any = None
 
     def __enter__(self) -> "SignalCatcher":
@@ -67,20 +87,105 @@ class SignalCatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        if not self.hold or exc[0] is not None:  # an error on the way: the signals act as usual again
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
 
     def wait(self, seconds: float) -> Interrupt | None:
         """Sleep up to `seconds`; the first stop signal that arrives ends the wait and is kept."""
         if self.caught is not None:
             return self.caught
-        info = signal.sigtimedwait(STOP_SIGNALS, max(0.0, seconds))
-        if info is None:
-            return None
-        pid = info.si_pid or None
-        self.caught = Interrupt(info.si_signo, pid, _command_name(pid) if pid else None)
+        self.caught = _take(seconds)
         return self.caught
+
+    def drain(self) -> list[Interrupt]:
+        """The stop signals pending now (taken without waiting), kept in `later` and returned: a
+        second signal while the first is being reported, or one that came while the report was
+        written. The caller notes them; none of them ends the process before the report is out."""
+        got = []
+        while (one := _take(0.0)) is not None and len(got) < len(STOP_SIGNALS):  # pending ones do not queue
+            got.append(one)
+        self.later += got
+        return got
+
+    def stopped(self) -> Interrupt | None:
+        """The stop that ended the run, with the stop signals taken after it (`repeated`)."""
+        if self.caught is None:
+            return None
+        return replace(self.caught, repeated=tuple(self.later)) if self.later else self.caught
+
+    def first(self) -> Interrupt | None:
+        """The first stop signal taken, whether it ended the run or came after its end."""
+        return self.caught or (self.later[0] if self.later else None)
+
+
+def _take(seconds: float) -> Interrupt | None:
+    info = signal.sigtimedwait(STOP_SIGNALS, max(0.0, seconds))
+    if info is None:
+        return None
+    pid = info.si_pid or None
+    return Interrupt(info.si_signo, pid, _command_name(pid) if pid else None)
+
+
+def note_later(signals: list[Interrupt], what: str) -> None:
+    """One stderr line per stop signal taken after the first one (or after the job's end), saying
+    `what` became of it: noted, never lost, and it ended nothing half-way."""
+    for s in signals:
+        try:
+            sys.stderr.write(f"ddp-doctor: {s.describe()} arrived {what}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed stderr takes nothing
+            pass
 
 
 def unblock_in_child() -> None:
     """For preexec_fn: the launched process handles these signals as usual."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # not Linux / no glibc: the caller's other safeguards stand
+        return False
+
+
+def die_with_parent(signo: int = signal.SIGTERM) -> bool:
+    """`signo` to this process when the thread that started it ends (PR_SET_PDEATHSIG, Linux).
+    The caller checks os.getppid() afterwards: a parent already gone sends nothing."""
+    return _prctl(PR_SET_PDEATHSIG, int(signo))
+
+
+def adopt_orphans(on: bool = True) -> bool:
+    """Make this process a child subreaper (PR_SET_CHILD_SUBREAPER, Linux): a descendant whose
+    parent dies (a rank whose launcher was killed) is reparented here instead of to init, so it
+    stays among this process's descendants, where the parent ends it."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def end_descendants(grace: float = 2.0) -> int:
+    """SIGTERM to every descendant of this process, SIGKILL to those alive `grace` seconds later
+    (bounded): when a one-process run is stopped, the processes its script started (the ranks of
+    torch.multiprocessing.spawn) must not train on. Returns how many there were."""
+    try:
+        import psutil
+        procs = psutil.Process().children(recursive=True)
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=1.0)
+        return len(procs)
+    except Exception:  # noqa: BLE001 - psutil missing, or /proc unreadable: the stop is still reported
+        return 0

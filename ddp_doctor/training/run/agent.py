@@ -5,6 +5,11 @@ ChildFailedError traceback and failure banner, and with the root-cause rank's ow
     python -m ddp_doctor.training.run.agent [torchrun options] -m ddp_doctor run ... SCRIPT [ARGS]
 
 ddp-doctor's parent process owns the diagnosis, so the launcher stays quiet about failures.
+It owns the stops too: a SIGTERM, SIGINT or SIGHUP sent to the launcher is passed on to the
+parent (hand_stops_to_parent), which takes the ranks' stacks and ledgers before it ends the job and
+reports it as stopped; the launcher ends its ranks itself only when the parent ends it, is gone,
+or a second stop comes. Its ranks die with it (rank.py, AGENT_PID_ENV): a launcher killed outright
+(SIGKILL) leaves no rank training.
 When the launcher's own rendezvous fails (its store cannot listen on a port another process
 holds; a node that never arrives, a master node that does not answer: bounded by the
 `--rdzv-conf timeout=/join_timeout=` the parent passes, command.py agent_command), no rank ever
@@ -15,10 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
 RESULT_ENV = "DDP_DOCTOR_AGENT_RESULT"
+AGENT_PID_ENV = "DDP_DOCTOR_AGENT_PID"  # this launcher's pid, for its ranks to die with it (rank.py)
+PARENT_ENDS_FILE = "agent-end"  # in the run directory: the parent ends the launcher (no passing back)
+STOPPED_FILE = "agent-stopped.json"  # in the run directory: the stop signal the launcher acted on itself
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _write_result(exits: dict[str, int]) -> None:
@@ -43,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    run_dir = os.path.dirname(os.environ.get(RESULT_ENV) or "") or None
+    if run_dir:  # under ddp-doctor's parent
+        os.environ[AGENT_PID_ENV] = str(os.getpid())  # the workers inherit it
+        hand_stops_to_parent(args, run_dir)
     try:
         run(args)
     except (DistError, RendezvousError) as e:  # before any rank started: the nodes did not meet
@@ -52,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         write_node_report(os.path.dirname(path), rendezvous_finding(args, e))
         return EXIT_FAILED
-    except SignalException as e:  # ddp-doctor's parent ended the job (a hang): it reports why
+    except SignalException as e:  # ddp-doctor's parent ended the job (a hang, a stop): it reports why
+        if run_dir and not parent_ends_it(run_dir):  # a stop this launcher acted on itself: say so
+            _write_stopped(run_dir, int(e.sigval))
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         _write_result({str(rank): f.exitcode for rank, f in e.failures.items()})
@@ -61,6 +77,68 @@ def main(argv: list[str] | None = None) -> int:
         return code if code > 0 else 128 - code  # a signal -N as the shell shows it: 128 + N
     return 0
 
+
+
+def hand_stops_to_parent(args: Any, run_dir: str) -> None:
+    """A stop signal sent to this launcher goes to ddp-doctor's parent, once, while the launcher
+    keeps its ranks running: the parent takes their stacks and ledgers, then ends the launcher and
+    reports a job stopped by a signal sent to the launcher. torch's own handling (end the ranks,
+    then exit 128 + N) is kept for a stop that comes when the parent is ending the launcher
+    (PARENT_ENDS_FILE), after the parent died (the launcher's own death signal), or for a second
+    stop. torch is told to leave these signals to us (its --signals-to-handle)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    parent = os.getppid()
+    rest = "SIGQUIT"  # what torch still handles itself
+    if hasattr(args, "signals_to_handle"):
+        args.signals_to_handle = rest
+    else:  # a torch without the option reads the variable
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = rest
+    passed: list[int] = []
+
+    def on_stop(signum: int, frame: Any) -> None:
+        if not passed and os.getppid() == parent and not parent_ends_it(run_dir):
+            passed.append(signum)
+            try:
+                os.kill(parent, signum)
+                return
+            except OSError:
+                pass
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_stop)
+
+
+def parent_ends(run_dir: str) -> None:
+    """Called by the parent before it ends the launcher: the launcher then ends its ranks itself."""
+    try:
+        with open(os.path.join(run_dir, PARENT_ENDS_FILE), "w", encoding="utf-8"):
+            pass
+    except OSError:
+        pass  # the launcher passes the signal back once; the parent's SIGKILL after its grace ends it
+
+
+def parent_ends_it(run_dir: str) -> bool:
+    return os.path.exists(os.path.join(run_dir, PARENT_ENDS_FILE))
+
+
+def _write_stopped(run_dir: str, signo: int) -> None:
+    try:
+        from ddp_doctor.training import records
+        records.write_json(os.path.join(run_dir, STOPPED_FILE), {"signo": signo}, redact=False)
+    except Exception:  # noqa: BLE001 - the parent then reports the launcher's exit status
+        pass
+
+
+def read_stop(run_dir: str) -> int | None:
+    """The stop signal the launcher acted on itself (it ended its ranks), or None."""
+    import json
+    try:
+        with open(os.path.join(run_dir, STOPPED_FILE), encoding="utf-8") as f:
+            signo = int(json.load(f)["signo"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return signo if signo in {int(s) for s in STOP_SIGNALS} else None
 
 
 def _int(value: object, default: int) -> int:
