@@ -167,7 +167,7 @@ def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
 def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML counts fewer (or more) GPUs than the instance type has (ml.p4d.24xlarge: 8,
-    DOMAIN table). (Fewer ranks than GPUs, once part of this ID, is DDP514.)
+    the instance table in sagemaker/instances.py). (Fewer ranks than GPUs, once part of this ID, is DDP514.)
     Why: A GPU missing from an 8-GPU instance has fallen off the bus (SM_NUM_GPUS, read when the
     container started, then agrees with the wrong count, so nothing else notices).
     Fix: Replace the instance (stop the job and start it again) when a GPU is missing.

@@ -30,6 +30,9 @@ class Output:
     stderr: bool = False
     report_s3_uri: str | None = None  # --report-s3-uri; falls back to DDP_DOCTOR_REPORT_S3_URI
     command: str | None = None        # names the headline ("bench-comm"); default: the report's phase
+    # `run`'s preflight: the script runs next, so a report that lets it run is written and uploaded
+    # as "running" (the preflight's verdict inside), never as a "pass" for a job still to end
+    running_if_pass: bool = False
 
     def path(self, env: Any = None) -> str:
         env = os.environ if env is None else env
@@ -37,7 +40,17 @@ class Output:
 
 
 def warn(message: str) -> None:
-    sys.stderr.write(f"ddp-doctor: warning: {redact_text(message)}\n")
+    _say(sys.stderr, f"ddp-doctor: warning: {redact_text(message)}\n")
+
+
+def _say(stream: Any, text: str) -> None:
+    """Write ddp-doctor's own text; a closed or broken stream (stderr closed, its reader gone)
+    loses the text, never the report or the exit status."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str = "") -> None:
@@ -66,8 +79,7 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
         text = redact_text(render_text(rep, report_path=path, verbose=out.verbose, command=out.command))
     if prefix:
         text = "\n".join(prefix + line for line in text.splitlines())
-    stream.write(text + "\n")
-    stream.flush()
+    _say(stream, text + "\n")
 
 
 def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,
@@ -78,13 +90,17 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
     written, None when none was."""
     env = os.environ if env is None else env
     path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
+    kept = rep
+    if out.running_if_pass and rep.get("status") in ("pass", "warn"):
+        from ddp_doctor.report.build import mark_running
+        kept = mark_running(rep)
     if path:
-        err = sinks.write_report_file(rep, path)
+        err = sinks.write_report_file(kept, path)
         if err:
             warn(err)
             path = None
     show(rep, out, path, stream=stream, prefix=prefix)
-    upload_report(rep, out, env, suffix=suffix)
+    upload_report(kept, out, env, suffix=suffix)
     return path
 
 
@@ -100,8 +116,7 @@ def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:
         err = sinks.write_sagemaker_failure(rep, ctx.sagemaker.root)
         if err and "already" not in err:
             warn(err)
-        sys.stderr.write(sinks.sm_failure_line(rep) + "\n")
-        sys.stderr.flush()
+        _say(sys.stderr, sinks.sm_failure_line(rep) + "\n")
 
 
 def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone: bool = False,

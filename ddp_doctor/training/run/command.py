@@ -14,7 +14,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, NoReturn
 
@@ -213,71 +212,105 @@ def agent_command(torchrun: list[str], doctor: list[str], target: Target) -> lis
 
 
 def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) -> int:
-    from ddp_doctor.preflight_run.local_launch import terminate_tree
-    from ddp_doctor.preflight_run.stop_signals import SignalCatcher
+    """Start the ranks through torch's elastic launcher (agent.py), watch them, and write the report.
+    Stop signals stay blocked until the report is written and published: each stop is reported
+    once, whatever its timing, and the exit status is then 128 + the first one's number. A stop
+    sent to the launcher comes here (agent.py passes it on); a launcher killed outright takes its
+    ranks with it (rank.py), and this parent, their adopter, ends any it left (DDP810)."""
+    from ddp_doctor.preflight_run.local_launch import adopting
+    from ddp_doctor.preflight_run.stop_signals import SignalCatcher, note_later
+    from ddp_doctor.report.private_files import keep_dir, make_records_dir
+    from ddp_doctor.report.publish import warn
     from ddp_doctor.training import records
     from ddp_doctor.training.run.agent import RESULT_ENV
     from ddp_doctor.training.run.ledger import recorder_env
-    from ddp_doctor.training.run.rank import PARENT_ENV, RUN_DIR_ENV
+    from ddp_doctor.training.run.rank import PARENT_ENV, RECORDS_NOTE_ENV, RUN_DIR_ENV
+    from ddp_doctor.training.run.watchdog import collect_stacks
 
     keep_in = opts.run_dir  # --run-dir: the run directory is made inside it and kept
-    try:
-        if keep_in:
-            os.makedirs(keep_in, mode=0o700, exist_ok=True)  # the user's directory: made private, never changed
-        run_dir = tempfile.mkdtemp(prefix="ddp-doctor-run-", dir=keep_in)  # 0700
-        records.make_private_dir(run_dir)
-    except OSError as e:
-        raise RunUsageError(f"--run-dir {keep_in}: cannot make the run directory there "
-                            f"({e.strerror or e})") from None
+    # 0700, with room for the records; a full or read-only place (TMPDIR, --run-dir) moves them, with
+    # a warning here and in the report (DDP813), never the job's exit status
+    run_dir, note = make_records_dir(parent=keep_in)
+    keep_dir(run_dir)  # removed while the job runs: made again
+    if note:
+        warn(note)
     if keep_in:
         sys.stderr.write(f"ddp-doctor: run directory (records, ledgers, stacks): {run_dir}\n")
     env = dict(os.environ)
     env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: os.path.join(run_dir, "agent.json")})
+    if note:
+        env[RECORDS_NOTE_ENV] = note
     env.setdefault("OMP_NUM_THREADS", "1")
     recorder_env(env, run_dir)  # ledgers of collectives, NCCL's dumps on timeout; never the user's values
     hang = None
     stuck_in_init = False
     slow: dict[str, Any] = {}  # the longest wait for a slow rank, not (yet) a hang
-    with SignalCatcher() as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
-        proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
-        launched = time.monotonic()
+    with SignalCatcher(hold=True) as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
+        with adopting() as since:
+            proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
+            launched = time.monotonic()
+            try:
+                while proc.poll() is None and stop.wait(0.5) is None:
+                    end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
+                    hang = detect_hang(run_dir, opts.hang_timeout, slow)
+                    stuck_in_init = detect_bad_init(run_dir)
+                    if hang is not None or stuck_in_init:
+                        break
+                    if nodes_never_met(run_dir, torchrun, opts, launched):  # ends the agent; finish reports it
+                        break
+                stop.caught = sent_to_launcher(stop.caught, proc.pid)
+                ended_here = proc.poll() is None  # this parent ends the launcher (else it ended on its own)
+                if stop.caught is not None and proc.poll() is None:
+                    sys.stderr.write(f"ddp-doctor: {stop.caught.describe()}: taking the ranks' stacks and ledgers, "
+                                     f"then stopping them\n")
+                    hang = collect_stacks(run_dir, records.read_heartbeats(run_dir), reason="interrupted")
+                    end_launcher(run_dir, proc, since)
+                elif hang is not None:
+                    nnodes = torchrun_value(torchrun, "--nnodes") or "1"
+                    hang = collect_stacks(run_dir, hang, across=nnodes not in ("1", "1:1"))
+                    end_launcher(run_dir, proc, since)
+                else:
+                    end_launcher(run_dir, proc, since, grace=0.5)  # nothing may outlive the launcher
+            except BaseException:
+                end_launcher(run_dir, proc, since)
+                raise
         try:
-            while proc.poll() is None and stop.wait(0.5) is None:
-                end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
-                hang = detect_hang(run_dir, opts.hang_timeout, slow)
-                stuck_in_init = detect_bad_init(run_dir)
-                if hang is not None or stuck_in_init:
-                    break
-                if nodes_never_met(run_dir, torchrun, opts, launched):  # ends the agent; finish reports it
-                    break
-            if stop.caught is not None and proc.poll() is None:
-                sys.stderr.write(f"ddp-doctor: {stop.caught.describe()}: taking the ranks' stacks and ledgers, "
-                                 f"then stopping them\n")
-                hang = collect_stacks(run_dir, records.read_heartbeats(run_dir), reason="interrupted")
-                terminate_tree(proc)
-            elif hang is not None:
-                nnodes = torchrun_value(torchrun, "--nnodes") or "1"
-                hang = collect_stacks(run_dir, hang, across=nnodes not in ("1", "1:1"))
-                terminate_tree(proc)
+            code = finish(run_dir, proc.returncode, hang, opts, torchrun, stuck_in_init=stuck_in_init,
+                          slow=slow, signals=stop, launcher_pid=proc.pid, ended_here=ended_here)
+        finally:
+            from ddp_doctor.report.private_files import tighten_tree
+            from ddp_doctor.training.run.nccl_dumps import dump_files
+            if keep_in:  # the user's --run-dir: everything stays
+                tighten_tree(run_dir)  # NCCL's dumps and log, written with the umask: 0600 as ours are
+            elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
+                tighten_tree(run_dir)
+                sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
             else:
-                terminate_tree(proc, grace=0.5)  # nothing may outlive the launcher
-        except BaseException:
-            terminate_tree(proc)
-            raise
-    try:
-        return finish(run_dir, proc.returncode, hang, opts, torchrun, stuck_in_init=stuck_in_init,
-                      interrupted=stop.caught, slow=slow)
-    finally:
-        from ddp_doctor.report.private_files import tighten_tree
-        from ddp_doctor.training.run.nccl_dumps import dump_files
-        if keep_in:  # the user's --run-dir: everything stays
-            tighten_tree(run_dir)  # NCCL's dumps and log, written with the umask: 0600 as ours are
-        elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
-            tighten_tree(run_dir)
-            sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
-        else:
-            import shutil
-            shutil.rmtree(run_dir, ignore_errors=True)
+                import shutil
+                shutil.rmtree(run_dir, ignore_errors=True)
+        note_later([sent_to_launcher(s, proc.pid) for s in stop.drain()],
+                   "while the report was written; it was written first")
+    first = stop.first()  # the exit status a stop signal asks for, whenever it came
+    return first.exit_code if first is not None else code
+
+
+def sent_to_launcher(stop: Any, launcher_pid: int) -> Any:
+    """A stop signal the launcher passed on (agent.py) is one sent to the launcher: say so, and not
+    that the launcher sent it."""
+    if stop is None or stop.sender_pid != launcher_pid:
+        return stop
+    from dataclasses import replace
+    return replace(stop, sender_pid=None, sender=None, to=f"the launcher (torch's elastic agent, pid {launcher_pid})")
+
+
+def end_launcher(run_dir: str, proc: subprocess.Popen[Any], since: float, grace: float = 5.0) -> None:
+    """End the launcher and every process of the launch; the launcher is told first that this
+    parent ends it, so it ends its ranks instead of passing the signal back here (agent.py)."""
+    from ddp_doctor.preflight_run.local_launch import terminate_tree
+    from ddp_doctor.training.run.agent import parent_ends
+    if proc.poll() is None:
+        parent_ends(run_dir)
+    terminate_tree(proc, grace=grace, since=since)
 
 
 NODES_GRACE = 20.0  # seconds past the rendezvous bound before the parent ends a waiting launcher
@@ -378,38 +411,17 @@ def detect_bad_init(run_dir: str) -> bool:
     return judge_waiting(calls, time.time(), launched=len(records.read_heartbeats(run_dir)))[0]
 
 
-LEDGER_WAIT = 5.0  # seconds the parent waits for the ranks' ledgers on a hang (watchdogs poll each second)
-
-
-def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "hang", *,
-                   across: bool = False) -> dict[int, dict[str, Any]]:
-    """Ask every rank for its stacks (SIGUSR2 -> faulthandler) and its ledger of collectives (a
-    request file its watchdog thread polls), give them a bounded moment to write. `across`:
-    several nodes; at a hang the ranks also fetch the other nodes' (training/run/endings.py)."""
-    from ddp_doctor.training import records
-    from ddp_doctor.training.run import ledger
-    from ddp_doctor.training.run.watchdog import STACK_SIGNAL
-    asked = time.time()
-    ledger.request(run_dir, reason=reason)
-    for hb in hbs.values():
-        try:
-            os.kill(int(hb["pid"]), STACK_SIGNAL)
-        except (OSError, KeyError, ValueError):
-            pass
-    time.sleep(1.0)
-    ended = records.read_outcomes(run_dir)  # a rank whose script ended wrote its ledger then
-    live = [r for r in hbs if r not in ended]
-    ledger.wait_for(run_dir, live, asked, LEDGER_WAIT)
-    if across and reason == "hang":
-        from ddp_doctor.training.run.endings import HANG_SHARE_WAIT, wait_shared
-        wait_shared(run_dir, live, asked, HANG_SHARE_WAIT + 3.0)
-    return hbs
-
-
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
            torchrun: list[str], *, stuck_in_init: bool = False, interrupted: Any = None,
-           slow: dict[str, Any] | None = None) -> int:
+           slow: dict[str, Any] | None = None, signals: Any = None, launcher_pid: int | None = None,
+           ended_here: bool = True) -> int:
+    """Merge what the ranks left into the job's report, publish it, and return the exit status.
+    `signals`: the parent's SignalCatcher, still blocking the stop signals: those pending now join
+    the stop (or, after the job's own end, are noted: DDP811). `launcher_pid`: the launcher's pid;
+    `ended_here`: this parent ended it. When it ended on its own, a stop it was sent (agent.py's
+    record) is the job's stop, and a launcher killed or failed before its ranks ended is DDP810."""
     from ddp_doctor.checks.job import JobEvidence
+    from ddp_doctor.checks.stops import late_stop_finding
     from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.preflight_run.local_launch import merge_launch_dir
     from ddp_doctor.report import build as reportlib
@@ -422,11 +434,28 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     pf_dir = os.path.join(run_dir, "preflight")
     run = read_run(run_dir)
     heartbeats = run.heartbeats
+    late: list[Any] = []
+    if signals is not None:
+        taken = [sent_to_launcher(x, launcher_pid or -1) for x in signals.drain()]
+        signals.later[len(signals.later) - len(taken):] = taken
+        interrupted = signals.stopped() or interrupted
+        late = [] if signals.caught is not None else list(signals.later)
+        from ddp_doctor.preflight_run.stop_signals import note_later
+        note_later(taken, "after the ranks had ended; noted in the report (DDP811)" if late
+                   else "while the ranks were being stopped; noted in the report")
+    if interrupted is None and launcher_pid is not None and not ended_here:
+        interrupted = launcher_stop(run_dir, launcher_pid)  # torch's own handler took it (agent.py)
+        if interrupted is not None and hang is None:
+            hang = dict(heartbeats)  # where the ranks were: their last heartbeats
+    ended = (launcher_ended(run_dir, agent_code, launcher_pid, run)
+             if interrupted is None and hang is None and not stuck_in_init and not ended_here else None)
     nproc = len(heartbeats) or 1
     pf = (merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0, expected=sorted(heartbeats) or None)
           if os.path.isdir(pf_dir) else None)
     if pf is not None and pf["status"] == "fail" and not run.outcomes:
         rep, code = pf, EXIT_FAILED
+        if ended is not None:
+            rep = _with_findings(rep, ended)
         if interrupted is not None:
             rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
     else:
@@ -448,10 +477,15 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
             world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True)
         rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
-                               ranks=(pf or {}).get("ranks") or [], earlier=reportlib.findings_of(pf) if pf else [],
+                               ranks=(pf or {}).get("ranks") or [],
+                               earlier=[*(reportlib.findings_of(pf) if pf else []), *([ended] if ended else [])],
                                measurements=(pf or {}).get("measurements") or {})
     if interrupted is not None:
         code = interrupted.exit_code
+    elif ended is not None:
+        code = 128 - agent_code if agent_code is not None and agent_code < 0 else (agent_code or EXIT_FAILED)
+    if late and interrupted is None:  # the job had ended: its verdict stands, the signal is noted
+        rep = _with_findings(rep, late_stop_finding(late[0]))
     from ddp_doctor.training.run.trace_file import write_trace_if_asked
     write_trace_if_asked(opts, run_dir, rep)
     publish(rep, out)
@@ -459,3 +493,38 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         from ddp_doctor.context import current_context
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     return code
+
+
+def _with_findings(rep: dict[str, Any], *more: Any) -> dict[str, Any]:
+    """`rep` rebuilt with `more` findings (status and root cause judged again); the keys the
+    builder does not make (a training report's "preflight_status") are kept."""
+    from ddp_doctor.report import build as reportlib
+    new = reportlib.build_report(world=rep.get("world") or {}, ranks=rep.get("ranks") or [],
+                                 findings=[*reportlib.findings_of(rep), *more],
+                                 measurements=rep.get("measurements") or {}, phase=rep.get("phase") or "preflight")
+    return {**rep, **new}
+
+
+def launcher_stop(run_dir: str, launcher_pid: int) -> Any:
+    """The stop signal the launcher recorded when it ended its ranks itself (agent.py: torch's own
+    handler took the signal, or a second one came before this parent acted), as a stop of the job."""
+    from ddp_doctor.preflight_run.stop_signals import Interrupt
+    from ddp_doctor.training.run.agent import read_stop
+    signo = read_stop(run_dir)
+    if signo is None:
+        return None
+    return Interrupt(signo, to=f"the launcher (torch's elastic agent, pid {launcher_pid})")
+
+
+def launcher_ended(run_dir: str, agent_code: int | None, launcher_pid: int | None, run: Any) -> Any:
+    """DDP810 when the launcher ended on its own before its ranks did: killed by a signal (it has
+    no exit status to give for them), or exited with an error without recording any rank's failure
+    (agent.json) while started ranks had no ending. None otherwise."""
+    from ddp_doctor.checks.stops import launcher_ended_finding
+    if launcher_pid is None or not agent_code:
+        return None
+    unended = {r: hb for r, hb in run.heartbeats.items() if r not in run.outcomes}
+    if agent_code > 0 and (os.path.exists(os.path.join(run_dir, "agent.json")) or not unended):
+        return None  # the launcher's failure is its ranks' (agent.json), or it failed before any started
+    phase = "training" if run.heartbeats else "preflight"
+    return launcher_ended_finding(agent_code, launcher_pid, unended, phase=phase)

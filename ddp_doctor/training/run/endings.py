@@ -6,6 +6,12 @@ record and the tail of its ledger) in the job's store, and a rank that failed co
 of the ranks on other nodes it finds there into its run directory (`rank-N.json`, `ledger-N.json`,
 as if they were local): node 0's report then names a cause that happened on node 3.
 
+The last rank of the job to end, and rank 0 (which waits a bounded moment for the others, see
+`wait_for_job`), copy every other node's ending: the verdict "pass" needs every rank's ending, and
+a rank still running on another node keeps the report "running". A rank that failed also names the
+ranks of its node whose process is gone without an ending (SIGKILL, the OOM killer): it puts a
+"gone" ending for each in the store, so the other nodes' reports name them too.
+
 The store is the launcher's (torchrun's agent store at MASTER_ADDR:MASTER_PORT, which outlives the
 ranks and the script's own process group), reached through a new client connection with a short
 timeout, so this works after destroy_process_group and never waits on the user's group. Every
@@ -13,9 +19,11 @@ step is bounded (STORE_BOUND in all); nothing here is a collective.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_doctor.report.redact import redact_obj
@@ -25,6 +33,9 @@ from ddp_doctor.training import records
 STORE_BOUND = 4.0  # seconds, at most, for one rank's whole exchange at its ending
 LEDGER_TAIL = 300  # ledger entries carried through the store per rank (the newest)
 MAX_FETCH = 256  # other ranks' endings a rank copies (failed ones first)
+MAX_PROBE = 1 << 20  # bytes: a probe record larger than this is not carried through the store
+JOB_END_WAIT = 60.0  # seconds rank 0, ended well, waits for every rank of the job to end
+JOB_END_WAIT_ENV = "DDP_DOCTOR_JOB_END_WAIT"  # overrides JOB_END_WAIT (seconds)
 
 
 def _prefix(env: Any) -> str:
@@ -42,51 +53,146 @@ def _connect(env: Any, timeout: float) -> Any:
 
 
 def ending_of(run_dir: str, rank: int) -> dict[str, Any]:
-    """This rank's outcome and the newest entries of its ledger, as left in its run directory."""
+    """This rank's outcome, the newest entries of its ledger and its probe record, as left in its
+    run directory (called by the rank's own process: its probe record is probe-<its pid>)."""
     outcome = records.read_outcomes(run_dir).get(rank)
     ledger = records.read_ledgers(run_dir).get(rank)
     if ledger is not None:
         ledger = {**ledger, "entries": (ledger.get("entries") or [])[-LEDGER_TAIL:]}
+    probe = None
+    try:
+        if os.path.getsize(records.probe_path(run_dir, os.getpid())) <= MAX_PROBE:
+            with open(records.probe_path(run_dir, os.getpid()), encoding="utf-8") as f:
+                probe = json.load(f)
+    except (OSError, ValueError):
+        pass
     # redacted as the rank views are (preflight_run/rank_view.py): the store has no authentication
     # and other nodes keep a copy in their run directory
-    return redact_obj({"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger})
+    return redact_obj({"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger,
+                       "probe": probe if isinstance(probe, dict) else None})
 
 
-def exchange(run_dir: str, rank: int, *, failed: bool, env: Any = None) -> list[int]:
-    """Put this rank's ending in the store; when it failed, copy the other nodes' endings into
-    `run_dir`. Returns the ranks copied. Bounded by STORE_BOUND; never raises."""
+@dataclass
+class JobEndings:
+    """What the store said of the job's endings at one moment."""
+    world: int = 0
+    ended: dict[int, str] = field(default_factory=dict)  # rank -> "ok", "failed" or "gone"
+    copied: list[int] = field(default_factory=list)  # other nodes' ranks copied into the run directory
+
+    @property
+    def complete(self) -> bool:
+        """Every rank of the job has an ending (its own, or a peer's word that it is gone)."""
+        return self.world > 0 and set(range(self.world)) <= set(self.ended)
+
+    def running(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.ended]
+
+
+_MARKS = {"!": "failed", "~": "gone"}
+
+
+def _listed(store: Any, prefix: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for item in store.get(f"{prefix}/ended").decode().split(","):
+        item = item.strip()
+        kind = _MARKS.get(item[-1:], "ok")
+        num = item.rstrip("!~")
+        if num.isdigit() and out.get(int(num)) in (None, "gone"):  # a rank's own ending wins
+            out[int(num)] = kind
+    return out
+
+
+def _world(env: Any) -> int:
+    try:
+        return max(0, int(env.get("WORLD_SIZE") or 0))
+    except ValueError:
+        return 0
+
+
+def exchange(run_dir: str, rank: int, *, failed: bool, gone: dict[int, dict[str, Any]] | None = None,
+             env: Any = None) -> JobEndings:
+    """Put this rank's ending in the store (and a "gone" ending for each rank of `gone`: ranks of
+    this node whose process ended without one); when it failed, or it is the last rank of the job
+    to end, copy the other nodes' endings into `run_dir`. Bounded by STORE_BOUND; never raises
+    (an empty JobEndings when the store cannot be reached)."""
     env = os.environ if env is None else env
-    out = call_with_time_limit(lambda: _exchange(run_dir, rank, failed, env), STORE_BOUND,
+    out = call_with_time_limit(lambda: _exchange(run_dir, rank, failed, gone or {}, env), STORE_BOUND,
                                name="ddp-doctor-endings")
-    return list(out.value or []) if out.finished and out.error is None else []
+    return out.value if out.finished and out.error is None and out.value is not None else JobEndings()
 
 
-def _exchange(run_dir: str, rank: int, failed: bool, env: Any) -> list[int]:
+def _exchange(run_dir: str, rank: int, failed: bool, gone: dict[int, dict[str, Any]], env: Any) -> JobEndings:
     deadline = time.monotonic() + STORE_BOUND - 0.5
     store = _connect(env, STORE_BOUND / 2)
     if store is None:
-        return []
+        return JobEndings()
     prefix = _prefix(env)
     store.set(f"{prefix}/{rank}", json.dumps(ending_of(run_dir, rank), default=str))
     store.append(f"{prefix}/ended", f"{rank}{'!' if failed else ''},")
-    if not failed:
-        return []
+    for r, hb in sorted(gone.items()):
+        if not store.check([f"{prefix}/{r}"]):  # its own ending, if it left one, wins
+            store.set(f"{prefix}/{r}", json.dumps(redact_obj(
+                {"rank": r, "host": os.uname().nodename, "gone": {**hb, "seen_by": rank}}), default=str))
+        store.append(f"{prefix}/ended", f"{r}~,")
+    job = JobEndings(world=_world(env), ended=_listed(store, prefix))
+    if not failed and not job.complete:
+        return job
+    # Peers that failed at about the same time (or saw a rank of their node vanish) publish a
+    # moment later: a failed rank looks until every rank has an ending, within its bound.
+    while True:
+        job.ended = _listed(store, prefix)
+        _copy(store, prefix, run_dir, job, deadline)
+        if job.complete or not failed or time.monotonic() + 0.25 >= deadline:
+            return job
+        time.sleep(0.25)
+
+
+def _copy(store: Any, prefix: str, run_dir: str, job: JobEndings, deadline: float) -> None:
+    """The endings listed in `job` of ranks that left no record here (other nodes'), failed and
+    gone ones first, into `run_dir`."""
     local = set(records.read_outcomes(run_dir)) | set(records.read_heartbeats(run_dir))
-    copied: list[int] = []
-    # Peers that failed at about the same time may publish a moment later: look twice.
-    for attempt in range(2):
-        listed = [x for x in store.get(f"{prefix}/ended").decode().split(",") if x]
-        failed_first = sorted(listed, key=lambda x: (not x.endswith("!"), int(x.rstrip("!"))))
-        for item in failed_first[:MAX_FETCH]:
-            r = int(item.rstrip("!"))
-            if r in local or r in copied or time.monotonic() > deadline:
-                continue
-            d = json.loads(store.get(f"{prefix}/{r}"))
-            _keep(run_dir, r, d)
-            copied.append(r)
-        if attempt == 0 and time.monotonic() + 1.0 < deadline:
-            time.sleep(1.0)
-    return copied
+    order = sorted(job.ended, key=lambda r: (job.ended[r] == "ok", r))
+    for r in order[:MAX_FETCH]:
+        if r in local or r in job.copied or time.monotonic() > deadline:
+            continue
+        _keep(run_dir, r, json.loads(store.get(f"{prefix}/{r}")))
+        job.copied.append(r)
+
+
+def job_end_wait(env: Any = None) -> float:
+    env = os.environ if env is None else env
+    try:
+        return min(max(0.0, float(env.get(JOB_END_WAIT_ENV) or JOB_END_WAIT)), 3600.0)
+    except ValueError:
+        return JOB_END_WAIT
+
+
+def wait_for_job(run_dir: str, job: JobEndings, bound: float, env: Any = None) -> JobEndings:
+    """Rank 0 ended well and the job had not: wait up to `bound` seconds for every rank's ending
+    (looked at twice a second), then copy the other nodes' endings here. Never raises; the store
+    gone (node 0's launcher ended) ends the wait with what was seen."""
+    env = os.environ if env is None else env
+    if job.world <= 0:
+        return job
+    out = call_with_time_limit(lambda: _wait_for_job(run_dir, job, bound, env), bound + STORE_BOUND,
+                               name="ddp-doctor-job-end")
+    return out.value if out.finished and out.error is None and out.value is not None else job
+
+
+def _wait_for_job(run_dir: str, job: JobEndings, bound: float, env: Any) -> JobEndings:
+    store = _connect(env, STORE_BOUND / 2)
+    if store is None:
+        return job
+    prefix = _prefix(env)
+    deadline = time.monotonic() + bound
+    while True:
+        job.ended = _listed(store, prefix)
+        if job.complete or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if job.complete:
+        _copy(store, prefix, run_dir, job, time.monotonic() + STORE_BOUND)
+    return job
 
 
 def _keep(run_dir: str, rank: int, ending: dict[str, Any]) -> None:
@@ -95,6 +201,28 @@ def _keep(run_dir: str, rank: int, ending: dict[str, Any]) -> None:
         records.write_json(records.outcome_path(run_dir, rank), {**ending["outcome"], "remote": True})
     if isinstance(ending.get("ledger"), dict):
         records.write_json(records.ledger_path(run_dir, rank), {**ending["ledger"], "remote": True})
+    if isinstance(ending.get("probe"), dict):  # the name share_across_nodes gives it: one copy
+        records.write_json(os.path.join(run_dir, f"probe-remote-{rank}.json"), ending["probe"])
+    if isinstance(ending.get("gone"), dict):
+        records.write_json(gone_path(run_dir, rank), {**ending["gone"], "rank": rank, "remote": True})
+
+
+def gone_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"gone-{rank}.json")
+
+
+def remote_gone(run_dir: str) -> dict[int, dict[str, Any]]:
+    """Ranks of other nodes whose process ended without an ending, as a peer on their node saw
+    (their last heartbeat, with `seen_by`)."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in glob.glob(os.path.join(run_dir, "gone-*.json")):
+        try:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+            out[int(d["rank"])] = d
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 # ---------------------------------------------------------------- a hang, across nodes

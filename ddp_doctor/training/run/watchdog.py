@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ddp_doctor.facts.frames import not_user_code_dirs
+from ddp_doctor.report.private_files import keep_dir, let_go
 from ddp_doctor.training import records
 from ddp_doctor.training.run import endings, ledger
 
@@ -112,16 +113,27 @@ class ProgressWatch:
             register_optimizer_step_post_hook(self._on_step)
         except Exception:  # noqa: BLE001 - older torch: stack sampling alone still tells progress
             pass
+        keep_dir(self.run_dir)  # removed while the job runs (the script, a /tmp cleaner): made again
+        self._open_stack_file()
+        threading.Thread(target=self._loop, name="ddp-doctor-watchdog", daemon=True).start()
+        return self
+
+    def _open_stack_file(self) -> None:
+        """faulthandler writes every thread's stack to stack-RANK.txt on STACK_SIGNAL."""
         try:
             self._stack_file = records.open_private(records.stack_path(self.run_dir, self.rank))
             faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._stack_file = None
-        threading.Thread(target=self._loop, name="ddp-doctor-watchdog", daemon=True).start()
-        return self
+
+    def _stack_file_gone(self) -> bool:
+        """The run directory was removed (and made again by a record's write): faulthandler still
+        writes into the removed file, where the parent cannot read it."""
+        return self._stack_file is not None and not os.path.exists(records.stack_path(self.run_dir, self.rank))
 
     def stop(self) -> None:
         self._stop.set()
+        let_go(self.run_dir)  # its owner may remove it now
 
     def _on_step(self, *_: Any) -> None:
         now = time.time()
@@ -144,6 +156,13 @@ class ProgressWatch:
             where = describe(stack)
             self.where, self.in_collective = where["where"], where["in_collective"]
             self._beat(now, where)
+            if self._stack_file_gone():
+                old, self._stack_file = self._stack_file, None
+                self._open_stack_file()
+                try:
+                    old.close()
+                except OSError:
+                    pass
             if self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
                     and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
@@ -269,4 +288,33 @@ class ProgressWatch:
                             failed_in_collective=failed_in_collective)
 
     def dump_stacks(self, stream: Any) -> None:
-        faulthandler.dump_traceback(file=stream, all_threads=True)
+        """Every thread's stack to `stream`; a closed or broken stream (stderr closed by the
+        shell, a reader gone) takes nothing and raises nothing."""
+        try:
+            faulthandler.dump_traceback(file=stream, all_threads=True)
+        except (OSError, ValueError, AttributeError, RuntimeError):
+            pass
+
+
+LEDGER_WAIT = 5.0  # seconds the asker waits for the ranks' ledgers on a hang (watchdogs poll each second)
+
+
+def collect_stacks(run_dir: str, hbs: dict[int, dict[str, Any]], reason: str = "hang", *,
+                   across: bool = False) -> dict[int, dict[str, Any]]:
+    """Ask every rank for its stacks (SIGUSR2 -> faulthandler) and its ledger of collectives (a
+    request file its watchdog thread polls), give them a bounded moment to write. `across`:
+    several nodes; at a hang the ranks also fetch the other nodes' (training/run/endings.py)."""
+    asked = time.time()
+    ledger.request(run_dir, reason=reason)
+    for hb in hbs.values():
+        try:
+            os.kill(int(hb["pid"]), STACK_SIGNAL)
+        except (OSError, KeyError, ValueError):
+            pass
+    time.sleep(1.0)
+    ended = records.read_outcomes(run_dir)  # a rank whose script ended wrote its ledger then
+    live = [r for r in hbs if r not in ended]
+    ledger.wait_for(run_dir, live, asked, LEDGER_WAIT)
+    if across and reason == "hang":
+        endings.wait_shared(run_dir, live, asked, endings.HANG_SHARE_WAIT + 3.0)
+    return hbs
