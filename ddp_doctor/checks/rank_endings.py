@@ -247,6 +247,7 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
         if r == first_rank:
             grouped = set(alike) if f.ranks == sorted({r, *alike}) else set()
         findings.append(f)
+    findings += _exited_findings(outcomes, bool(failed) or any((c or 0) != 0 for c in exits.values()))
     for r in ranks:
         code = exits.get(r)
         o = outcomes.get(r)
@@ -317,6 +318,27 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
                 code = 128 - c if c < 0 else c
                 break
     return findings, code
+
+
+def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -> list[Finding]:
+    """DDP814 for each rank whose script ended itself with sys.exit(N != 0), without an exception
+    or a stop: the cause, whose peers' lost-peer errors are consequences. With no other rank
+    failing either, it is still the job's failure: the status the script asked for."""
+    out = []
+    for r, o in sorted(outcomes.items()):
+        if not o.get("exit_code") or o.get("exception") or o.get("interrupted") or o.get("hung"):
+            continue
+        if o.get("phase") not in (None, "training"):
+            continue
+        site = o.get("exited") or {}
+        where = site.get("where")
+        others = " while the other ranks still ran (their errors below are its consequence)" if others_failed else ""
+        out.append(event_finding(
+            failures.SCRIPT_EXITED, f"rank {r}'s script ended itself with status {int(o['exit_code'])} "
+            f"(sys.exit({int(o['exit_code'])}), no exception)" + (f" at {where}" if where else "") + others,
+            rank=r, phase="training", time=site.get("time") or o.get("time"),
+            evidence={"exit_code": int(o["exit_code"]), "where": where}))
+    return out
 
 
 def _failed_first(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> int | None:

@@ -53,6 +53,22 @@ RANK_KILLED = declare(
     the DataLoader's num_workers / prefetch_factor), and whether something outside ended the job.
     """)
 
+SCRIPT_EXITED = declare(
+    "DDP814", category="training_failure", severity="error", title="A rank's script exited with a failure status",
+    doc="""
+    What: The script of the rank named ended itself with a non-zero status, `sys.exit(N)` (or
+    `exit(N)`, `raise SystemExit(N)`, a library that calls it) without an exception, while the
+    job's other ranks had not ended (they then fail or wait in a collective it never issued:
+    consequences). The finding names the line that called it and the status; the job exits with
+    that status, as the script asked.
+    Why: A rank that leaves on its own (a check that fails on one rank's data or configuration, a
+    script's `if loss is nan: sys.exit(1)`, an argument parser that rejects a rank's arguments)
+    takes its collectives with it: the others block until the collective timeout or fail with
+    "Connection closed by peer", and their errors hide the one that matters.
+    Fix: Go to the line named: make the condition the same on every rank (all_reduce a flag and
+    exit together), or raise an exception with a message instead, so the report quotes it.
+    """)
+
 ABORT_AT_EXIT = declare(
     "DDP804", category="teardown", severity="info", title="Abort at interpreter exit after the script ended",
     doc="""

@@ -3,7 +3,8 @@ running (leftover_servers.py: a plain child, one in its own session, a double-fo
 listening, with its pid file in $LEFTOVER_DIR; the rank waits (bounded) until all three listen.
 Each lives at most LEFTOVER_LIFE seconds (default 300). With LEFTOVER_CLEAN set the rank ends its
 plain server itself (terminate, wait) and leaves only a daemonic multiprocessing child
-($LEFTOVER_DIR/mp.pid), which Python's exit ends: nothing is left over."""
+($LEFTOVER_DIR/mp.pid), which Python's exit ends: nothing is left over. With LEFTOVER_HANG set the
+rank then blocks (a hang: ddp-doctor ends the rank, and its servers with it)."""
 import multiprocessing
 import os
 import time
@@ -31,5 +32,7 @@ elif rank == int(os.environ.get("LEFTOVER_RANK", "1")):
     for kind in leftover_servers.KINDS:
         leftover_servers.start(kind, d, life)
     leftover_servers.wait_listening(d)
+    if os.environ.get("LEFTOVER_HANG"):  # then blocks outside any collective while the others wait: a hang
+        time.sleep(float(life))
 dist.barrier()
 dist.destroy_process_group()

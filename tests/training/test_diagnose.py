@@ -7,6 +7,7 @@ import sysconfig
 
 from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.checks.stalls import hang_finding
+from ddp_doctor.report.build import merge_findings, root_cause
 
 
 def exc(t: float, type_: str = "ValueError", message: str = "bad batch") -> dict:
@@ -36,9 +37,12 @@ def test_same_error_on_every_rank_is_one_cause_not_peers():
     assert {f.id for f in findings} == {"DDP800"}
 
 
-def test_scripts_own_exit_status_passes_through():
+def test_scripts_own_exit_status_passes_through_and_is_a_failure_never_a_pass():
     findings, code = training_findings({0: outcome(7), 1: outcome(7)}, {0: 7, 1: 7}, [0, 1])
-    assert findings == [] and code == 7
+    assert code == 7
+    assert [(f.id, f.severity, f.ranks) for f in findings] == [("DDP814", "error", [0]), ("DDP814", "error", [1])]
+    merged = merge_findings(findings)  # one finding: "ranks 0-1"
+    assert len(merged) == 1 and merged[0].ranks == [0, 1] and "status 7" in merged[0].message
 
 
 def test_abort_at_exit_after_status_0_is_teardown_info_and_exit_0():
@@ -187,6 +191,20 @@ def test_a_rank_that_exits_with_its_own_status_gives_the_job_that_status():
     lost = {"type": "RuntimeError", "message": "[gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             "[127.0.0.1]:1", "traceback": "", "time": 11.0}
     outcomes = {0: {"rank": 0, "time": 11.0, "exit_code": 1, "exception": lost},
-                1: {"rank": 1, "time": 10.0, "exit_code": 5, "exception": None}}
-    _, code = training_findings(outcomes, {0: 1, 1: 5}, [0, 1])
+                1: {"rank": 1, "time": 10.0, "exit_code": 5, "exception": None,
+                    "exited": {"where": "train.py:7 in <module>", "time": 10.0}}}
+    findings, code = training_findings(outcomes, {0: 1, 1: 5}, [0, 1])
     assert code == 5
+    cause = root_cause(findings)  # the rank that left, at its line; never the rank that only waited
+    assert cause.id == "DDP814" and cause.ranks == [1], [f.to_dict() for f in findings]
+    assert "status 5" in cause.message and "train.py:7" in cause.message
+    assert [f.id for f in findings if f.ranks == [0]] == ["DDP802"]
+
+
+def test_a_rank_that_exits_0_and_a_stopped_or_raising_rank_are_not_an_own_exit():
+    outcomes = {0: {"rank": 0, "time": 10.0, "exit_code": 0, "exception": None},
+                1: {"rank": 1, "time": 10.0, "exit_code": 143, "exception": None, "interrupted": {"signo": 15}},
+                2: {"rank": 2, "time": 10.0, "exit_code": 1, "exception": {
+                    "type": "ValueError", "message": "bad", "traceback": "", "time": 10.0}}}
+    findings, _ = training_findings(outcomes, {}, [0, 1, 2])
+    assert "DDP814" not in {f.id for f in findings}

@@ -12,6 +12,7 @@ on its command line, so a reused pid is never killed).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -53,15 +54,18 @@ def runs(tmp_path_factory):
         "outside": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     "-m", "ddp_doctor", "run", *DOCTOR, SCRIPT],
         "clean": [*DDP, "run", "--nproc-per-node", "2", *DOCTOR, SCRIPT],
+        "hung": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 "-m", "ddp_doctor", "run", *DOCTOR, "--hang-timeout", "3", SCRIPT],
     }
     jobs = {}
     for name, cmd in launches.items():
         (base / name).mkdir()
         env = clean_env(LEFTOVER_DIR=str(base / name), LEFTOVER_LIFE="600",
-                        **({"LEFTOVER_CLEAN": "1"} if name == "clean" else {}))
+                        **({"LEFTOVER_CLEAN": "1"} if name == "clean" else {}),
+                        **({"LEFTOVER_HANG": "1"} if name == "hung" else {}))
         jobs[name] = Launch(cmd, env, str(base / name), 180)
     try:
-        yield {"base": base, "results": run_all(jobs, at_once=3)}
+        yield {"base": base, "results": run_all(jobs, at_once=4)}
     finally:
         for name in launches:
             _kill_what_is_left(base / name)
@@ -108,3 +112,19 @@ def test_a_rank_that_ends_its_children_itself_gets_no_finding_and_pythons_own_ch
     assert not {"DDP816", "DDP817", "DDP818"} & ids(rep), rep["findings"]
     mp_pid = _servers(d)["mp"][0]  # the daemonic multiprocessing child: Python's exit ended it
     wait_for(lambda: process_gone(mp_pid), 30, f"the multiprocessing child (pid {mp_pid}) to be gone")
+
+
+def test_a_hung_rank_under_an_outside_torchrun_ends_the_servers_its_script_started(runs):
+    """The rank is ended at its hang bound (os._exit, no Python exit): what its script started ends
+    with it, said on stderr; the report is the hang's (the rank that went elsewhere named)."""
+    res = result_of(runs["results"], "hung")
+    d = runs["base"] / "hung"
+    assert res.rc != 0, res.output
+    rep = load_json(str(d / "r.json"))
+    assert rep["status"] == "fail", rep  # rank 1 blocks outside any collective while rank 0 waits in one
+    assert rep["root_cause"]["id"] == "DDP891" and rep["root_cause"]["ranks"] == [1], rep["findings"]
+    servers = _servers(d)
+    assert set(servers) == set(KINDS), servers
+    assert re.search(r"rank 1 ended [1-9] process\(es\) its script had started", res.stderr), res.output
+    for kind, (pid, _) in servers.items():
+        wait_for(lambda pid=pid: process_gone(pid), 30, f"the {kind} server (pid {pid}) to be gone")

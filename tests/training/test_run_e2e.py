@@ -148,8 +148,10 @@ def test_self_launched_run_passes_output_argv_and_exit_code_through(runs):
     lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank"))
     assert lines == ["rank 0 sum 3.0 argv ['a', '--flag']", "rank 1 sum 3.0 argv ['a', '--flag']"]
     assert "ddp-doctor" not in res.stdout  # stdout is the script's own
-    rep = report_of(runs, "passthrough")
-    assert rep["phase"] == "training" and rep["status"] in ("pass", "warn")
+    rep = report_of(runs, "passthrough")  # the script said it failed (7): never a pass
+    assert rep["phase"] == "training" and rep["status"] == "fail", rep
+    assert rep["root_cause"]["id"] == "DDP814" and rep["root_cause"]["ranks"] == [0, 1], rep["findings"]
+    assert "ok_allreduce.py:12" in rep["root_cause"]["message"]  # the line that called sys.exit
 
 
 def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(runs):

@@ -148,6 +148,7 @@ def run_training_rank(opts: RunOptions) -> int:
     watch.script_started_ns = time.time_ns()
     from ddp_doctor.training.run.leftovers import watch_children
     children = watch_children()  # the mark its processes inherit: what outlives the script is ended
+    watch.children = children  # a stop or a hang (the watchdog thread) ends them too
     outcome = run_target(opts.target)
     if init_watch is not None:
         init_watch.stop()
@@ -167,6 +168,7 @@ def run_training_rank(opts: RunOptions) -> int:
     if probe is not None:
         probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
     records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
+                                          "exited": outcome.exited,  # sys.exit(N != 0): where
                                           "host": os.uname().nodename, "phase": "training",
                                           "local_rank": os.environ.get("LOCAL_RANK"),
                                           "leftovers": children.end()})  # checks/leftovers.py
@@ -214,7 +216,7 @@ def _other_nodes(info: Any) -> bool:
 
 def _ledger_position(outcome: Any) -> str:
     from ddp_doctor.training.run.ledger import default_group_is_up
-    if outcome.exception is not None:
+    if outcome.exception is not None or outcome.exit_code:  # raised, or sys.exit(N != 0): a failure
         return "failed"
     return "finished" if default_group_is_up() else "destroyed"
 
@@ -466,8 +468,24 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         else:
             _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
     finally:
+        _end_children(watch)
         sys.stderr.flush()
         os._exit(stop.exit_code)
+
+
+def _end_children(watch: Any) -> None:
+    """Before a stopped or hung rank's os._exit: the processes its script started (DataLoader
+    workers, servers, daemons: training/run/leftovers.py finds them) end with it, never train on.
+    Not leftovers of a script that ended on its own, so said on stderr, not in the report."""
+    children = getattr(watch, "children", None)
+    if children is None:
+        return
+    try:
+        ended = (children.end(interpreter_exits=False) or {}).get("processes") or []
+        if ended:
+            _say(f"ddp-doctor: rank {watch.rank} ended {len(ended)} process(es) its script had started\n")
+    except Exception:  # noqa: BLE001 - the rank still ends as the signal or the hang asks
+        pass
 
 
 def _a_peer_failed(run_dir: str, rank: int, started: float) -> str | None:
@@ -633,6 +651,7 @@ def _end_hung_rank(watch: Any, started: float | None = None, opts: RunOptions | 
     except Exception as e:  # noqa: BLE001 - the rank must still end: the launcher then ends the job
         sys.stderr.write(f"ddp-doctor: the hang report of rank {watch.rank} failed: {type(e).__name__}: {e}\n")
     finally:
+        _end_children(watch)
         sys.stderr.flush()
         os._exit(EXIT_HANG)
 

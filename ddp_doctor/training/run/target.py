@@ -28,6 +28,18 @@ class Target:
 class Outcome:
     exit_code: int
     exception: dict[str, Any] | None = None  # type, message, traceback, time
+    exited: dict[str, Any] | None = None  # sys.exit(N != 0): where the script called it, and when
+
+
+def _exit_site(exc: SystemExit) -> dict[str, Any]:
+    """Where the script raised SystemExit (its innermost frame outside Python's and torch's own
+    code, else the innermost of the script's): "file:line in function", and the time."""
+    from ddp_doctor.facts.frames import not_user_code_dirs
+    frames = [f for f in traceback.extract_tb(_user_traceback(exc)) if not f.filename.startswith(TOOL_DIR)]
+    library = not_user_code_dirs()
+    own = [f for f in frames if not f.filename.startswith(library)] or frames
+    where = f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else None
+    return {"where": where, "time": time.time()}
 
 
 def _user_traceback(exc: BaseException) -> Any:
@@ -81,7 +93,8 @@ def run_target(target: Target) -> Outcome:
             runpy.run_path(path, run_name="__main__")
         return Outcome(0)
     except SystemExit as e:
-        return Outcome(exit_code_of(e))
+        code = exit_code_of(e)
+        return Outcome(code, exited=_exit_site(e) if code else None)
     except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, as Python reports it
         when = time.time()
         text = user_traceback_text(e)

@@ -96,6 +96,7 @@ class ProgressWatch:
         self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
         self.last_progress = time.time()
         self.job_since = self.last_progress - records.SAME_JOB  # older records are another job's
+        self.children: Any = None  # the script's processes (training/run/leftovers.ChildWatch), once it runs
         self.phase = "preflight"
         self.where: str | None = None  # innermost user frame of the last sample
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
