@@ -9,11 +9,72 @@
 Otherwise `ddp-doctor run` exits with the training's own exit code. A stop signal N (SIGTERM,
 SIGINT, SIGHUP) to `run` or a self-launched preflight ends it with 128 + N after the report is
 written (status "interrupted"); a closed output pipe with 141 (128 + SIGPIPE), as the shell would.
+
+`--fail-on error|warning` (or DDP_DOCTOR_FAIL_ON) on `run` and `preflight`: an exit status of 0
+becomes EXIT_FAILED when the final report holds a finding of that severity or worse (fail_on_exit,
+the one rule every command applies); any other status is kept.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_FAILED = 3
 EXIT_HANG = 124
+
+
+FAIL_ON_ENV = "DDP_DOCTOR_FAIL_ON"
+FAIL_ON_LEVELS = ("error", "warning")  # the severities --fail-on takes, most severe first
+FAIL_ON_IDS_SHOWN = 10  # finding IDs named in the line that says why the exit status changed
+
+
+@dataclass(frozen=True)
+class FailOn:
+    """--fail-on's setting: the least severe finding that fails the command (`level`) and where the
+    setting came from (`source`, as the user wrote it: "--fail-on warning", "DDP_DOCTOR_FAIL_ON=error")."""
+
+    level: str
+    source: str
+
+
+def fail_on_setting(given: str | None, env: Mapping[str, str]) -> FailOn | None:
+    """The command line's --fail-on, else DDP_DOCTOR_FAIL_ON (empty or unset: not set); None when
+    neither asks. ValueError, one line naming where the bad value came from, for any other value."""
+    if given is not None:
+        value, source = given, f"--fail-on {given}"
+    else:
+        value = env.get(FAIL_ON_ENV, "").strip()
+        if not value:
+            return None
+        source = f"{FAIL_ON_ENV}={value}"
+    if value not in FAIL_ON_LEVELS:
+        where = f"--fail-on {value!r}" if given is not None else f"{FAIL_ON_ENV}={value!r}"
+        raise ValueError(f"{where} is not {' or '.join(FAIL_ON_LEVELS)}, the severity from which the exit "
+                         f"status is {EXIT_FAILED}" + ("" if given is not None else "; set one of them, or unset it"))
+    return FailOn(value, source)
+
+
+def fail_on_exit(code: int, report: Mapping[str, Any], fail_on: FailOn | None) -> tuple[int, str | None]:
+    """The exit status once --fail-on is applied, and the line that says why it changed (None when
+    it did not). Only a status of 0 changes (a failing training, a hang, a stop keep their own),
+    to EXIT_FAILED when the report holds a finding of `fail_on.level` or worse. A report that holds
+    only the verdict (a rank of a preflight that did not write the report) is judged by its status,
+    silently: the reporting rank says why."""
+    if fail_on is None or code != EXIT_OK:
+        return code, None
+    worse = FAIL_ON_LEVELS[:FAIL_ON_LEVELS.index(fail_on.level) + 1]
+    found: dict[str, str] = {}
+    for f in report.get("findings") or []:
+        if f.get("severity") in worse and f.get("id"):
+            found.setdefault(str(f["id"]), str(f["severity"]))
+    if not found:
+        statuses = {"error": ("fail",), "warning": ("fail", "warn")}[fail_on.level]
+        return (EXIT_FAILED, None) if not report.get("findings") and report.get("status") in statuses else (code, None)
+    named = sorted(found.items(), key=lambda kv: (worse.index(kv[1]), kv[0]))
+    shown = ", ".join(f"{i} ({sev})" for i, sev in named[:FAIL_ON_IDS_SHOWN])
+    more = f" and {len(named) - FAIL_ON_IDS_SHOWN} more" if len(named) > FAIL_ON_IDS_SHOWN else ""
+    return EXIT_FAILED, (f"ddp-doctor: exit {EXIT_FAILED} instead of {code}, as {fail_on.source} asks: "
+                         f"the report holds {shown}{more}")

@@ -9,7 +9,7 @@ import sys
 # Options only the parent of a self-launched preflight uses (True: they take a value); every
 # other option is passed on to the ranks as given, so options added for checks need no forwarding code.
 PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True,
-               "--trace": True,
+               "--trace": True, "--fail-on": True,
                "--json": False, "--verbose": False, "-v": False}
 
 

@@ -5,11 +5,15 @@ itself without one.
 from __future__ import annotations
 
 import argparse
+from typing import Mapping
 
 from ddp_doctor.cli.launch import exit_now, rank_argv
 from ddp_doctor.cli.options import UsageError, non_negative_int, positive_int, threshold, timeout_seconds
+from ddp_doctor.exit_codes import FAIL_ON_ENV, FAIL_ON_LEVELS, FailOn, fail_on_setting
 
 HELP = "check the launcher environment, the network and the process group"
+FAIL_ON_HELP = (f"exit 3 when the report holds a finding of this severity or worse: errors already do, "
+                f"warning makes warnings do too (default: ${FAIL_ON_ENV}, else error)")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -24,6 +28,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "ranks, creating the process group, each collective (default: 60; at most "
                         "86400, one day)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None, help=FAIL_ON_HELP)
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "
                         "teardown) as a Chrome trace there; open it in ui.perfetto.dev or chrome://tracing")
@@ -69,6 +74,16 @@ def check_options(args: argparse.Namespace) -> dict[str, object]:
     return opts
 
 
+def fail_on_option(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> FailOn | None:
+    """--fail-on, else DDP_DOCTOR_FAIL_ON (exit_codes.fail_on_setting); a bad value of the variable is a
+    usage error naming it."""
+    import os
+    try:
+        return fail_on_setting(getattr(args, "fail_on", None), os.environ if env is None else env)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def command(args: argparse.Namespace) -> int:
     import os
 
@@ -83,14 +98,16 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--select/--skip: {', '.join(bad)} match no check ID, ID prefix or category "
                          f"(see `ddp-doctor list-checks`)")
     check_options(args)  # a bad --threshold is a usage error before any rank starts
+    fail_on = fail_on_option(args)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
-                            trace_path=args.trace)
+                            trace_path=args.trace, fail_on=fail_on)
     from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
     code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
-                            output=out, check_options=check_options(args), trace_path=args.trace))
+                            output=out, check_options=check_options(args), trace_path=args.trace,
+                            fail_on=fail_on))
     exit_now(code)
     return code

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks.training_failures import INTERRUPTED
+from ddp_doctor.exit_codes import FailOn
 from ddp_doctor.facts.efa import nccl_log_env
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run.stop_signals import (
@@ -33,7 +34,7 @@ from ddp_doctor.preflight_run.stop_signals import (
     unblock_in_child,
 )
 from ddp_doctor.report import build as reportlib
-from ddp_doctor.report.publish import Output, publish
+from ddp_doctor.report.publish import Output, apply_fail_on, publish
 
 CPU_DEFAULT_RANKS = 2
 
@@ -146,12 +147,15 @@ def _terminate_group(proc: subprocess.Popen[Any], grace: float) -> None:
 
 
 def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output,
-                 trace_path: str | None = None) -> int:
+                 trace_path: str | None = None, fail_on: FailOn | None = None) -> int:
     """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
-    (and the Chrome trace of the ranks' stages with `trace_path`)."""
+    (and the Chrome trace of the ranks' stages with `trace_path`). `fail_on`: --fail-on, applied to
+    the exit status the report gives."""
     # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N; blocked from here to the exit
     with SignalCatcher(hold=True) as stop, tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         env = dict(os.environ)
+        from ddp_doctor.facts.own_env import quiet_missing_numpy
+        quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
         env["DDP_DOCTOR_LAUNCH_DIR"] = tmp
         launched = time.time()
         env["DDP_DOCTOR_LAUNCHED_AT"] = repr(launched)  # the ranks' "startup" stage begins here
@@ -175,7 +179,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         publish(rep, out)
         note_later(stop.drain(), "while the report was written; it was written first")
     first = stop.first()  # the exit status a stop signal asks for, whenever it came
-    return first.exit_code if first is not None else reportlib.exit_code(rep)
+    return first.exit_code if first is not None else apply_fail_on(reportlib.exit_code(rep), rep, fail_on)
 
 
 def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out: bool, bound: float,

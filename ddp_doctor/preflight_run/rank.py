@@ -22,13 +22,13 @@ from ddp_doctor import runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.context import Group, RankContext, current_context
-from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK
+from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.preflight_run import rendezvous
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.private_files import write_private
-from ddp_doctor.report.publish import Output, deliver
+from ddp_doctor.report.publish import Output, apply_fail_on, deliver
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.time_limit import call_with_time_limit
 
@@ -53,6 +53,7 @@ class PreflightOptions:
     check_options: dict[str, Any] = field(default_factory=dict)  # becomes RankContext.options
     launch_dir: str | None = None  # where a ddp-doctor parent collects rank files (default: env)
     trace_path: str | None = None  # --trace: the reporting rank writes the Chrome trace (no parent)
+    fail_on: FailOn | None = None  # --fail-on / DDP_DOCTOR_FAIL_ON: applied to this rank's exit status
 
 
 class RankPreflight:
@@ -253,6 +254,9 @@ class RankPreflight:
                 torch.cuda.set_device(int(device.split(":")[1]))
             if backend == "smddp":
                 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (registers the backend)
+            # init_process_group labels uncaught tracebacks "[rankN]: " (its sys.excepthook): put back
+            # at teardown, so a script run next (`ddp-doctor run`) is labelled only by its own init
+            hook = sys.excepthook
             with self._stage("init_process_group"):
                 dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
                                         rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
@@ -272,6 +276,7 @@ class RankPreflight:
             if not opts.keep_group:
                 with self._stage("teardown"):
                     call_with_time_limit(dist.destroy_process_group, 10.0)
+                sys.excepthook = hook
 
     # ------------------------------------------------------------------ endings
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:
@@ -443,4 +448,4 @@ def run_preflight_rank(opts: PreflightOptions) -> int:
         return EXIT_INTERNAL
     if os.environ.get(LAUNCH_DIR_ENV):
         return EXIT_OK  # the parent that launched us decides the exit code
-    return EXIT_INTERNAL if pf.failed else reportlib.exit_code(rep)
+    return EXIT_INTERNAL if pf.failed else apply_fail_on(reportlib.exit_code(rep), rep, opts.fail_on)

@@ -10,9 +10,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_doctor.exit_codes import FailOn, fail_on_exit
 from ddp_doctor.report import sinks
 from ddp_doctor.report.redact import redact_obj, redact_text
-from ddp_doctor.report.render import render_text
+from ddp_doctor.report.render import render_text, verdict_line
 
 DEFAULT_REPORT = "ddp-doctor-report.json"
 REPORT_ENV = "DDP_DOCTOR_REPORT"
@@ -33,6 +34,9 @@ class Output:
     # `run`'s preflight: the script runs next, so a report that lets it run is written and uploaded
     # as "running" (the preflight's verdict inside), never as a "pass" for a job still to end
     running_if_pass: bool = False
+    # the job's final report under `only_if_not_pass`: a pass still gets one line (status and where
+    # the report is), so the user knows the job was watched
+    verdict_if_pass: bool = False
 
     def path(self, env: Any = None) -> str:
         env = os.environ if env is None else env
@@ -70,10 +74,13 @@ def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str
 
 
 def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None, prefix: str = "") -> None:
-    if out.quiet or (out.only_if_not_pass and rep.get("status") == "pass"):
+    passed = out.only_if_not_pass and rep.get("status") == "pass"
+    if out.quiet or (passed and not out.verdict_if_pass):
         return
     stream = stream or (sys.stderr if out.stderr else sys.stdout)
-    if out.json:
+    if passed:
+        text = redact_text(verdict_line(rep, report_path=path, command=out.command))
+    elif out.json:
         text = json.dumps(redact_obj(rep), indent=2)
     else:
         text = redact_text(render_text(rep, report_path=path, verbose=out.verbose, command=out.command))
@@ -102,6 +109,15 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
     show(rep, out, path, stream=stream, prefix=prefix)
     upload_report(kept, out, env, suffix=suffix)
     return path
+
+
+def apply_fail_on(code: int, rep: dict[str, Any], fail_on: FailOn | None) -> int:
+    """The exit status under --fail-on / DDP_DOCTOR_FAIL_ON (None: not asked), by the one rule
+    (exit_codes.fail_on_exit); when it changed, one stderr line names the findings."""
+    new, line = fail_on_exit(code, rep, fail_on)
+    if line:
+        _say(sys.stderr, line + "\n")
+    return new
 
 
 def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:

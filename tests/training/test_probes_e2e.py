@@ -60,6 +60,18 @@ def launches(base: Path) -> dict[str, Launch]:
                               "--max-restarts", "0", "-m", "ddp_doctor", "run", "--report",
                               str(base / "torchrun" / "r.json"), str(SCRIPTS / "loop.py"), "--no-sampler"],
                              clean_env(), str(base / "torchrun"), timeout=180)
+    # --fail-on (issue 20): the jobs above that end well with an error in their report (exit 0),
+    # once more with the rule asked for: on the command line, and (torchrun -m ddp_doctor run, whose
+    # command line a SageMaker entrypoint cannot change) in the environment
+    (base / "fail_on").mkdir()
+    out["fail_on"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication", "--fail-on", "error",
+                             "--report", str(base / "fail_on" / "r.json"), str(SCRIPTS / "loop.py"),
+                             *LOOPS["no_sampler_no_destroy"]], clean_env(), str(base / "fail_on"), timeout=180)
+    (base / "torchrun_fail_on").mkdir()
+    out["torchrun_fail_on"] = Launch(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
+         "-m", "ddp_doctor", "run", "--report", str(base / "torchrun_fail_on" / "r.json"), str(SCRIPTS / "loop.py"),
+         "--no-sampler"], clean_env(DDP_DOCTOR_FAIL_ON="error"), str(base / "torchrun_fail_on"), timeout=180)
     return out
 
 
@@ -181,6 +193,47 @@ def test_under_torchrun_rank0_reports_what_the_probes_saw(runs):
     [f] = find(rep, "DDP850")
     assert f["ranks"] == [0, 1]
     assert "DDP850" in res.stderr  # a run that ended well still says what was found
+
+
+def fail_on_line(stderr: str) -> str:
+    """The one line that says why --fail-on changed the exit status."""
+    lines = [ln for ln in stderr.splitlines() if "exit 3 instead of 0" in ln]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_fail_on_error_exits_3_where_the_same_job_without_it_exits_0(runs):
+    """`ddp-doctor run --fail-on error` of a job whose ranks train on the same data (DDP850) and that
+    ends well: exit 3, said on one line naming the error; the script's output and the report are
+    those of the same job without --fail-on, whose exit status stays the training's own (0)."""
+    rep = loop_report(runs, "fail_on", expect_rc=3)
+    res = result_of(runs["results"], "fail_on")
+    assert sorted(ln.split(" done")[0] for ln in res.stdout.splitlines() if " done" in ln) == ["rank 0", "rank 1"]
+    errors = sorted(ids(rep, "error"))
+    assert "DDP850" in errors and rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP850"
+    assert fail_on_line(res.stderr) == ("ddp-doctor: exit 3 instead of 0, as --fail-on error asks: the report holds "
+                                        + ", ".join(f"{i} (error)" for i in errors))
+    without = loop_report(runs, "no_sampler_no_destroy")  # exit 0: asserted there
+    assert sorted(ids(without, "error")) == errors
+    assert "exit 3 instead of 0" not in result_of(runs["results"], "no_sampler_no_destroy").stderr
+
+
+def test_fail_on_from_the_environment_under_torchrun(runs):
+    """torchrun -m ddp_doctor run with DDP_DOCTOR_FAIL_ON=error: the rank that wrote the job's report
+    exits 3, so torchrun fails the job and its summary shows the diagnosis (torchelastic's error
+    file); the other rank, stopped by torchrun after that exit, lets the verdict stand."""
+    res = result_of(runs["results"], "torchrun_fail_on")
+    assert res.rc != 0, res.output
+    assert res.stdout.count(" done") == 2, res.output  # both scripts ended well
+    assert "exitcode  : 3" in res.stderr and "DDP850" in res.stderr, res.stderr
+    # each rank that wrote the verdict (the last to end, and rank 0 when it saw every ending) says it
+    lines = {ln for ln in res.stderr.splitlines() if "exit 3 instead of 0" in ln}
+    assert len(lines) == 1, res.stderr  # the same line
+    [line] = lines
+    assert "as DDP_DOCTOR_FAIL_ON=error asks" in line and "DDP850 (error)" in line
+    assert "stopped by SIGTERM" not in res.stderr, res.stderr
+    rep = load_json(str(runs["base"] / "torchrun_fail_on" / "r.json"))
+    assert rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP850", rep["findings"]
 
 
 def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(runs):

@@ -86,6 +86,9 @@ def launches(base: Path) -> dict[str, Launch]:
                             at("api_fails"), timeout=120),
         "module_form": Launch([*DDP, "run", "-m", "tests.run_scripts.as_module", "--x", "1"],
                               clean_env(PYTHONPATH=str(ROOT)), at("module_form"), timeout=120),
+        "ranks_filter": Launch([*DDP, "run", "--nproc-per-node", "2", "--local-ranks-filter", "0", "--report",
+                                report("ranks_filter"), script("rank0_raises_both_print.py")], clean_env(),
+                               at("ranks_filter"), timeout=120),
     }
     return out
 
@@ -167,6 +170,49 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(runs):
     assert "Root cause: DDP800" in res.stderr
     assert rep["measurements"]["stage_seconds"]["group_checks"] > 0
     assert_failing_run_trace(dir_of(runs, "raises") / "trace.json", res.stderr)
+    assert verdict_block(res.stderr, str(dir_of(runs, "raises") / "r.json")) == GOLDEN_RAISES, res.stderr
+
+
+# The verdict of rank1_raises.py as printed (golden): the root cause once, with the user's line,
+# its consequences under it, no info or measurement lines on a failure. Ports, the checkout's path
+# and the report path are placeholders; a DDP806/DDP804 line (rank 0's exit after the failure,
+# timing-dependent) is left out before comparing.
+GOLDEN_RAISES = """\
+ddp-doctor training: FAIL (2 error(s), 0 warning(s)) - 2 rank(s) on 1 node(s), launcher ddp-doctor (2 local rank(s)), \
+backend gloo
+Root cause: DDP800 A rank raised an exception [rank 1]
+  rank 1 raised ValueError: bad batch on rank 1
+  at <scripts>/rank1_raises.py:7 in <module>
+  Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that failed after it) \
+and fix that error first.
+  Then, as a consequence:
+    DDP802 [rank 0]: rank 0 failed after rank 1 failed: RuntimeError: [<gloo>/pair.cc:<line>] Connection closed by \
+peer [127.0.0.1]:<port>. This is typically caused by a remote worker crashing. Check the logs of the remote worker \
+before reporting an error. GLHF! 🏖️
+Info: 1 (shown with --verbose or in the JSON report)
+Report: <report>"""
+
+
+def verdict_block(stderr: str, report_path: str) -> str:
+    import re
+    lines = stderr.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("ddp-doctor training: "))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("Report: "))
+    kept, skipping = [], False
+    for line in lines[start:end + 1]:
+        if line == "Warnings:":  # only rank 0's exit after the failure can warn here (DDP806): timing
+            skipping = True
+            continue
+        if skipping and line.startswith("  "):
+            assert re.match(r"\s+(DDP80[46] |rank 0: |Fix: )", line), line
+            continue
+        skipping = False
+        if not re.match(r"\s+DDP80[46] ", line):
+            kept.append(line)
+    text = re.sub(r"\(2 error\(s\), [01] warning\(s\)\)", "(2 error(s), 0 warning(s))", "\n".join(kept))
+    text = text.replace(report_path, "<report>").replace(str(SCRIPTS), "<scripts>")
+    text = re.sub(r"\[/\S*/gloo/transport/tcp/pair\.cc:\d+\]", "[<gloo>/pair.cc:<line>]", text)
+    return re.sub(r"\]:\d+", "]:<port>", text)
 
 
 def assert_failing_run_trace(path: Path, stderr: str) -> None:
@@ -273,11 +319,31 @@ def test_module_form_keeps_python_m_semantics(runs):
     assert "module main True ['--x', '1']" in res.stdout and "to stderr" in res.stderr
 
 
+def test_local_ranks_filter_shows_one_rank_labelled_as_torchrun_does(runs):
+    """torchrun's own --local-ranks-filter (not in ddp-doctor's old copied list) reaches the
+    launcher: rank 1's lines are not shown; rank 0's uncaught traceback carries torch's "[rank0]: "
+    on every line (its init_process_group's sys.excepthook), and the preflight's process group
+    left no such hook behind before the script's own init."""
+    res = ran(runs, "ranks_filter")
+    assert res.rc == 1, res.output
+    assert res.stdout.splitlines() == ["rank 0 out, excepthook before init: excepthook"], res.output
+    assert "rank 0 err" in res.stderr and "rank 1 err" not in res.stderr and "[rank1]" not in res.stderr
+    labelled = [ln for ln in res.stderr.splitlines() if ln.startswith("[rank0]: ")]
+    assert labelled[0] == "[rank0]: Traceback (most recent call last):", res.stderr
+    assert labelled[-1] == "[rank0]: ValueError: rank 0 fails on purpose", res.stderr
+    assert 'rank0_raises_both_print.py", line 15, in <module>' in labelled[1]
+    assert not [ln for ln in labelled if "ddp_doctor" in ln or "runpy" in ln], labelled
+    rep = report_of(runs, "ranks_filter")  # the parent's diagnosis, whatever the filter
+    assert rep["root_cause"]["id"] == "DDP800" and rep["root_cause"]["ranks"] == [0], rep["findings"]
+    assert "Root cause: DDP800" in res.stderr
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["run"], "no script"),
     (["run", "--nproc-per-node", "2"], "no script"),
     (["run", "missing_script.py"], "no such script"),
     (["run", "--bogus", "x.py"], "unknown option"),
+    (["run", "--no-python", "x.py"], "use torchrun"),
     (["run", "--timeout", "-3", "x.py"], "bad ddp-doctor option"),
     (["run", "--nnodes", "2", "--timeout", "inf", "x.py"], "bad ddp-doctor option"),  # no bound at all
 ])
@@ -323,6 +389,10 @@ def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(runs):
     assert load_json(str(hf / "out" / "metrics.json"))["evaluations"] == 2
     rep = report_of(runs, "hf_trainer")
     assert rep["status"] in ("pass", "warn")
+    said = res.stderr.splitlines()  # a pass says so in one line, with the report's path; a warn in full
+    path = str(hf / "r.json")
+    assert (f"Report: {path}" in said if rep["status"] == "warn"
+            else "ddp-doctor training: PASS - 0 error(s), 0 warning(s) - report " + path in said), res.stderr
     # No false positive from the probes on a correct Trainer run; the callback's note made it in.
     training = {f["id"] for f in rep["findings"] if f["phase"] != "preflight"}
     assert training - TIMING_WARNINGS == {"DDP873"}, rep["findings"]

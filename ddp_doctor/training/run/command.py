@@ -20,16 +20,13 @@ from typing import Any, NoReturn
 from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
-                  "--backend": 1, "--run-dir": 1, "--trace": 1}
-TORCHRUN_OPTIONS = {
-    "--nnodes": 1, "--nproc-per-node": 1, "--nproc_per_node": 1, "--node-rank": 1, "--node_rank": 1,
-    "--master-addr": 1, "--master_addr": 1, "--master-port": 1, "--master_port": 1,
-    "--rdzv-backend": 1, "--rdzv_backend": 1, "--rdzv-endpoint": 1, "--rdzv_endpoint": 1,
-    "--rdzv-id": 1, "--rdzv_id": 1, "--rdzv-conf": 1, "--rdzv_conf": 1, "--max-restarts": 1,
-    "--max_restarts": 1, "--monitor-interval": 1, "--monitor_interval": 1, "--start-method": 1,
-    "--start_method": 1, "--role": 1, "--log-dir": 1, "--log_dir": 1, "--redirects": 1, "-r": 1,
-    "--tee": 1, "-t": 1, "--local-addr": 1, "--local_addr": 1, "--standalone": 0,
-}
+                  "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1}
+# torchrun's own options come from torch's launcher parser (torchrun_options.py); these of its
+# spellings ddp-doctor acts on itself:
+HELP_NAMES = ("-h", "--help")
+MODULE_NAMES = ("-m", "--module")  # the target is a module: `-m MODULE` (python -m semantics)
+RUN_PATH_NAMES = ("--run-path", "--run_path")  # runpy.run_path in the worker: what the ranks do anyway
+NO_PYTHON_NAMES = ("--no-python", "--no_python")  # a binary, not Python: the ranks cannot run it
 USAGE = ("ddp-doctor run [torchrun options] [--report PATH] [--timeout S] [--hang-timeout S] "
          "(SCRIPT | -m MODULE) [ARGS...]")
 
@@ -38,35 +35,122 @@ class RunUsageError(Exception):
     pass
 
 
+class RunHelpAsked(Exception):
+    """-h / --help before the script: main prints the help."""
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str], Target]:
-    """(torchrun options, ddp-doctor options, target): options end at the script or `-m MODULE`;
-    everything after belongs to the script."""
+    """(torchrun options, ddp-doctor options, target), as torchrun splits its own command line:
+    options end at the script (or module, after `-m` / `--module` among the options) or at `--`;
+    everything after belongs to the script. Every option torch's launcher parser declares is taken
+    (torchrun_options.py), with its values; a unique prefix of an option (argparse's
+    abbreviation) is written out in full. `--run-path` is dropped (the ranks run the script with
+    runpy already); `--no-python` is a usage error (the ranks run Python)."""
     torchrun: list[str] = []
     doctor: list[str] = []
+    module = run_path = False
+    lookup = _OptionLookup()
     i = 0
     while i < len(argv):
         a = argv[i]
-        name, has_value = a.split("=", 1)[0], "=" in a
-        if a == "-m":
-            if i + 1 >= len(argv):
-                raise RunUsageError("-m needs a module name")
-            return torchrun, doctor, Target(None, argv[i + 1], argv[i + 2:])
-        if name in DOCTOR_OPTIONS or name in TORCHRUN_OPTIONS:
-            n = DOCTOR_OPTIONS.get(name, TORCHRUN_OPTIONS.get(name, 0))
-            dest = doctor if name in DOCTOR_OPTIONS else torchrun
-            if n and not has_value:
-                if i + 1 >= len(argv):
-                    raise RunUsageError(f"{a} needs a value")
-                dest += [a, argv[i + 1]]
-                i += 2
+        if a == "--":
+            i += 1
+            break
+        if not a.startswith("-") or a == "-":
+            break
+        spelling, nargs, mine, inline = lookup.resolve(a)
+        if spelling in HELP_NAMES:
+            raise RunHelpAsked()
+        dest = doctor if mine else torchrun
+        if nargs == 0:
+            if inline is not None:
+                raise RunUsageError(f"{spelling} takes no value (got {a!r})")
+            if spelling in MODULE_NAMES:
+                module = True
+            elif spelling in RUN_PATH_NAMES:
+                run_path = True
+            elif spelling in NO_PYTHON_NAMES:
+                raise RunUsageError(f"{spelling}: ddp-doctor run runs the script in Python, in the rank's own process "
+                                    f"(to watch it); for a program that is not Python, use torchrun itself")
             else:
-                dest.append(a)
-                i += 1
+                dest.append(spelling)
+            i += 1
             continue
-        if a.startswith("-"):
-            raise RunUsageError(f"unknown option {a!r} before the script (usage: {USAGE})")
-        return torchrun, doctor, Target(a, None, argv[i + 1:])
-    raise RunUsageError(f"no script or -m MODULE given (usage: {USAGE})")
+        if inline is not None:
+            dest.append(inline)
+            i += 1
+            continue
+        values = _values(argv, i + 1, nargs)
+        if values is None:
+            raise RunUsageError(f"{a} needs a value")
+        dest += [spelling, *values]
+        i += 1 + len(values)
+    if i >= len(argv):
+        raise RunUsageError("-m needs a module name" if module else f"no script or -m MODULE given (usage: {USAGE})")
+    if module and run_path:
+        raise RunUsageError("--run-path runs a script file, not a module (-m)")
+    name, rest = argv[i], argv[i + 1:]
+    return torchrun, doctor, (Target(None, name, rest) if module else Target(name, None, rest))
+
+
+def _values(argv: list[str], at: int, nargs: int | str) -> list[str] | None:
+    """The values an option with `nargs` takes from argv[at:], as argparse takes them (a token that
+    starts with "-" ends "?", "*" and "+"); None when there are too few."""
+    if isinstance(nargs, int):
+        return argv[at:at + nargs] if at + nargs <= len(argv) else None
+    taken: list[str] = []
+    while at + len(taken) < len(argv) and not argv[at + len(taken)].startswith("-"):
+        taken.append(argv[at + len(taken)])
+        if nargs == "?":
+            break
+    return None if nargs == "+" and not taken else taken
+
+
+class _OptionLookup:
+    """ddp-doctor's options (DOCTOR_OPTIONS) and torchrun's; torchrun's table is loaded only for an
+    option that is not one of ddp-doctor's own spellings (torchrun_options.table)."""
+
+    def __init__(self) -> None:
+        self._spellings: dict[str, tuple[str, ...]] | None = None  # torchrun's: each spelling -> all of its option
+        self._nargs: dict[str, int | str] = {}
+
+    def _torchrun(self, needed_for: str) -> dict[str, tuple[str, ...]]:
+        if self._spellings is None:
+            from ddp_doctor.training.run import torchrun_options
+            try:
+                options = torchrun_options.table().by_name()
+            except ImportError as e:
+                raise RunUsageError(f"{needed_for}: torchrun's options come from torch, which cannot be "
+                                    f"imported here ({e})") from None
+            self._spellings = {n: o.names for n, o in options.items()}
+            self._nargs = {n: o.nargs for n, o in options.items()}
+        return self._spellings
+
+    def resolve(self, arg: str) -> tuple[str, int | str, bool, str | None]:
+        """(spelling, nargs, whether it is ddp-doctor's own, the token to pass on when the value
+        came with it, else None) for an option as given: `--name`, `--name=value`, a short option
+        with its value attached (`-t3`), or a unique prefix of a long option (`--nproc-per 2`)."""
+        name, eq, value = arg.partition("=")
+        inline = None if not eq else arg
+        if name in DOCTOR_OPTIONS:
+            return name, DOCTOR_OPTIONS[name], True, inline
+        if name in HELP_NAMES or name in MODULE_NAMES:
+            return name, 0, False, inline
+        torchrun = self._torchrun(arg)
+        if name in torchrun:
+            return name, self._nargs[name], False, inline
+        if not arg.startswith("--") and len(arg) > 2 and self._nargs.get(arg[:2], 0) != 0:
+            return arg[:2], self._nargs[arg[:2]], False, arg  # -t3: the short option with its value
+        mine = [n for n in DOCTOR_OPTIONS if n.startswith(name)] if name.startswith("--") else []
+        theirs = {torchrun[n] for n in torchrun if n.startswith(name)} if name.startswith("--") else set()
+        if len(mine) + len(theirs) == 1:  # one option (its spellings are one): written out in full
+            full = mine[0] if mine else next(n for n in next(iter(theirs)) if n.startswith(name))
+            nargs = DOCTOR_OPTIONS[full] if mine else self._nargs[full]
+            return full, nargs, bool(mine), f"{full}={value}" if eq else None
+        if mine or theirs:
+            every = sorted(mine + [n for names in theirs for n in names if n.startswith(name)])
+            raise RunUsageError(f"ambiguous option {arg!r}: it could be {', '.join(every)}")
+        raise RunUsageError(f"unknown option {arg!r} before the script (usage: {USAGE})")
 
 
 def _seconds(text: str) -> float:
@@ -88,16 +172,78 @@ class _DoctorParser(argparse.ArgumentParser):
 
 
 def doctor_parser() -> argparse.ArgumentParser:
+    """The ddp-doctor options of `run`; their help is `ddp-doctor run --help`'s (help_text)."""
     p = _DoctorParser(prog="ddp-doctor run", add_help=False)
-    p.add_argument("--report", default=None)
-    p.add_argument("--timeout", type=_seconds, default=60.0)
-    p.add_argument("--hang-timeout", type=_seconds, default=None)
-    p.add_argument("--select", action="append")
-    p.add_argument("--skip", action="append")
-    p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"))
-    p.add_argument("--run-dir", default=None)  # keep the run directory (records, ledgers, stacks) in it
-    p.add_argument("--trace", default=None)  # the ranks' timelines as a Chrome trace (run/trace_file.py)
+    p.add_argument("--report", default=None, metavar="PATH",
+                   help="write the job's merged JSON report there, pass or fail "
+                        "(default: $DDP_DOCTOR_REPORT, else ./ddp-doctor-report.json)")
+    p.add_argument("--timeout", type=_seconds, default=60.0, metavar="S",
+                   help="bound in seconds for each wait of the preflight and the ranks' meeting (default: 60)")
+    p.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
+                   help="a rank without progress for S seconds is a hang: stacks, report, exit 124 "
+                        "(default: adapts to the job, at least 300)")
+    p.add_argument("--select", action="append", metavar="X",
+                   help="run only these preflight checks: IDs, ID prefixes (DDP2) or categories, comma-separated")
+    p.add_argument("--skip", action="append", metavar="X", help="skip these checks (same forms as --select)")
+    p.add_argument("--backend", choices=("gloo", "nccl", "smddp", "mpi"),
+                   help="process-group backend of the preflight (default: nccl with GPUs, gloo without)")
+    p.add_argument("--run-dir", default=None, metavar="DIR",  # run/run_dir.py
+                   help="keep the run directory (records, ledgers, stacks) inside DIR")
+    p.add_argument("--trace", default=None, metavar="PATH",  # run/trace_file.py
+                   help="also write the ranks' timelines as a Chrome trace there (ui.perfetto.dev)")
+    from ddp_doctor.exit_codes import FAIL_ON_LEVELS  # exit 3 after a training that exited 0 (fail_on_exit)
+    p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None,
+                   help="after a training that exited 0: exit 3 when the report holds a finding of this "
+                        "severity or worse (default: $DDP_DOCTOR_FAIL_ON)")
     return p
+
+
+# torchrun options whose meaning under `ddp-doctor run` is not torch's help (split_argv, agent.py)
+TORCHRUN_NOTES = {
+    "-m": "the script is a module: -m MODULE runs it as `python -m MODULE` would",
+    "--run-path": "taken; changes nothing: each rank runs the script with runpy in its own process anyway",
+    "--no-python": "not with ddp-doctor run, which runs the script in Python (use torchrun for a binary)",
+    "--signals-to-handle": "ignored: ddp-doctor run takes SIGTERM, SIGINT and SIGHUP itself and reports the stop",
+}
+ABOUT = """\
+Runs SCRIPT (or -m MODULE) as torchrun would, after a preflight of every rank, and watches it: a
+failure, a hang or a stop ends in one report that names the rank at fault. Without --nproc-per-node
+or --nnodes the script runs as one process, as `python SCRIPT` would; under a launcher (torchrun,
+mpirun, SLURM, SageMaker) each process acts as its own rank. The script's output is its own."""
+EXIT_STATUS = ("exit status: the script's own after a preflight that passed; 3 when the preflight found errors "
+               "(the script did not start); 124 for a hang; 2 for a usage error")
+
+
+def help_text() -> str:
+    """`ddp-doctor run --help`: usage, ddp-doctor's options and torchrun's (from torch's own
+    parser, torchrun_options.py), one line each."""
+    rows: list[tuple[str, str]] = [("-h, --help", "show this help and exit")]
+    mine: list[tuple[str, str]] = []
+    for action in doctor_parser()._actions:  # argparse keeps no public list of its actions
+        if action.option_strings:
+            value = f" {action.metavar}" if action.metavar else (
+                " {" + ",".join(map(str, action.choices)) + "}" if action.choices else "")
+            mine.append((", ".join(action.option_strings) + value, str(action.help or "")))
+    theirs: list[tuple[str, str]] = []
+    from ddp_doctor.training.run import torchrun_options
+    try:
+        table = torchrun_options.table()
+        title = f"torchrun options (torch {table.torch_version}; passed to torch's elastic launcher):"
+        for o in table.options:
+            if set(o.names) & set(HELP_NAMES):
+                continue
+            note = next((TORCHRUN_NOTES[n] for n in o.names if n in TORCHRUN_NOTES), None)
+            theirs.append((", ".join(o.names) + (f" {o.metavar}" if o.metavar else ""), note or o.help))
+    except ImportError as e:
+        title = f"torchrun options: torch cannot be imported here ({e})"
+    width = min(46, max(len(left) for left, _ in rows + mine + theirs) + 2)
+
+    def lines(entries: list[tuple[str, str]]) -> list[str]:
+        return [f"  {left.ljust(width)}{text}".rstrip() if len(left) < width else f"  {left}  {text}".rstrip()
+                for left, text in entries]
+
+    return "\n".join([f"usage: {USAGE}", "", ABOUT, "", "options:", *lines(rows), "", "ddp-doctor options:",
+                      *lines(mine), "", title, *lines(theirs), "", EXIT_STATUS, ""])
 
 
 NPROC_ACCEPTED = "a whole number of processes above 0, cpu, auto, or gpu / xpu where that device is present"
@@ -160,17 +306,23 @@ def run_options(doctor: list[str], target: Target) -> Any:
     bad = catalogue.unknown_selectors(select + skip)
     if bad:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
+    from ddp_doctor.exit_codes import fail_on_setting
+    try:
+        fail_on = fail_on_setting(ns.fail_on, os.environ)  # --fail-on, else DDP_DOCTOR_FAIL_ON
+    except ValueError as e:
+        raise RunUsageError(str(e)) from None
     return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout,
                       select=select, skip=skip, backend=ns.backend, report_path=ns.report, run_dir=ns.run_dir,
-                      trace_path=ns.trace)
+                      trace_path=ns.trace, fail_on=fail_on)
 
 
 def main(argv: list[str]) -> int:
     """Entry of `ddp-doctor run`; returns the exit status (the script's own after a preflight)."""
-    if argv in (["-h"], ["--help"]):
-        print(f"usage: {USAGE}\n\n{__doc__}")
+    try:
+        torchrun, doctor, target = split_argv(argv)
+    except RunHelpAsked:
+        sys.stdout.write(help_text())
         return 0
-    torchrun, doctor, target = split_argv(argv)
     opts = run_options(doctor, target)
     check_nproc_per_node(torchrun)
     if target.path and not os.path.isfile(target.path):
@@ -237,6 +389,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     if keep_in:
         sys.stderr.write(f"ddp-doctor: run directory (records, ledgers, stacks): {run_dir}\n")
     env = dict(os.environ)
+    from ddp_doctor.facts.own_env import quiet_missing_numpy
+    quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
     env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: os.path.join(run_dir, "agent.json")})
     if note:
         env[RECORDS_NOTE_ENV] = note
@@ -430,7 +584,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.training.run.endings import remote_hung
     from ddp_doctor.training.run.run_dir import read_run
 
-    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True)
     pf_dir = os.path.join(run_dir, "preflight")
     run = read_run(run_dir)
     heartbeats = run.heartbeats
@@ -492,7 +646,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     if rep.get("status") in ("fail", "interrupted"):
         from ddp_doctor.context import current_context
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
-    return code
+    from ddp_doctor.report.publish import apply_fail_on
+    return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
 
 
 def _with_findings(rep: dict[str, Any], *more: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_doctor.exit_codes import EXIT_HANG, EXIT_INTERNAL
+from ddp_doctor.exit_codes import EXIT_HANG, EXIT_INTERNAL, FailOn
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output
 from ddp_doctor.training import records
@@ -40,6 +40,9 @@ class RunOptions:
     check_options: dict[str, Any] = field(default_factory=dict)
     run_dir: str | None = None  # --run-dir: where the parent keeps the run directory
     trace_path: str | None = None  # --trace: the parent writes the ranks' Chrome trace there
+    # --fail-on / DDP_DOCTOR_FAIL_ON: whoever writes the job's report (the parent, else a rank that
+    # ended well and wrote it) exits 3 instead of 0 on a finding that severe
+    fail_on: FailOn | None = None
 
 
 def run_dir_for(env: Any) -> str:
@@ -167,11 +170,11 @@ def run_training_rank(opts: RunOptions) -> int:
     position = _ledger_position(outcome)
     if probe is not None:
         probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
-    records.write_outcome(run_dir, rank, {"exit_code": outcome.exit_code, "exception": outcome.exception,
-                                          "exited": outcome.exited,  # sys.exit(N != 0): where
-                                          "host": os.uname().nodename, "phase": "training",
-                                          "local_rank": os.environ.get("LOCAL_RANK"),
-                                          "leftovers": children.end()})  # checks/leftovers.py
+    ending = {"exit_code": outcome.exit_code, "exception": outcome.exception,
+              "exited": outcome.exited,  # sys.exit(N != 0): where
+              "host": os.uname().nodename, "phase": "training",
+              "local_rank": os.environ.get("LOCAL_RANK"), "leftovers": children.end()}  # checks/leftovers.py
+    records.write_outcome(run_dir, rank, ending)
     job = None  # several nodes: what the job's store says of every rank's ending
     if not own_dir:  # after the records the report needs: a peer's failure may end this rank soon
         _leave_ledger(watch, run_dir, rank, position, outcome)
@@ -181,13 +184,22 @@ def run_training_rank(opts: RunOptions) -> int:
             failed = position == "failed"  # and the ranks of this node it saw vanish, for the other nodes
             gone = vanished_ranks(run_dir, but=rank, since=started - records.SAME_JOB) if failed else {}
             job = exchange(run_dir, rank, failed=failed, gone=gone)
+    written = None  # the job's report, when this rank wrote it
     if not under_parent:
-        _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None, opts,
-                        job=job)
+        written = _finish_outside(rank, run_dir, started, outcome.exit_code != 0 or outcome.exception is not None,
+                                  opts, job=job)
     watch.stop()
     if own_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return alone.exit_code(outcome.exit_code) if alone is not None else outcome.exit_code
+    code = alone.exit_code(outcome.exit_code) if alone is not None else outcome.exit_code
+    if written is not None:  # --fail-on: the rank that wrote the job's report exits 3 on its verdict
+        from ddp_doctor.report.publish import apply_fail_on
+        failing = apply_fail_on(code, written, opts.fail_on)
+        if failing != code and opts.fail_on is not None and not own_dir:  # the launcher stops the other
+            # ranks on this exit: they let the verdict stand (_stopped_for_fail_on)
+            records.write_outcome(run_dir, rank, {**ending, "fail_on": opts.fail_on.level})
+        code = failing
+    return code
 
 
 PEER_LEDGER_WAIT = 5.0  # seconds a failing rank waits for its live peers' ledgers (watchdogs poll each second)
@@ -426,6 +438,8 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     rank's stacks, ledger and outcome, the report (rank 0's, or this rank's own file), then exit
     128 + the signal as the default action would. Runs on the watchdog thread."""
     from ddp_doctor.preflight_run.stop_signals import Interrupt
+    if _stopped_for_fail_on(watch):
+        return  # the main thread ends as it would have; the job's verdict stands
     if not watch.claim_stop():
         return  # the other thread reports this stop and ends the process
     stop = Interrupt(signo)
@@ -473,6 +487,17 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         os._exit(stop.exit_code)
 
 
+def _stopped_for_fail_on(watch: Any) -> bool:
+    """Whether this rank's script had ended well and a peer of its node exited 3 by --fail-on after
+    writing the job's verdict (its ending says "fail_on"): the launcher's stop is its answer to that
+    exit, never a stop of the job, so the report is not rewritten as "interrupted"."""
+    ended = records.read_outcomes(watch.run_dir, watch.job_since)
+    own = ended.get(watch.rank)
+    if own is None or own.get("exception") or own.get("exit_code") or own.get("interrupted") or own.get("hung"):
+        return False
+    return any(o.get("fail_on") for r, o in ended.items() if r != watch.rank)
+
+
 def _end_children(watch: Any) -> None:
     """Before a stopped or hung rank's os._exit: the processes its script started (DataLoader
     workers, servers, daemons: training/run/leftovers.py finds them) end with it, never train on.
@@ -505,7 +530,7 @@ def _a_peer_failed(run_dir: str, rank: int, started: float) -> str | None:
 
 def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts: RunOptions,
                     interrupted: Any = None, stuck_in_init: bool = False, job: Any = None,
-                    hung: dict[int, dict[str, Any]] | None = None) -> None:
+                    hung: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """No ddp-doctor parent: the job's report is written by a rank that knows how the job ended.
     A rank that failed writes it at once (a peer whose process is gone without an ending is named:
     killed, the OOM killer?); a rank that ended well writes it when every rank of the job has
@@ -516,7 +541,8 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     others and writes on its node when they all ended. A failing rank also leaves its
     diagnosis in torchelastic's error file and SageMaker's failure file (first writer wins) and
     says it on stderr. `stuck_in_init`: the job was ended because its processes waited inside
-    init_process_group with arguments that cannot work (InitWatch)."""
+    init_process_group with arguments that cannot work (InitWatch). Returns the job's report when
+    this rank wrote it as the job's verdict (None when another rank writes it, or for a stop)."""
     from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.context import current_context
     from ddp_doctor.report import sinks
@@ -529,14 +555,14 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     from ddp_doctor.training.run.endings import multi_node
     ended_well = not failed and interrupted is None and not stuck_in_init
     if ended_well and multi_node() and not _job_ended(rank, run_dir, job):
-        return  # a rank still runs on another node: the last rank of the job writes the verdict
+        return None  # a rank still runs on another node: the last rank of the job writes the verdict
     run = read_run(run_dir, since=since)
     from ddp_doctor.training.run.endings import remote_gone
     from ddp_doctor.training.run.ledger import vanished_ranks
     gone = {**remote_gone(run_dir), **vanished_ranks(run_dir, but=rank, since=since)} if interrupted is None else {}
     local = set(records.read_heartbeats(run_dir, since)) | {rank}
     if ended_well and not multi_node() and not local <= set(run.outcomes) | set(gone):
-        return  # ranks of this node still run: the last one to end writes the verdict
+        return None  # ranks of this node still run: the last one to end writes the verdict
     beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank} if interrupted else {}
     if hung is not None:  # where every rank was at the hang (other nodes' copied here at it)
         from ddp_doctor.training.run.endings import remote_hung
@@ -559,11 +585,13 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
         sinks.write_report_file(rep, own)
         if rank == 0:
             show(rep, out, own)
-        return
+        return None
     shown = not failed or rank in (rep.get("root_cause") or {}).get("ranks", []) or (ctx.world_size or 1) == 1
-    publish(rep, Output(report_path=path, only_if_not_pass=True, stderr=True, quiet=not shown), path=path)
+    publish(rep, Output(report_path=path, only_if_not_pass=True, stderr=True, quiet=not shown,
+                        verdict_if_pass=True), path=path)
     if failed or rep.get("status") == "fail":  # a rank that ended well may report another node's failure
         platform_sinks(rep, ctx)
+    return rep
 
 
 def _job_ended(rank: int, run_dir: str, job: Any) -> bool:

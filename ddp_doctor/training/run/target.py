@@ -7,6 +7,7 @@ import runpy
 import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,49 @@ def user_traceback_text(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+def show_uncaught(exc: BaseException, text: str) -> None:
+    """Show the script's uncaught exception on stderr as Python would at its exit: through
+    sys.excepthook when the script replaced it, else `text` (user_traceback_text). torch's
+    init_process_group replaces it with a hook that starts every line with "[rankN]: "
+    (torch/distributed/distributed_c10d.py, _distributed_excepthook), so a rank's traceback is
+    labelled as under torchrun. The hook is given the traceback without ddp-doctor's frames."""
+    hook = sys.excepthook
+    if hook is sys.__excepthook__:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    _drop_own_frames(exc)
+    try:
+        hook(type(exc), exc, exc.__traceback__)
+    except BaseException as failed:  # noqa: BLE001 - Python's own words for a hook that raises
+        why = "".join(traceback.format_exception(type(failed), failed, failed.__traceback__))
+        sys.stderr.write(f"Error in sys.excepthook:\n{why}\nOriginal exception was:\n{text}")
+    sys.stderr.flush()
+
+
+def _drop_own_frames(exc: BaseException) -> None:
+    """The frames user_traceback_text leaves out (runpy's and ddp-doctor's) taken out of the
+    tracebacks of `exc` and the exceptions it was raised from or during."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        kept = []
+        tb = _user_traceback(e)
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_filename.startswith(TOOL_DIR):
+                kept.append(tb)
+            tb = tb.tb_next
+        new = None
+        for t in reversed(kept):
+            new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+        e.__traceback__ = new
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+
+
 def exit_code_of(exc: SystemExit) -> int:
     code = exc.code
     if code is None:
@@ -98,7 +142,6 @@ def run_target(target: Target) -> Outcome:
     except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, as Python reports it
         when = time.time()
         text = user_traceback_text(e)
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        show_uncaught(e, text)
         return Outcome(130 if isinstance(e, KeyboardInterrupt) else 1, {
             "type": type(e).__name__, "message": str(e), "traceback": text, "time": when})
