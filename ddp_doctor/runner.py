@@ -56,7 +56,8 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
               skip: list[str] | None = None, phase: str = "preflight",
               timings: list[dict[str, Any]] | None = None) -> list[Finding]:
     """The findings of one stage's checks; with `timings`, one {"name": ID, "cat": "check",
-    "title", "category", "start", "end"} record (wall-clock seconds) is appended per check run."""
+    "title", "category", "start", "end", "found"} record (wall-clock seconds, how many findings) is
+    appended per check run."""
     findings: list[Finding] = []
     entries = catalogue.checks_for(stage, select, skip)
     if stage == "local":
@@ -66,10 +67,11 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
                 f"could not be imported: {why}", rank=rank, evidence={"module": module}, phase=phase))
     for entry in entries:
         start = time.time()
-        findings.extend(run_entry(entry, args, rank, phase))
+        found = run_entry(entry, args, rank, phase)
+        findings.extend(found)
         if timings is not None:
             timings.append({"name": entry.id, "cat": "check", "title": entry.title, "category": entry.category,
-                            "start": start, "end": time.time()})
+                            "start": start, "end": time.time(), "found": len(found)})
     return findings
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
-from ddp_doctor.checks.wrapped_errors import RealError, real_error
+from ddp_doctor.checks.wrapped_errors import RealError, real_error, user_frame
 from ddp_doctor.facts.frames import not_user_code_dirs
 from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
 
@@ -140,6 +140,9 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
     else:
         # torch.multiprocessing.spawn's ProcessExitedException: a child ended without a Python error
         exited = re.search(r"process (\d+) terminated with (exit code|signal)", str(exc.get("message", "")), re.I)
+        frame = user_frame(str(exc.get("traceback") or ""), not_user_code_dirs())
+        if frame is not None:  # the user's line that raised it: the verdict shows it under the message
+            evidence["raised_at"] = str(frame)
         if exited:
             child = int(exited.group(1))
             lines = [ln for ln in str(exc.get("message", "")).strip().splitlines() if ln.strip()]

@@ -252,6 +252,17 @@ def _unwrap_once(err: _Error) -> tuple[Wrapper, _Error] | None:
     return None
 
 
+def user_frame(traceback: str, library_dirs: Iterable[str] = ()) -> Frame | None:
+    """The innermost frame of the user's code in the last exception of a traceback text (after
+    "During handling of the above exception", the one that ended the script), or None."""
+    at = traceback.rfind(_HEADER)
+    err = parse_traceback(traceback[at:]) if at >= 0 else None
+    if err is None:
+        return None
+    dirs = tuple(library_dirs)
+    return next((f for f in reversed(err.frames) if not is_library_frame(f.file, dirs)), None)
+
+
 def is_library_frame(file: str, library_dirs: Iterable[str] = ()) -> bool:
     return bool(_LIBRARY.search(file)) or file.startswith(tuple(library_dirs))
 

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     reopen_closed_stdio()
+    from ddp_doctor.facts.own_env import ignore_missing_numpy_here
+    ignore_missing_numpy_here()  # before torch loads: a bare CPU venv has no numpy, and needs none
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "run":

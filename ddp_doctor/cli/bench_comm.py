@@ -37,7 +37,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=positive_int, default=None, metavar="N",
                    help=f"warm-up iterations per size, the first one checked (default: {sweep.BENCH_WARMUP})")
     p.add_argument("--plot", metavar="PATH.png", default=None,
-                   help="write a bandwidth-vs-size plot (PNG, log-scale x); needs matplotlib "
+                   help="write a bandwidth-vs-size plot (PNG, log-scale x and y); needs matplotlib "
                         "(pip install 'ddp-doctor[plot]')")
     p.add_argument("--report", metavar="PATH", default=None,
                    help="write the JSON report (measurements.all_reduce) here "

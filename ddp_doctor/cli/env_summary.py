@@ -19,7 +19,7 @@ from ddp_doctor.facts import sagemaker_env as sagemaker
 from ddp_doctor.report.redact import redact_env, redact_obj
 from ddp_doctor.version import __version__
 
-PACKAGES = ("torch", "transformers", "accelerate", "numpy", "psutil", "nvidia-ml-py")
+PACKAGES = ("torch", "transformers", "accelerate", "lightning", "pytorch-lightning", "numpy", "psutil", "nvidia-ml-py")
 # Variables that decide how a distributed job is laid out and talks; secrets among them (AWS_*,
 # HF_*, WANDB_*) are redacted, and their presence alone is often the clue.
 ENV_PREFIXES = (
@@ -111,6 +111,14 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
             for k, v in sorted((k, str(v)) for k, v in safe.items())}
 
 
+def _os_name() -> str:
+    """The distribution as /etc/os-release names it ("Ubuntu 22.04.4 LTS"), else the system's name."""
+    try:
+        return platform.freedesktop_os_release().get("PRETTY_NAME") or platform.system()
+    except OSError:  # no os-release (macOS, a minimal container)
+        return f"{platform.system()} {platform.release()}"
+
+
 def collect_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = dict(os.environ if environ is None else environ)
     torch_info = _guard(_torch_info)
@@ -118,6 +126,7 @@ def collect_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "ddp_doctor": __version__,
         "python": f"{platform.python_version()} ({platform.python_implementation()})",
         "platform": platform.platform(),
+        "os": _guard(_os_name),
         **{name.replace("-", "_"): _version(name) for name in PACKAGES},
     }
     if isinstance(torch_info, dict):

@@ -82,6 +82,7 @@ def command(args: Any) -> int:
         return EXIT_USAGE
     rep = run_checks(JobContext(spec), select=select, skip=skip)
     # On a laptop: the report file only when asked for (--report or DDP_DOCTOR_REPORT).
-    out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
+    out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri,
+                 command="sagemaker-check")
     publish(rep, out, write=False)
     return reportlib.exit_code(rep)

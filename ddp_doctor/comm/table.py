@@ -37,7 +37,15 @@ def render_table(measurements: Mapping[str, Any]) -> str:
 
 
 def plot(measurements: Mapping[str, Any], path: str, title: str = "ddp-doctor bench-comm") -> None:
-    """A bandwidth-vs-size PNG (log-scale x): busbw and algbw for each all_reduce sweep."""
+    """A bandwidth-vs-size PNG (log-scale x and y): busbw and algbw for each all_reduce sweep."""
+    fig = figure(measurements, title)  # says how to get matplotlib when it is missing
+    import matplotlib.pyplot as plt
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(measurements: Mapping[str, Any], title: str = "ddp-doctor bench-comm") -> Any:
+    """The plot's matplotlib figure (the caller saves and closes it)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -54,8 +62,10 @@ def plot(measurements: Mapping[str, Any], path: str, title: str = "ddp-doctor be
             continue
         xs = [e["bytes"] for e in entries]
         line, = ax.plot(xs, [e["busbw_gbps"] for e in entries], marker="o", label=f"busbw, {label}")
-        ax.plot(xs, [e["algbw_gbps"] for e in entries], marker=".", linestyle="--", color=line.get_color(),
-                alpha=0.6, label=f"algbw, {label}")
+        # drawn over busbw, hollow: with 2 ranks the two are equal (busbw = algbw x 2(n-1)/n) and
+        # a line drawn under the other would vanish
+        ax.plot(xs, [e["algbw_gbps"] for e in entries], marker="s", markerfacecolor="none", linestyle="--",
+                color=line.get_color(), zorder=3, label=f"algbw, {label}")
         bad = [e for e in entries if not e.get("correct", True)]
         if bad:
             ax.scatter([e["bytes"] for e in bad], [e["busbw_gbps"] for e in bad], marker="x", color="red",
@@ -65,6 +75,7 @@ def plot(measurements: Mapping[str, Any], path: str, title: str = "ddp-doctor be
         plt.close(fig)
         raise RuntimeError("the report has no all_reduce measurements to plot")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log", nonpositive="mask")  # small messages run at a tiny share of the large ones' bandwidth
     ticks = [e["bytes"] for e in (measurements.get("all_reduce") or measurements.get("all_reduce_intra")
                                    or measurements.get("all_reduce_inter") or [])]
     ax.set_xticks(ticks)
@@ -76,5 +87,4 @@ def plot(measurements: Mapping[str, Any], path: str, title: str = "ddp-doctor be
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

@@ -37,3 +37,27 @@ def user_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """`env` without ddp-doctor's own values: what the user set, before ddp-doctor touched it."""
     mine = owned(env) | {OWN_ENV}
     return {k: v for k, v in env.items() if k not in mine}
+
+
+NO_NUMPY_WARNING = "ignore:Failed to initialize NumPy:UserWarning"  # PYTHONWARNINGS syntax: a prefix
+
+
+def quiet_missing_numpy(env: MutableMapping[str, str]) -> None:
+    """torch built without numpy at hand warns "Failed to initialize NumPy" in every process that
+    imports it (the launcher and each rank: three times for a 2-rank preflight). ddp-doctor needs no
+    numpy, so on a bare CPU venv this is noise: the processes it starts get that one warning filtered
+    (after the user's own PYTHONWARNINGS, which stay as they are). Nothing changes where numpy is."""
+    import importlib.util
+    if importlib.util.find_spec("numpy") is not None:
+        return
+    current = env.get("PYTHONWARNINGS")
+    if not current:
+        set_own(env, "PYTHONWARNINGS", NO_NUMPY_WARNING)
+    elif NO_NUMPY_WARNING not in current.split(","):
+        env["PYTHONWARNINGS"] = f"{current},{NO_NUMPY_WARNING}"
+
+
+def ignore_missing_numpy_here() -> None:
+    """The same filter in this process (a rank started by an outside launcher), before torch loads."""
+    import warnings
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)

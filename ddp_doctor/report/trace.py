@@ -36,15 +36,31 @@ def instant(name: str, time: float, *, cat: str, track: str, args: dict[str, Any
 
 # ---------------------------------------------------------------- records from what the ranks left
 
+QUIET_CHECK_S = 0.001  # a check that found nothing in less time gets no slice of its own
+
+
+def _quiet(t: Mapping[str, Any], start: float, end: float) -> bool:
+    return t.get("cat") == "check" and t.get("found") == 0 and end - start < QUIET_CHECK_S
+
+
 def preflight_records(timeline: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A rank's preflight timeline ({"name", "cat": "stage" | "check", "start", "end"}, from
-    RankPreflight) on its preflight track; a check is named by its ID and title."""
-    out = []
-    for t in timeline:
-        try:
-            start, end = float(t["start"]), float(t["end"])
-        except (KeyError, TypeError, ValueError):
-            continue
+    RankPreflight) on its preflight track; a check is named by its ID and title. Consecutive checks
+    that found nothing in under a millisecond (most of them do not apply on this host: SageMaker's
+    on a laptop) share one slice, "N checks, nothing found", with their IDs in its args."""
+    out: list[dict[str, Any]] = []
+    quiet: list[tuple[Mapping[str, Any], float, float]] = []
+
+    def fold() -> None:
+        if len(quiet) > 1:
+            ids = [str(q[0].get("name")) for q in quiet]
+            out.append(span(f"{len(ids)} checks, nothing found", quiet[0][1], quiet[-1][2], cat="preflight.check",
+                            track="preflight", args={"checks": ids, "seconds": round(quiet[-1][2] - quiet[0][1], 6)}))
+        elif quiet:
+            one(*quiet[0])
+        quiet.clear()
+
+    def one(t: Mapping[str, Any], start: float, end: float) -> None:
         cat = str(t.get("cat") or "stage")
         name = str(t.get("name"))
         if cat == "check" and t.get("title"):
@@ -53,6 +69,18 @@ def preflight_records(timeline: Iterable[Mapping[str, Any]]) -> list[dict[str, A
         if t.get("category"):
             args["category"] = t["category"]
         out.append(span(name, start, end, cat=f"preflight.{cat}", track="preflight", args=args))
+
+    for t in timeline:
+        try:
+            start, end = float(t["start"]), float(t["end"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if _quiet(t, start, end):
+            quiet.append((t, start, end))
+            continue
+        fold()
+        one(t, start, end)
+    fold()
     return out
 
 
@@ -250,7 +278,9 @@ def chrome_trace(lanes: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         for r in records:
             ev: dict[str, Any] = {"name": r["name"], "cat": r.get("cat", ""), "pid": rank, "tid": tids[str(r["track"])]}
             if "start" in r:
-                ev.update(ph="X", ts=us(r["start"]), dur=round((r["end"] - r["start"]) * 1e6, 3))
+                # the end rounded as the next start is: a slice never overlaps the one after it
+                ts = us(r["start"])
+                ev.update(ph="X", ts=ts, dur=max(0.0, round(us(r["end"]) - ts, 3)))
             else:
                 ev.update(ph="i", ts=us(r["time"]), s="t")
             if r.get("args"):

@@ -265,3 +265,15 @@ def test_a_known_signature_inside_a_wrapper_is_recognised():
 @pytest.mark.parametrize("message", ['{"message": "bad"}', '{"message": {"message": "bad"}}', "not json {"])
 def test_json_that_is_no_error_file_wraps_nothing(message):
     assert real_error("ValueError", message, "") is None
+
+
+def test_user_frame_is_the_innermost_user_line_of_the_exception_that_ended_the_script():
+    from ddp_doctor.checks.wrapped_errors import user_frame
+    tb = ('Traceback (most recent call last):\n  File "/u/train.py", line 3, in <module>\n    load()\n'
+          '  File "/u/train.py", line 9, in load\n    open(p)\nFileNotFoundError: x\n\n'
+          'During handling of the above exception, another exception occurred:\n\n'
+          'Traceback (most recent call last):\n  File "/u/train.py", line 5, in <module>\n    step()\n'
+          '  File "/u/lib/site-packages/torch/distributed/c10d.py", line 80, in all_reduce\n    work.wait()\n'
+          'RuntimeError: Connection closed by peer\n')
+    assert str(user_frame(tb)) == "/u/train.py:5 in <module>"  # the last exception's, past the library frame
+    assert user_frame("no traceback here") is None

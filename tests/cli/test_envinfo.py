@@ -10,7 +10,7 @@ from ddp_doctor.cli.env_summary import collect_env, render_env
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 HF = "hf_abcdefghijklmnopqrstuvwxyz0123"
-KEYS = ("ddp_doctor", "python", "platform", "torch", "transformers", "accelerate", "numpy", "psutil",
+KEYS = ("ddp_doctor", "python", "platform", "os", "torch", "transformers", "accelerate", "lightning", "numpy", "psutil",
         "nvidia_ml_py", "cuda_available", "cpu_count", "memory", "hostname", "launcher", "world",
         "sagemaker", "gpus", "env")
 
@@ -26,6 +26,7 @@ def test_keys_present_and_rendered() -> None:
     assert data["env"]["NCCL_DEBUG"] == "INFO" and "HOME" not in data["env"]
     if data["cuda_available"] is False:
         assert "nccl" not in data  # NCCL is reported only where CUDA works
+    assert data["lightning"] != "not installed" and data["os"]  # Lightning's version and the distribution
     json.dumps(data)  # `ddp-doctor env --json` needs plain data
     text = render_env(data)
     assert "- torch: " in text and "- launcher: torchrun" in text

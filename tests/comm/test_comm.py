@@ -295,6 +295,22 @@ def test_plot_writes_png(tmp_path):
         table.plot({}, str(tmp_path / "none.png"))
 
 
+def test_plot_is_log_log_and_algbw_stays_visible_where_it_equals_busbw():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    entries = [{"bytes": b, "time_us": 1.0, "algbw_gbps": b / 1e6, "busbw_gbps": b / 1e6, "correct": True}
+               for b in arithmetic.sizes(4096, 1 << 20)]  # 2 ranks: busbw == algbw
+    fig = table.figure({"all_reduce": entries})
+    try:
+        ax = fig.axes[0]
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        busbw, algbw = ax.get_lines()[:2]
+        assert algbw.get_label().startswith("algbw") and algbw.get_zorder() > busbw.get_zorder()
+        assert algbw.get_markerfacecolor() == "none"  # hollow: busbw's markers show through
+    finally:
+        plt.close(fig)
+
+
 def test_a_slow_moment_is_measured_again_and_forgiven():
     rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.022}])
     assert cc.confirmed_times(lambda: next(rounds), 1.5, 0.01) == {0: 0.020, 1: 0.022}

@@ -2,8 +2,20 @@
 cross-rank comparison (DDP706) reads what the user set, never ddp-doctor's per-node paths."""
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+
 from ddp_doctor.facts.efa import nccl_log_env
-from ddp_doctor.facts.own_env import OWN_ENV, default_own, owned, set_own, user_env
+from ddp_doctor.facts.own_env import (
+    NO_NUMPY_WARNING,
+    OWN_ENV,
+    default_own,
+    owned,
+    quiet_missing_numpy,
+    set_own,
+    user_env,
+)
 from ddp_doctor.training.run.ledger import recorder_env
 
 
@@ -37,3 +49,29 @@ def test_everything_ddp_doctor_run_sets_is_marked(tmp_path) -> None:
     assert set(env) - set(user) - {OWN_ENV} == owned(env)  # every name it added is marked
     assert {"NCCL_DEBUG_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"} <= owned(env)
     assert user_env(env) == user  # the user's values, as before ddp-doctor touched the environment
+
+
+def test_without_numpy_the_launched_processes_filter_torchs_numpy_warning_after_the_users_own(monkeypatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    env: dict[str, str] = {}
+    quiet_missing_numpy(env)
+    assert env["PYTHONWARNINGS"] == NO_NUMPY_WARNING and "PYTHONWARNINGS" in owned(env)
+    mine = {"PYTHONWARNINGS": "error::DeprecationWarning"}
+    quiet_missing_numpy(mine)
+    quiet_missing_numpy(mine)  # once
+    assert mine["PYTHONWARNINGS"] == f"error::DeprecationWarning,{NO_NUMPY_WARNING}" and not owned(mine)
+
+
+def test_with_numpy_nothing_changes(monkeypatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    env = {"PYTHONWARNINGS": "default"}
+    quiet_missing_numpy(env)
+    assert env == {"PYTHONWARNINGS": "default"}
+
+
+def test_the_filter_silences_exactly_torchs_numpy_warning_in_a_real_interpreter() -> None:
+    code = ("import warnings; warnings.warn(\"Failed to initialize NumPy: No module named 'numpy' (Triggered "
+            "internally at tensor_numpy.cpp:84.)\", UserWarning); warnings.warn('another one', UserWarning)")
+    res = subprocess.run([sys.executable, "-c", code], env={"PYTHONWARNINGS": NO_NUMPY_WARNING},
+                         capture_output=True, text=True, timeout=60)
+    assert "NumPy" not in res.stderr and "another one" in res.stderr, res.stderr

@@ -173,7 +173,8 @@ def test_render_text_failure() -> None:
     assert "Root cause: DDP310 title DDP310 [ranks 0-3, 7]" in text
     assert "MASTER_ADDR=nohost does not resolve" in text
     assert "Fix: set MASTER_ADDR" in text
-    assert "Errors:" in text and "Warnings:" in text
+    assert "Errors:" not in text and "Warnings:" in text  # the root cause is said once, not again under Errors
+    assert text.count("MASTER_ADDR=nohost does not resolve") == 1
     assert "DDP205 title DDP205 [rank 4]" in text
     assert "Fix: warn hint" in text
     assert text.rstrip().endswith("Report: /tmp/r.json")
@@ -303,3 +304,41 @@ def test_render_text_unknown_world_size() -> None:
     first = render_text(rep).splitlines()[0]
     assert "None rank(s)" not in first and "world size unknown" in first
     assert "launcher env, backend gloo" in first
+
+
+def test_render_text_groups_consequences_under_the_cause_with_the_users_line_and_hides_info_on_failure() -> None:
+    from ddp_doctor.findings import ROOT_CAUSE
+    from ddp_doctor.report.render import verdict_line
+    cause = fnd("DDP800", message="rank 1 raised ValueError: bad", hint="fix it", ranks=[1], time=1.0,
+                evidence={"raised_at": "train.py:7 in <module>"})
+    peer = fnd("DDP802", message="rank 0 failed after rank 1 failed", ranks=[0], time=2.0, caused_by=ROOT_CAUSE)
+    other = fnd("DDP310", message="another error", ranks=[3], time=3.0)
+    info = fnd("DDP500", severity="info", message="no GPU", ranks=[0])
+    m = {"all_reduce": [{"bytes": 1024, "time_us": 5.0, "algbw_gbps": 0.1, "busbw_gbps": 0.2, "correct": True}]}
+    rep = reportlib.build_report(world={**WORLD, "launched_by": "ddp-doctor"}, ranks=[],
+                                 findings=[cause, peer, other, info], measurements=m)
+    lines = render_text(rep, report_path="r.json").splitlines()
+    assert lines[0].endswith("launcher ddp-doctor (4 local rank(s) per node), backend gloo"), lines[0]
+    assert lines[1:6] == ["Root cause: DDP800 title DDP800 [rank 1]", "  rank 1 raised ValueError: bad",
+                          "  at train.py:7 in <module>", "  Fix: fix it", "  Then, as a consequence:"]
+    assert lines[6] == "    DDP802 [rank 0]: rank 0 failed after rank 1 failed"
+    assert lines[7:9] == ["Other errors:", "  DDP310 title DDP310 [rank 3]"]
+    text = "\n".join(lines)
+    assert "no GPU" not in text and "Info: 1 (shown with --verbose" in text and "all_reduce" not in text
+    assert sum(line.count("rank 0 failed after") for line in lines) == 1  # each finding once
+    verbose = render_text(rep, verbose=True)
+    assert "no GPU" in verbose and "all_reduce: 1024 bytes" in verbose
+    assert verdict_line(rep, report_path="r.json") == (
+        "ddp-doctor preflight: FAIL - DDP800 [rank 1] title DDP800 - report r.json")
+    ok = reportlib.build_report(world=WORLD, ranks=[], findings=[])
+    assert verdict_line(ok, report_path="r.json", command="run") == (
+        "ddp-doctor run: PASS - 0 error(s), 0 warning(s) - report r.json")
+
+
+def test_render_text_of_a_planned_sagemaker_job_says_the_job_not_a_launcher() -> None:
+    world = {"launcher": "python", "backend": "nccl", "world_size": 16, "nnodes": 2, "planned": True,
+             "instance_type": "ml.p4d.24xlarge", "instance_count": 2, "distribution": "torch_distributed"}
+    rep = reportlib.build_report(world=world, ranks=[], findings=[fnd("DDP901", message="m", hint="h")])
+    first = render_text(rep, command="sagemaker-check").splitlines()[0]
+    assert first == ("ddp-doctor sagemaker-check: FAIL (1 error(s), 0 warning(s)) - planned job: 2 x ml.p4d.24xlarge, "
+                     "16 rank(s), distribution torch_distributed")

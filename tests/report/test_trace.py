@@ -184,3 +184,26 @@ def test_a_garbled_rank_file_in_the_launch_directory_gives_an_empty_lane_not_a_l
     (tmp_path / "rank-2.json").write_text("{not json")
     timelines, hosts = launch_timelines(str(tmp_path))
     assert timelines == {0: [], 1: [{"name": "probe"}]} and hosts == {0: None, 1: "algo-2"}
+
+
+def test_checks_that_found_nothing_at_once_share_one_slice_and_slices_never_overlap_after_rounding():
+    t = [{"name": "local_checks", "cat": "stage", "start": T0, "end": T0 + 0.1}]
+    t += [{"name": f"DDP9{i:02d}", "cat": "check", "title": "SageMaker thing", "start": T0 + i * 1e-4,
+           "end": T0 + (i + 1) * 1e-4, "found": 0} for i in range(40)]  # 40 checks that do not apply here
+    t += [{"name": "DDP401", "cat": "check", "title": "all_reduce", "start": T0 + 0.004, "end": T0 + 0.05,
+           "found": 0},  # slow: its own slice
+          {"name": "DDP102", "cat": "check", "title": "found one", "start": T0 + 0.05, "end": T0 + 0.0501,
+           "found": 1},
+          {"name": "DDP103", "cat": "check", "title": "alone", "start": T0 + 0.0501, "end": T0 + 0.0502, "found": 0}]
+    recs = tracelib.preflight_records(t)
+    names = [r["name"] for r in recs]
+    assert names == ["local_checks", "40 checks, nothing found", "DDP401 all_reduce", "DDP102 found one",
+                     "DDP103 alone"], names
+    assert recs[1]["args"]["checks"][:2] == ["DDP900", "DDP901"] and len(recs[1]["args"]["checks"]) == 40
+    # back to back at sub-microsecond boundaries: the rounded end of one is never after the next start
+    lane = [tracelib.span(f"s{i}", T0 + i * 0.0000013, T0 + (i + 1) * 0.0000013, cat="c", track="t")
+            for i in range(50)]
+    events = [e for e in tracelib.chrome_trace({0: {"host": None, "records": lane}})["traceEvents"]
+              if e["ph"] == "X"]
+    for a, b in zip(events, events[1:]):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-9, (a, b)
