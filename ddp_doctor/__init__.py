@@ -8,7 +8,7 @@ from typing import Any
 
 from ddp_doctor.version import __version__
 
-__all__ = ["__version__", "check_sampler", "preflight"]
+__all__ = ["__version__", "check_sampler", "preflight", "report_schema", "validate_report"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +19,7 @@ def __getattr__(name: str) -> Any:
     if name == "check_sampler":
         from ddp_doctor.training.sampler_check import check_sampler
         return check_sampler
+    if name in ("report_schema", "validate_report"):  # the report's JSON Schema (docs/report-schema.md)
+        from ddp_doctor.report import schema
+        return getattr(schema, name)
     raise AttributeError(f"module 'ddp_doctor' has no attribute {name!r}")

@@ -146,7 +146,8 @@ def command(args: argparse.Namespace) -> int:
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
-        code = launch_local(nproc, ["bench-comm", *rank_argv(args.argv)], timeout=args.timeout, out=out)
+        code = launch_local(nproc, ["bench-comm", *rank_argv(args.argv)], timeout=args.timeout, out=out,
+                            progress=False)  # its table is its progress: no stage lines beside it
         if args.plot:
             err = write_plot(out.path(), args.plot)
             if err:

@@ -31,6 +31,13 @@ def catalogue_markdown() -> str:
     return "\n".join(rows)
 
 
+_ROW = "{id:<6}  {severity:<8} {category:<16} {stage:<10} {title}"
+# What the "runs" column means (registry.STAGES), one line above the table.
+RUNS_LEGEND = ("runs: local / group = on every rank, before / over the process group; cross_rank = on the "
+               "reporting rank, across every rank's view; event = raised by ddp-doctor itself as it "
+               "happens (rendezvous, a crashed check, training, a stop); job = by sagemaker-check, before launch")
+
+
 def list_command(args: argparse.Namespace) -> int:
     entries = sorted(checks.load_catalogue().values(), key=lambda c: c.id)
     if args.markdown:
@@ -40,8 +47,10 @@ def list_command(args: argparse.Namespace) -> int:
         print(json.dumps({"checks": [c.to_dict() for c in entries],
                           "retired": registry.RETIRED}, indent=2))
         return EXIT_OK
+    print(RUNS_LEGEND)
+    print(_ROW.format(id="ID", severity="severity", category="category", stage="runs", title="title"))
     for c in entries:
-        print(f"{c.id}  {c.severity:<7}  {c.category:<14} {c.stage:<10} {c.title}")
+        print(_ROW.format(id=c.id, severity=c.severity, category=c.category, stage=c.stage, title=c.title))
     for rid, why in sorted(registry.RETIRED.items()):
         print(f"{rid}  retired: {why}")
     return EXIT_OK

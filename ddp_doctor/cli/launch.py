@@ -10,7 +10,7 @@ import sys
 # other option is passed on to the ranks as given, so options added for checks need no forwarding code.
 PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True,
                "--trace": True, "--fail-on": True,
-               "--json": False, "--verbose": False, "-v": False}
+               "--json": False, "--verbose": False, "-v": False, "--progress": False, "--no-progress": False}
 
 
 def rank_argv(argv: list[str]) -> list[str]:

@@ -39,6 +39,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="process-group backend to test (default: smddp for SageMaker smdistributed "
                         "jobs, nccl with GPUs, gloo without)")
     p.add_argument("--verbose", "-v", action="store_true", help="show every info finding and hint")
+    p.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
+                   help="with no launcher: say on stderr which stage the ranks are in when the preflight "
+                        "takes long (default: $DDP_DOCTOR_PROGRESS, else only when stdout is a terminal)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                   help="no progress lines, even on a terminal")
     p.add_argument("--report-s3-uri", metavar="S3_URI", default=None,
                    help="also upload the merged report there, e.g. s3://bucket/prefix/ (needs boto3; "
                         "default: $DDP_DOCTOR_REPORT_S3_URI); a failed upload is only a warning")
@@ -104,7 +109,7 @@ def command(args: argparse.Namespace) -> int:
         from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
-                            trace_path=args.trace, fail_on=fail_on)
+                            trace_path=args.trace, fail_on=fail_on, progress=getattr(args, "progress", None))
     from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
     code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
                             output=out, check_options=check_options(args), trace_path=args.trace,

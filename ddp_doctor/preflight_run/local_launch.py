@@ -147,10 +147,11 @@ def _terminate_group(proc: subprocess.Popen[Any], grace: float) -> None:
 
 
 def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output,
-                 trace_path: str | None = None, fail_on: FailOn | None = None) -> int:
+                 trace_path: str | None = None, fail_on: FailOn | None = None, progress: bool | None = None) -> int:
     """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
     (and the Chrome trace of the ranks' stages with `trace_path`). `fail_on`: --fail-on, applied to
-    the exit status the report gives."""
+    the exit status the report gives. `progress`: --progress / --no-progress (progress.py): a
+    line on stderr, at growing steps, naming the stage each rank is in."""
     # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N; blocked from here to the exit
     with SignalCatcher(hold=True) as stop, tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         env = dict(os.environ)
@@ -164,6 +165,8 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
         timed_out = False
         deadline = time.monotonic() + bound
+        from ddp_doctor.preflight_run.progress import StageLines, enabled, read_stages, say
+        lines = StageLines(launched, bound, nproc) if enabled(progress) else None
         with adopting() as since:
             proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=_start_launcher)
             try:
@@ -171,6 +174,8 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
                     if time.monotonic() > deadline:
                         timed_out = True
                         break
+                    if lines is not None and time.time() - launched >= lines.next_at:
+                        say(lines.due(read_stages(tmp), time.time()))
                 terminate_tree(proc, grace=0.5 if proc.poll() is not None else 5.0, since=since)
             except BaseException:
                 terminate_tree(proc, since=since)

@@ -74,6 +74,8 @@ class RankPreflight:
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
         start = time.time()
+        from ddp_doctor.preflight_run.progress import note_stage
+        note_stage(self.launch_dir, self.rank, name, start)  # the parent's progress line (progress.py)
         try:
             yield
         finally:

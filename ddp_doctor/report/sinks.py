@@ -15,6 +15,7 @@ from typing import Any
 
 from ddp_doctor.findings import format_ranks
 from ddp_doctor.report.redact import redact_obj, redact_text
+from ddp_doctor.report.schema import TEST_ERRORS_ENV, record_if_invalid
 
 EXCEPTION_NAME = "DDPDoctorPreflightError"
 EXCEPTION_NAMES = {"preflight": EXCEPTION_NAME, "training": "DDPDoctorTrainingError",
@@ -148,6 +149,8 @@ def write_report_file(report: dict[str, Any], path: str, *, private: bool = Fals
     Returns None on success, else the error text."""
     try:
         text = json.dumps(redact_obj(report), indent=2, sort_keys=False, default=str) + "\n"
+        if os.environ.get(TEST_ERRORS_ENV):  # the test suite only: every report written is validated
+            record_if_invalid(text, path)
         _atomic_write(path, text, 0o600 if private else 0o644)
         return None
     except Exception as e:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,52 @@ def test_list_checks_text(capsys: pytest.CaptureFixture[str]) -> None:
         assert cid in out
     line = next(x for x in out.splitlines() if x.startswith("DDP320"))
     assert "error" in line and "network" in line and "Ranks missing at rendezvous" in line
+
+
+def test_list_checks_text_has_a_legend_and_a_header(capsys: pytest.CaptureFixture[str]) -> None:
+    """The first line explains the "runs" column (every stage), the second names the columns, and
+    every column of a row starts where its header does."""
+    assert cli.main(["list-checks"]) == 0
+    legend, header, *rows = capsys.readouterr().out.splitlines()
+    assert legend.startswith("runs: ")
+    for stage in registry.STAGES:
+        assert re.search(rf"\b{stage} (/ \w+ )?=", legend) or f"/ {stage} =" in legend, (stage, legend)
+    assert header.split() == ["ID", "severity", "category", "runs", "title"]
+    row = next(x for x in rows if x.startswith("DDP320"))
+    entry = catalogue.get("DDP320")
+    for name, value in (("severity", entry.severity), ("category", entry.category), ("runs", entry.stage),
+                        ("title", entry.title)):
+        assert row.index(value) == header.index(name), (name, header, row)
+    assert all(x.startswith("DDP") for x in rows)
+
+
+def test_schema_prints_the_report_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    from ddp_doctor.report.schema import report_schema
+    assert cli.main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == report_schema()
+
+
+def test_schema_validate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ddp_doctor.report.build import build_report
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(build_report(world={"launcher": "torchrun"}, ranks=[], findings=[])))
+    bad.write_text(json.dumps({"schema": "ddp-doctor.report", "schema_version": 1}))
+    assert cli.main(["schema", "--validate", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: valid\n"
+    assert cli.main(["schema", "--validate", str(good), str(bad)]) == 3
+    out = capsys.readouterr().out
+    assert f"{bad}: 8 problem(s)" in out and "  $: required key 'status' is missing" in out
+    assert cli.main(["schema", "--validate", str(tmp_path / "none.json")]) == 2
+    assert "cannot read the report" in capsys.readouterr().err
+
+
+def test_schema_command_does_not_import_torch() -> None:
+    code = ("import sys, io, contextlib, ddp_doctor.cli as c\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert c.main(['schema']) == 0\n"
+            "assert 'torch' not in sys.modules\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode == 0, p.stderr
 
 
 def test_list_checks_json() -> None:

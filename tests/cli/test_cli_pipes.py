@@ -27,4 +27,4 @@ def test_closed_stdout_is_not_a_traceback(argv):
 def test_head_of_list_checks():
     proc = subprocess.run(f"{sys.executable} -m ddp_doctor list-checks | head -n 1", shell=True,
                           capture_output=True, text=True, timeout=60)
-    assert proc.stdout.startswith("DDP") and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith("runs: local") and "Traceback" not in proc.stderr, proc.stderr

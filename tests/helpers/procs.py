@@ -208,8 +208,15 @@ def run_ranks(n: int, args: Sequence[str], env: Mapping[str, str], cwd: str, *, 
 
 
 def load_json(path: str) -> dict:
+    """A JSON file; a ddp-doctor report in it must follow the report's schema (tests/conftest.py
+    also validates every report as it is written, where the writer's environment lets it)."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        data = json.load(f)
+    if isinstance(data, dict) and data.get("schema") == "ddp-doctor.report":
+        from ddp_doctor.report.schema import validate_report
+        errors = validate_report(data)
+        assert not errors, f"{path} breaks the report schema:\n" + "\n".join(errors)
+    return data
 
 
 def ids(report: dict, severity: str | None = None) -> set[str]:

@@ -22,7 +22,8 @@ def finding(id: str, title: str, message: str, *, severity: str = "error", ranks
             hint: str = "Do the obvious thing.", **extra: Any) -> dict[str, Any]:
     return {"id": id, "category": "launcher_env", "severity": severity, "title": title,
             "message": message, "hint": hint, "ranks": ranks if ranks is not None else [1],
-            "evidence": extra.pop("evidence", {}), "phase": "preflight", "time": 1700000000.0, **extra}
+            "evidence": extra.pop("evidence", {}), "phase": "preflight", "time": 1700000000.0, "caused_by": None,
+            **extra}
 
 
 def make_report(findings: list[dict[str, Any]] | None = None, status: str = "fail") -> dict[str, Any]:

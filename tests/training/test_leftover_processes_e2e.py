@@ -62,7 +62,7 @@ def runs(tmp_path_factory):
         (base / name).mkdir()
         env = clean_env(LEFTOVER_DIR=str(base / name), LEFTOVER_LIFE="600",
                         **({"LEFTOVER_CLEAN": "1"} if name == "clean" else {}),
-                        **({"LEFTOVER_HANG": "1"} if name == "hung" else {}))
+                        **({"LEFTOVER_HANG": "1", "DDP_DOCTOR_PROGRESS": "1"} if name == "hung" else {}))
         jobs[name] = Launch(cmd, env, str(base / name), 180)
     try:
         yield {"base": base, "results": run_all(jobs, at_once=4)}
@@ -126,5 +126,9 @@ def test_a_hung_rank_under_an_outside_torchrun_ends_the_servers_its_script_start
     servers = _servers(d)
     assert set(servers) == set(KINDS), servers
     assert re.search(r"rank 1 ended [1-9] process\(es\) its script had started", res.stderr), res.output
+    # DDP_DOCTOR_PROGRESS=1: before the bound, one rank of the node says the stall (not each rank)
+    progress = [ln for ln in res.stderr.splitlines() if "made no progress for" in ln and "ended at 3 s" in ln]
+    assert progress and len([ln for ln in progress if "leaves_children.py" in ln]) <= 4, res.stderr
+    assert any(re.search(r"rank 1 (has made .*, )?at leaves_children\.py:36 ", ln) for ln in progress), progress
     for kind, (pid, _) in servers.items():
         wait_for(lambda pid=pid: process_gone(pid), 30, f"the {kind} server (pid {pid}) to be gone")

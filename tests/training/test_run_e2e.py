@@ -6,6 +6,7 @@ torch, rendezvous, bounds), then each test reads its own run's result and report
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -49,8 +50,8 @@ def launches(base: Path) -> dict[str, Launch]:
         return str(base / name / "r.json")
 
     out = {
-        "hang": Launch([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--report", report("hang"),
-                        script("rank1_sleeps.py")], clean_env(), at("hang"), timeout=90),
+        "hang": Launch([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--progress",
+                        "--report", report("hang"), script("rank1_sleeps.py")], clean_env(), at("hang"), timeout=90),
     }
     if importlib.util.find_spec("transformers"):  # else its test skips
         hf = at("hf_trainer")
@@ -276,6 +277,15 @@ def test_a_hang_is_reported_with_stacks_within_the_bound(runs):
     stacks = hang["evidence"]["stacks"]
     assert "rank1_sleeps.py" in stacks["1"] and "all_reduce" in stacks["0"]
     assert_clean_output(res)
+    # --progress: before the verdict, lines on stderr (never stdout) naming the stalled rank and its line
+    progress = [ln for ln in res.stderr.splitlines() if "made no progress for" in ln and "ended at 3 s" in ln]
+    assert progress and "made no progress" not in res.stdout, res.stderr
+    assert any(re.search(rf"rank 1 (has made .*, )?at rank1_sleeps\.py:{sleep_line} ", ln) for ln in progress), progress
+    # one line per fifth of the final stall, the verdict at the fifth (a short stall at start-up,
+    # before the ranks first moved, may have had a line of its own)
+    final = [ln for ln in progress if "rank1_sleeps.py" in ln]
+    assert len(final) <= 4, progress
+    assert res.stderr.index(progress[-1]) < res.stderr.index("DDP891"), res.stderr
 
 
 def test_failed_preflight_does_not_start_the_script(runs):

@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
-                  "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1}
+                  "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1, "--progress": 0,
+                  "--no-progress": 0}
 # torchrun's own options come from torch's launcher parser (torchrun_options.py); these of its
 # spellings ddp-doctor acts on itself:
 HELP_NAMES = ("-h", "--help")
@@ -191,6 +192,11 @@ def doctor_parser() -> argparse.ArgumentParser:
                    help="keep the run directory (records, ledgers, stacks) inside DIR")
     p.add_argument("--trace", default=None, metavar="PATH",  # run/trace_file.py
                    help="also write the ranks' timelines as a Chrome trace there (ui.perfetto.dev)")
+    p.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
+                   help="say on stderr which rank has made no progress, where, and when the job will be ended "
+                        "(default: $DDP_DOCTOR_PROGRESS, else only when stdout is a terminal)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                   help="no progress lines, even on a terminal")
     from ddp_doctor.exit_codes import FAIL_ON_LEVELS  # exit 3 after a training that exited 0 (fail_on_exit)
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None,
                    help="after a training that exited 0: exit 3 when the report holds a finding of this "
@@ -313,7 +319,7 @@ def run_options(doctor: list[str], target: Target) -> Any:
         raise RunUsageError(str(e)) from None
     return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout,
                       select=select, skip=skip, backend=ns.backend, report_path=ns.report, run_dir=ns.run_dir,
-                      trace_path=ns.trace, fail_on=fail_on)
+                      trace_path=ns.trace, fail_on=fail_on, progress=ns.progress)
 
 
 def main(argv: list[str]) -> int:
@@ -399,6 +405,9 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     hang = None
     stuck_in_init = False
     slow: dict[str, Any] = {}  # the longest wait for a slow rank, not (yet) a hang
+    lines = _progress_lines(opts)  # --progress: a line as the ranks' stall nears the bound
+    from ddp_doctor.preflight_run.progress import StageLines
+    stages = StageLines(time.time(), None, None, per_wait=float(opts.timeout))  # the preflight's, until training
     with SignalCatcher(hold=True) as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
         with adopting() as since:
             proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
@@ -407,6 +416,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                 while proc.poll() is None and stop.wait(0.5) is None:
                     end_stuck_at_exit(run_dir, TEARDOWN_BOUND)
                     hang = detect_hang(run_dir, opts.hang_timeout, slow)
+                    if lines is not None and hang is None:
+                        _say_progress(lines, run_dir, stages)
                     stuck_in_init = detect_bad_init(run_dir)
                     if hang is not None or stuck_in_init:
                         break
@@ -553,6 +564,26 @@ def detect_hang(run_dir: str, hang_timeout: float | None,
                         where={str(r): training[r].get("where") for r in verdict.moving})
         return None
     return {r: {**hb, "bound": verdict.bound} for r, hb in hbs.items()}
+
+
+def _progress_lines(opts: Any) -> Any:
+    """The rule of the hang progress lines (training/run/progress.py), when they are asked for."""
+    from ddp_doctor.preflight_run.progress import enabled
+    from ddp_doctor.training.run.hang_bound import HangBound
+    from ddp_doctor.training.run.progress import HangLines
+    return HangLines(HangBound(opts.hang_timeout)) if enabled(getattr(opts, "progress", None)) else None
+
+
+def _say_progress(lines: Any, run_dir: str, stages: Any) -> None:
+    """The hang progress line once the ranks train; before, the preflight's stage line."""
+    from ddp_doctor.preflight_run.progress import read_stages, say
+    from ddp_doctor.training import records
+    from ddp_doctor.training.run.progress import training_beats
+    now = time.time()
+    if any(hb.get("phase") != "preflight" for hb in records.read_heartbeats(run_dir).values()):
+        say(lines.due(training_beats(run_dir), now))
+    elif now - stages.launched >= stages.next_at:
+        say(stages.due(read_stages(os.path.join(run_dir, "preflight")), now))
 
 
 def detect_bad_init(run_dir: str) -> bool:

@@ -43,6 +43,7 @@ class RunOptions:
     # --fail-on / DDP_DOCTOR_FAIL_ON: whoever writes the job's report (the parent, else a rank that
     # ended well and wrote it) exits 3 instead of 0 on a finding that severe
     fail_on: FailOn | None = None
+    progress: bool | None = None  # --progress / --no-progress (None: DDP_DOCTOR_PROGRESS, else a terminal)
 
 
 def run_dir_for(env: Any) -> str:
@@ -116,6 +117,10 @@ def run_training_rank(opts: RunOptions) -> int:
     from ddp_doctor.training.run.watchdog import ProgressWatch
     watch = ProgressWatch(run_dir, rank, opts.hang_timeout,
                          on_hang=None if under_parent else lambda w: _end_hung_rank(w, started, opts)).start()
+    if not under_parent:  # no parent to say it: this rank's watchdog says the stall (one line per node)
+        from ddp_doctor.preflight_run.progress import enabled
+        from ddp_doctor.training.run.progress import HangLines
+        watch.progress = HangLines(watch.hang_bound) if enabled(opts.progress) else None
     if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
         watch.watch_stop_signals(lambda w, sig: _end_stopped_rank(w, sig, started, opts))
     alone = _StopsAlone(watch, started, opts) if own_dir else None  # one process: stops reported too

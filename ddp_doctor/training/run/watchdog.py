@@ -8,7 +8,8 @@ asks for ledgers (a ledger-request file), this thread dumps torch's flight recor
 ledger: the main thread may be blocked inside a collective and cannot.
 
 Under an outside launcher (no ddp-doctor parent), a rank that sees no progress for the hang
-timeout ends itself after dumping its stacks, so the launcher ends the job.
+timeout ends itself after dumping its stacks, so the launcher ends the job; with progress lines
+asked for (training/run/progress.py), the node's lowest live rank says the stall before that.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ class ProgressWatch:
         self._stop_seen: int | None = None  # a stop signal read from the pipe while waiting
         self._ours: set[int] = set()
         self.on_hang, self.interval = on_hang, interval
+        self.progress: Any = None  # outside launcher, --progress: training/run/progress.HangLines
         self.steps = 0
         self.step_times: deque[float] = deque(maxlen=STEP_TIMES)
         self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
@@ -184,6 +186,8 @@ class ProgressWatch:
             elif self.on_hang and not fired and self._hung(now):
                 fired = True
                 self.on_hang(self)
+            elif self.progress is not None and not fired:
+                self._say_progress(now)
             stop = self.stop_signal()
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
@@ -281,6 +285,26 @@ class ProgressWatch:
             return False
         self.hang_timeout = verdict.bound
         return True
+
+    def _node_beats(self) -> dict[int, dict[str, Any]]:
+        """This node's training ranks that have not ended, this rank as it is now."""
+        from ddp_doctor.training.run.progress import training_beats
+        hbs = training_beats(self.run_dir, self.job_since)
+        hbs[self.rank] = {**hbs.get(self.rank, {}), "last_progress": self.last_progress, "steps": self.steps,
+                          "slowest_step": self.slowest_step, "in_collective": self.in_collective,
+                          "where": self.where, "time": time.time()}
+        return hbs
+
+    def _say_progress(self, now: float) -> None:
+        """Outside launcher: one progress line per node, said by the node's lowest live rank (the
+        stuck one included: this thread runs while its main thread is blocked). Every rank follows
+        the rule, so a rank that takes over says no step twice."""
+        from ddp_doctor.preflight_run.progress import say
+        hbs = self._node_beats()
+        line = self.progress.due(hbs, now)
+        live = [r for r, hb in hbs.items() if now - float(hb.get("time") or 0) <= 5 * self.interval + 1]
+        if line and min(live, default=self.rank) == self.rank:
+            say(line)
 
     def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
         self._ledger_done, self._ledger_for_remote = True, False

@@ -1,0 +1,63 @@
+"""Suite-wide: every report ddp-doctor writes during a test is validated against the report's JSON
+Schema (ddp_doctor/report/schema.json), in whatever process writes it.
+
+ddp_doctor.report.sinks.write_report_file validates a report as it writes it when
+TEST_ERRORS_ENV names a directory (set here, for this process and every child that inherits the
+environment: ranks, launchers, `ddp-doctor run`), and leaves a file there for a report that breaks
+the schema. After each test, a file there fails the test (an error at teardown) with the report's
+path and what is wrong. Validation is the package's own (no jsonschema import in every rank), a
+millisecond a report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from ddp_doctor.report.schema import TEST_ERRORS_ENV
+
+_ERRORS_DIR = tempfile.mkdtemp(prefix="ddp-doctor-schema-errors-")
+os.environ[TEST_ERRORS_ENV] = _ERRORS_DIR
+
+
+def schema_errors() -> list[dict]:
+    """The invalid reports recorded so far (and forget them)."""
+    found = []
+    for name in sorted(os.listdir(_ERRORS_DIR)):
+        path = os.path.join(_ERRORS_DIR, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                found.append(json.load(f))
+        except (OSError, ValueError) as e:
+            found.append({"path": path, "errors": [f"unreadable record: {e}"]})
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _reports_follow_the_schema(request: pytest.FixtureRequest) -> Iterator[None]:
+    schema_errors()  # a child of an earlier test that wrote late is not this test's
+    yield
+    if request.node.get_closest_marker("invalid_reports_expected"):
+        return
+    bad = schema_errors()
+    if bad:
+        lines = [f"{b.get('path')}:\n    " + "\n    ".join(b.get("errors") or []) for b in bad]
+        pytest.fail("a report written during this test breaks the report schema "
+                    "(ddp_doctor/report/schema.json, docs/report-schema.md):\n" + "\n".join(lines), pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "invalid_reports_expected: the test writes reports that break the "
+                                       "schema on purpose; tests/conftest.py does not fail it for them")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_ERRORS_DIR, ignore_errors=True)
