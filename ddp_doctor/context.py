@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping
 
-from ddp_doctor.facts import launchers
+from ddp_doctor.facts import gpus, launchers, nvml
 from ddp_doctor.facts import sagemaker_env as sagemaker
 from ddp_doctor.facts.host import HostFacts
 from ddp_doctor.facts.launchers import LauncherInfo
@@ -33,6 +33,18 @@ class RankContext:
     # Settings for checks from the command line (thresholds, sweep sizes, output dir, ...);
     # each check documents the keys it reads and its default.
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Facts read on first use and kept with the context (see gpu_snapshot).
+    _read_once: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def gpu_snapshot(self) -> gpus.Snapshot:
+        """This rank's NVML read (facts.gpus), made on first use and kept with the context, so every
+        gpu check sees the same one; read again when the NVML provider changed (tests swap it)."""
+        held = self._read_once.get("gpu_snapshot")
+        if held is None or held[0] is not nvml.provider:
+            snap = gpus.read_snapshot(self.host.visible_gpus, self.local_rank, self.local_world_size,
+                                      self.env.get("CUDA_VISIBLE_DEVICES"))
+            held = self._read_once["gpu_snapshot"] = (nvml.provider, snap)
+        return held[1]
 
     # Shorthands for the fields checks read most.
     @property

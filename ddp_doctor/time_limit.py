@@ -3,8 +3,8 @@ a DNS lookup, a store connection, a teardown). The call runs in a daemon thread;
 is abandoned (a thread cannot be killed) and the caller carries on with what it knows.
 
 Also the one rule for a bound a user gives in seconds (`--timeout`, `--hang-timeout`):
-usable_timeout, which both the CLI's options (ddp_doctor/cli/options.py) and `ddp-doctor run`'s
-own parser (ddp_doctor/training/run/command.py) apply.
+usable_timeout, and timeout_seconds, its argparse type, which both the CLI's options
+(ddp_doctor/cli/options.py) and `ddp-doctor run`'s own parser (ddp_doctor/training/run/command.py) use.
 """
 from __future__ import annotations
 
@@ -42,6 +42,16 @@ def usable_timeout(text: str, maximum: float = MAX_TIMEOUT_S) -> float:
     if value > maximum:
         raise ValueError(f"{text!r} is more than {maximum:g} seconds; give {accepted}")
     return value
+
+
+def timeout_seconds(text: str) -> float:
+    """usable_timeout as the argparse type of every option that takes a bound: argparse shows an
+    ArgumentTypeError's reason, while a ValueError would become its bare "invalid value"."""
+    import argparse  # only a command line needs it
+    try:
+        return usable_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 @dataclass

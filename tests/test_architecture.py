@@ -1,8 +1,9 @@
 """The "never" rules of the design (docs/architecture.md), enforced on the import graph.
 
 Data flows one way: context -> checks -> findings -> report -> sinks. The graph counts every
-import statement in ddp_doctor, those inside functions too (a lazy import is still a dependency).
-Each failure names the rule it breaks and the import that breaks it.
+import statement in ddp_doctor, those inside functions and under `if TYPE_CHECKING:` too (a lazy or
+type-only import is still a dependency). Each failure names the rule it breaks and the import that
+breaks it.
 """
 from __future__ import annotations
 
@@ -46,48 +47,89 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _violations(sources: list[str], forbidden: list[str], allowed: tuple[str, ...] = ()) -> list[str]:
+def _violations(sources: list[str], forbidden: list[str], allowed: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    """Imports from a module under `sources` of one under `forbidden`; `allowed` names each
+    (importing module, imported module) pair that is an exception, one by one."""
     bad = []
     for src in MODULES:
         if not any(_under(src, s) for s in sources):
             continue
         for target, line in GRAPH[src]:
-            if any(_under(target, f) for f in forbidden) and not any(_under(target, a) for a in allowed):
+            if any(_under(target, f) for f in forbidden) and (src, target) not in allowed:
                 bad.append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {target}")
     return bad
 
+
+# The one arrow back up, on purpose: `from ddp_doctor.sagemaker import check_job` is the documented
+# notebook API, so the platform package keeps a lazy alias of the job check's orchestrator above it.
+# Only sagemaker/__init__.py may; any other module of sagemaker/ importing job_check fails.
+CHECK_JOB_ALIAS = ("ddp_doctor.sagemaker", "ddp_doctor.job_check")
+
+
+# The orchestrators: they run the stages, so no stage imports them.
+ORCHESTRATORS = ["ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.preflight_run",
+                 "ddp_doctor.training.run", "ddp_doctor.pytest_plugin", "ddp_doctor.cli"]
 
 RULES = [
     ("checks never import the CLI, the report/sinks, the training wrapper, the preflight machinery, "
      "the runner or pytest",
      ["ddp_doctor.checks"],
      ["ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.training.run", "ddp_doctor.preflight_run",
-      "ddp_doctor.runner", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "pytest", "_pytest"], ()),
+      "ddp_doctor.runner", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "ddp_doctor.job_check",
+      "ddp_doctor.processes", "pytest", "_pytest"], ()),
     ("the context and the facts know nothing of checks, the CLI, the report, the runner or training",
      ["ddp_doctor.context", "ddp_doctor.facts"],
      ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report",
       "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.comm",
-      "pytest", "_pytest"], ()),
+      "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.processes", "pytest", "_pytest"], ()),
+    ("the facts are read before a context exists and describe any platform: they never import the "
+     "context (it is built from them) or the platform package",
+     ["ddp_doctor.facts"],
+     ["ddp_doctor.context", "ddp_doctor.sagemaker"], ()),
+    ("comm (the collective benchmarks) is a library under the checks and the CLI: it imports no check, "
+     "finding, context, platform package, process machinery or orchestrator",
+     ["ddp_doctor.comm"],
+     ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.findings", "ddp_doctor.report",
+      "ddp_doctor.context", "ddp_doctor.sagemaker", "ddp_doctor.training", "ddp_doctor.processes",
+      *ORCHESTRATORS, "pytest", "_pytest"],
+     ()),
+    ("sagemaker (the platform: the job spec and the AWS calls about it) describes and never runs checks: "
+     "it imports no check, finding, report, context, comm, process machinery or orchestrator",
+     ["ddp_doctor.sagemaker"],
+     ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.findings", "ddp_doctor.report",
+      "ddp_doctor.context", "ddp_doctor.comm", "ddp_doctor.training", "ddp_doctor.processes",
+      *ORCHESTRATORS, "pytest", "_pytest"],
+     (CHECK_JOB_ALIAS,)),
     ("the report never runs checks (no runner, no catalogue, no preflight, no training wrapper, no CLI)",
      ["ddp_doctor.report"],
      ["ddp_doctor.runner", "ddp_doctor.checks", "ddp_doctor.preflight_run", "ddp_doctor.training",
-      "ddp_doctor.cli", "ddp_doctor.api", "ddp_doctor.pytest_plugin"], ()),
+      "ddp_doctor.cli", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.pytest_plugin",
+      "ddp_doctor.processes"], ()),
     ("findings and the registry are the bottom of the pipeline: they import no other stage",
      ["ddp_doctor.findings", "ddp_doctor.registry", "ddp_doctor.time_limit", "ddp_doctor.version",
       "ddp_doctor.exit_codes"],
      ["ddp_doctor.checks", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.context",
       "ddp_doctor.facts", "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.comm",
-      "ddp_doctor.sagemaker", "ddp_doctor.pytest_plugin"], ()),
+      "ddp_doctor.sagemaker", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "ddp_doctor.job_check",
+      "ddp_doctor.processes"], ()),
+    ("processes (launching and watching processes) never import the preflight, training, the pytest "
+     "plugin, the CLI, the runner, the API, comm, sagemaker, the facts or the context",
+     ["ddp_doctor.processes"],
+     ["ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.cli",
+      "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.comm", "ddp_doctor.sagemaker",
+      "ddp_doctor.facts", "ddp_doctor.context", "pytest", "_pytest"], ()),
     ("nothing but the CLI imports the CLI",
      [m for m in ("ddp_doctor.checks", "ddp_doctor.context", "ddp_doctor.facts", "ddp_doctor.report",
                   "ddp_doctor.preflight_run", "ddp_doctor.comm", "ddp_doctor.sagemaker", "ddp_doctor.training",
-                  "ddp_doctor.pytest_plugin", "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.registry")],
+                  "ddp_doctor.pytest_plugin", "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check",
+                  "ddp_doctor.registry", "ddp_doctor.processes")],
      ["ddp_doctor.cli"], ()),
 ]
 
 
 @pytest.mark.parametrize("rule,sources,forbidden,allowed", RULES, ids=[r[0][:40] for r in RULES])
-def test_never_rules(rule: str, sources: list[str], forbidden: list[str], allowed: tuple[str, ...]) -> None:
+def test_never_rules(rule: str, sources: list[str], forbidden: list[str],
+                     allowed: tuple[tuple[str, str], ...]) -> None:
     bad = _violations(sources, forbidden, allowed)
     assert not bad, f"rule broken: {rule}\n" + "\n".join(bad)
 
@@ -186,6 +228,43 @@ def test_the_rules_see_a_violation() -> None:
             ["ddp_doctor.checks"], ["ddp_doctor.cli"])
     finally:
         GRAPH[src] = saved
+
+
+# Back arrows once hidden behind a lazy or type-only import; each must break a rule if it comes back.
+BACK_ARROWS = [
+    ("ddp_doctor.facts.gpus", "ddp_doctor.context"),           # a fact reading the RankContext
+    ("ddp_doctor.facts.host", "ddp_doctor.sagemaker.spec"),    # a fact reaching into the platform
+    ("ddp_doctor.comm.expected", "ddp_doctor.sagemaker.spec"),  # comm reading the platform package
+    ("ddp_doctor.comm.sweep", "ddp_doctor.checks"),
+    ("ddp_doctor.comm.sweep", "ddp_doctor.runner"),
+    ("ddp_doctor.sagemaker.spec", "ddp_doctor.checks.sagemaker_job"),  # the platform running checks
+    ("ddp_doctor.sagemaker.aws", "ddp_doctor.runner"),
+    ("ddp_doctor.sagemaker.aws", "ddp_doctor.report.build"),
+    ("ddp_doctor.sagemaker.spec", "ddp_doctor.job_check"),    # the alias is allowed in __init__ only
+    ("ddp_doctor.checks.sagemaker_job", "ddp_doctor.job_check"),
+]
+
+
+@pytest.mark.parametrize("src,target", BACK_ARROWS, ids=[f"{s}->{t}" for s, t in BACK_ARROWS])
+def test_the_rules_see_each_back_arrow(src: str, target: str) -> None:
+    """Each back arrow, added to a copy of the graph, breaks a rule that names it."""
+    saved = GRAPH[src]
+    try:
+        GRAPH[src] = [*saved, (target, 99999)]
+        hits = [rule for rule, sources, forbidden, allowed in RULES
+                if any(f":99999 imports {target}" in v for v in _violations(sources, forbidden, allowed))]
+        assert hits, f"no rule catches {src} importing {target}"
+    finally:
+        GRAPH[src] = saved
+
+
+def test_the_graph_counts_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from ddp_doctor.context import RankContext\n"
+                    "def f():\n    from ddp_doctor import runner\n    import ddp_doctor.checks.gpu\n")
+    seen = {t for t, _ in _imports("ddp_doctor.facts.mod", path)}
+    assert {"ddp_doctor.context", "ddp_doctor.runner", "ddp_doctor.checks.gpu"} <= seen, seen
 
 
 def test_top_level_stays_small() -> None:

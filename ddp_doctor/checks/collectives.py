@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.facts.frames import is_library_file
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
@@ -94,7 +95,6 @@ OWN_WAY = declare(
 _UNEVEN_INPUT_OPS = frozenset({"scatter", "all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
 _LEFT_POSITIONS = frozenset({"finished", "destroyed"})
 _EVENT_BACKENDS = ("nccl:", "ncclx:", "xccl:")  # their recorder's `state` comes from device events
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -127,7 +127,7 @@ def _tensors(entry: dict[str, Any]) -> str:
 
 def _site(entry: dict[str, Any]) -> str | None:
     """The user's line that issued the collective: the collector's `user_site`, else the innermost
-    recorded frame outside torch and installed packages."""
+    recorded frame outside the libraries (facts.frames.is_library_file)."""
     site = entry.get("user_site")
     if site:
         return str(site)
@@ -135,7 +135,7 @@ def _site(entry: dict[str, Any]) -> str | None:
         if not isinstance(frame, dict):
             continue
         filename = str(frame.get("filename") or "")
-        if not filename or filename.startswith("<") or any(m in filename for m in _LIBRARY_MARKERS):
+        if is_library_file(filename):
             continue
         line = frame.get("line")
         return f"{os.path.basename(filename)}:{line}" if line is not None else os.path.basename(filename)

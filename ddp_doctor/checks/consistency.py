@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts.env_values import visible_devices
 from ddp_doctor.findings import (
     Problem,
     format_ranks,  # "0-7, 9"
@@ -124,8 +125,8 @@ def _gpu_key(view: Mapping[str, Any]) -> Hashable:
     visible = (view.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return (host_key(view), "gpu", index)
-    entries = [e.strip() for e in str(visible).split(",")]
-    if index.isdigit() and int(index) < len(entries) and entries[int(index)]:
+    entries = visible_devices(str(visible)) or []
+    if index.isdigit() and int(index) < len(entries):
         return (host_key(view), "gpu", entries[int(index)])
     return (host_key(view), "visible", str(visible), index)  # not resolvable: equal only when all is equal
 

@@ -4,7 +4,7 @@ aws-ofi-nccl plugin (DDP332), the locked-memory limit (DDP333), NCCL settings th
 bandwidth (DDP334), and the network NCCL chose, from its own INFO output (DDP335).
 
 Every check here is silent unless the instance type is an EFA type of the one instance table
-(ddp_doctor.sagemaker.instances), the backend is NCCL (or smddp) and, except DDP334's peer-to-peer
+(ddp_doctor.facts.instances), the backend is NCCL (or smddp) and, except DDP334's peer-to-peer
 part, the job spans more than one node: on CPU, off AWS and on single-node jobs nothing fires.
 The instance type comes from ddp_doctor.facts.efa.instance_type: --instance-type,
 DDP_DOCTOR_INSTANCE_TYPE, SageMaker's SM_CURRENT_INSTANCE_TYPE, else the DMI product name.
@@ -22,9 +22,9 @@ from ddp_doctor.checks.sagemaker_config import multi_host, takes_part
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts import efa as efa_facts
 from ddp_doctor.facts.efa import InstanceTypeSeen
+from ddp_doctor.facts.instances import InstanceType, lookup
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.sagemaker.instances import InstanceType, lookup
 
 MIB = 1 << 20
 # Below this memlock soft limit EFA memory registration fails outright (containers often get 64 KiB,

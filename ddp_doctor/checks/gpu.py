@@ -22,11 +22,12 @@ from typing import Any, Iterator
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts import gpus as gpu_facts
 from ddp_doctor.facts import nvml
+from ddp_doctor.facts.env_values import visible_devices
 from ddp_doctor.facts.gpus import Snapshot
+from ddp_doctor.facts.instances import BY_NAME, InstanceType
 from ddp_doctor.facts.nvml import is_unknown
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.sagemaker.instances import BY_NAME, InstanceType
 
 GPU_BACKENDS = ("nccl", "smddp")
 OPTION_DEFAULTS: dict[str, float] = {"gpu_busy_mib": 1024, "pcie_load_pct": 50}
@@ -39,7 +40,7 @@ NO_NVML = ("LibraryNotFound", "ImportError")
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers on the rank's GPU facts (ddp_doctor.facts.gpus: one NVML read per context)
+# Helpers on the rank's GPU facts (ddp_doctor.facts.gpus, read once per context: ctx.gpu_snapshot())
 
 def _count(snap: Snapshot) -> int:
     return 0 if is_unknown(snap.count) else int(snap.count)
@@ -85,7 +86,7 @@ def _cpu_job(ctx: RankContext) -> tuple[Snapshot, int, dict[str, Any]] | None:
     (no GPU visible to torch, CPU backend); None otherwise."""
     if ctx.backend in GPU_BACKENDS or ctx.host.visible_gpus > 0:
         return None  # a GPU backend without a GPU is DDP106's error
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     if not _node_leader(ctx):
         return None
     ev = {"backend": ctx.backend, "visible_gpus": ctx.host.visible_gpus, "nvml_gpus": snap.count if snap.ok else None,
@@ -148,7 +149,7 @@ def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
     Severity: error when NVML fails where no GPU is usable for a GPU backend; a warning when torch
     still sees GPUs and only the health checks are lost.
     """
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     if snap.ok or not _node_leader(ctx):
         return
     ev = {"error": snap.error, "kind": snap.error_kind, "visible_gpus": ctx.host.visible_gpus,
@@ -167,7 +168,7 @@ def nvml_usable(ctx: RankContext) -> Iterator[Problem]:
 def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML counts fewer (or more) GPUs than the instance type has (ml.p4d.24xlarge: 8,
-    the instance table in sagemaker/instances.py). (Fewer ranks than GPUs, once part of this ID, is DDP514.)
+    the instance table in facts/instances.py). (Fewer ranks than GPUs, once part of this ID, is DDP514.)
     Why: A GPU missing from an 8-GPU instance has fallen off the bus (SM_NUM_GPUS, read when the
     container started, then agrees with the wrong count, so nothing else notices).
     Fix: Replace the instance (stop the job and start it again) when a GPU is missing.
@@ -176,7 +177,7 @@ def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
     """
     if not _node_leader(ctx):
         return
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     it = _instance(ctx)
     row = _instance_type(ctx)
     # Only the p3/p4d/p4de/p5 types of docs/facts.md (those with a known GPU model) are compared.
@@ -225,10 +226,10 @@ def cuda_visible_devices_valid(ctx: RankContext) -> Iterator[Problem]:
     Fix: List each GPU once, by index (0..N-1 as `nvidia-smi -L` shows) or by full UUID, e.g.
     CUDA_VISIBLE_DEVICES=0,1,2,3; or leave it unset and let each rank use cuda:LOCAL_RANK.
     """
-    entries = gpu_facts.cvd_entries(ctx)
+    entries = visible_devices(ctx.env.get("CUDA_VISIBLE_DEVICES"))
     if entries is None or not entries or entries[0] == "-1" or not _node_leader(ctx):
         return
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     if not _has_gpus(ctx, snap):
         return
     raw = ctx.env.get("CUDA_VISIBLE_DEVICES")
@@ -302,7 +303,7 @@ def gpu_memory_free(ctx: RankContext) -> Iterator[Problem]:
     Fix: Look at `nvidia-smi` and end the processes listed (`kill <pid>`); on a shared host pick
     free GPUs with CUDA_VISIBLE_DEVICES.
     """
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     limit = _opt(ctx, "gpu_busy_mib")
     me = os.getpid()
     for g in snap.gpus:
@@ -334,7 +335,7 @@ def ecc_errors(ctx: RankContext) -> Iterator[Problem]:
     Severity: error for uncorrectable errors since the driver loaded; a warning for errors only in
     the GPU's lifetime count.
     """
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         ev = {"gpu": g.label, "volatile": _unknown_text(g.ecc_volatile), "aggregate": _unknown_text(g.ecc_aggregate)}
         if not is_unknown(g.ecc_volatile) and g.ecc_volatile > 0:
             yield Problem(message=f"{g.label}: {g.ecc_volatile} uncorrectable ECC error(s) since the driver "
@@ -359,7 +360,7 @@ def memory_retirement(ctx: RankContext) -> Iterator[Problem]:
     Severity: error for a pending retirement or remapping, or a failed remapping; info for rows or
     pages already retired with nothing pending.
     """
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         rr = g.remapped
         ev = {"gpu": g.label, "retired_double_bit": _unknown_text(g.retired_dbe),
               "retired_single_bit": _unknown_text(g.retired_sbe),
@@ -396,7 +397,7 @@ def clocks_throttled(ctx: RankContext) -> Iterator[Problem]:
     Severity: a warning for thermal, power-brake or other slowdowns; info for the software power
     cap, normal under full load.
     """
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         if is_unknown(g.clock_mask):
             continue
         bad = [r for r in g.clock_reasons if r in SLOWDOWN_REASONS]
@@ -426,7 +427,7 @@ def pcie_link(ctx: RankContext) -> Iterator[Problem]:
     above pcie_load_pct); info for a lower generation on an idle GPU.
     """
     load_limit = _opt(ctx, "pcie_load_pct")
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         link = g.pcie
         if link is None:
             continue
@@ -464,7 +465,7 @@ def nvlink_down(ctx: RankContext) -> Iterator[Problem]:
     row = _instance_type(ctx)
     # Instances whose GPUs are joined by NVLink / NVSwitch: a device with every link down is broken.
     nvlink_instance = row is not None and row.nvlink is True
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         states = g.nvlink
         if is_unknown(states) or not states:
             continue
@@ -501,7 +502,7 @@ def driver_supports_cuda(ctx: RankContext) -> Iterator[Problem]:
     if not _node_leader(ctx):
         return
     tc = gpu_facts.torch_cuda_version()
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     if not tc or not snap.ok or is_unknown(snap.cuda_driver_version):
         return
     try:
@@ -527,7 +528,7 @@ def persistence_mode(ctx: RankContext) -> Iterator[Problem]:
     the next start, adding seconds to each process start; harmless for one long job.
     Fix: `sudo nvidia-smi -pm 1` (or run nvidia-persistenced) on hosts you administer.
     """
-    for g in gpu_facts.snapshot(ctx).gpus:
+    for g in ctx.gpu_snapshot().gpus:
         if g.persistence is False:
             yield Problem(message=f"{g.label}: persistence mode is off", evidence={"gpu": g.label})
 
@@ -543,7 +544,7 @@ def unknown_fields(ctx: RankContext) -> Iterator[Problem]:
     Fix: Nothing to fix; for full coverage run on the host (or a container started with the NVIDIA
     container toolkit) with a data-center GPU.
     """
-    snap = gpu_facts.snapshot(ctx)
+    snap = ctx.gpu_snapshot()
     for ci, why in sorted(snap.unresolved.items()):
         yield Problem(message=f"cuda:{ci}: no NVML device found ({why}); its health is unknown",
                       evidence={"cuda_index": ci, "why": why})

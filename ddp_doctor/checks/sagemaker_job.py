@@ -1,7 +1,7 @@
 """Client-side checks of a planned SageMaker job's own settings (DDP900-DDP906, DDP916, stage "job").
 
 What is inside: the DDP900 / DDP901 declarations (AWS calls that were denied or could not be made,
-raised by ddp_doctor.sagemaker.run), the distribution dict, instance count and type, entry point,
+raised by ddp_doctor.job_check), the distribution dict, instance count and type, entry point,
 framework / py versions, and the effective batch size note. The checks against the AWS account
 (network, IAM, S3, quota: DDP907-DDP915) are in ddp_doctor.checks.sagemaker_account.
 
@@ -19,10 +19,10 @@ import json
 import re
 from typing import Any, Iterator, Mapping
 
+from ddp_doctor.facts.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES, is_gpu_type, is_trn_type
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check, declare
 from ddp_doctor.sagemaker.aws import JobContext
-from ddp_doctor.sagemaker.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES, is_gpu_type, is_trn_type
 from ddp_doctor.sagemaker.spec import DISTRIBUTION_EXTRAS, KNOWN_DISTRIBUTIONS, processes_per_instance
 
 STAGE = "job"

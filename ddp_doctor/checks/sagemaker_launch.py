@@ -15,12 +15,12 @@ from typing import Any, Iterator
 
 from ddp_doctor.checks.sagemaker_config import dist_hosts, host_evidence, hosts_text, multi_host, takes_part
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
 from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
-from ddp_doctor.sagemaker.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
 
-# SMDDP_INSTANCES & co. come from the one instance table (sagemaker/instances.py).
+# SMDDP_INSTANCES & co. come from the one instance table (facts/instances.py).
 SMDDP_DISTRIBUTIONS = ("smdistributed", "pytorchddp")
 
 

@@ -156,7 +156,8 @@ def command(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"Plot: {args.plot}")
         return code
-    from ddp_doctor.preflight_run.rank import LAUNCH_DIR_ENV, PreflightOptions, run_preflight_rank
+    from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
+    from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV
     options: dict[str, Any] = {**comm_options(args), "comm_mode": "bench"}
     if not args.json:
         options["comm_progress"] = progress_printer()

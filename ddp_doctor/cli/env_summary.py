@@ -38,7 +38,7 @@ VALUE_LIMIT = 400  # SM_TRAINING_ENV and friends are long JSON; the summary keep
 def _guard(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a fact that cannot be read is shown as such, never a crash
         return f"unavailable ({type(e).__name__}: {e})"
 
 

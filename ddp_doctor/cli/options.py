@@ -1,25 +1,19 @@
 """What the subcommands share to read their arguments: UsageError (a usage mistake found after
 parsing; main prints it and exits 2) and the argparse validators, one definition each:
-timeout_seconds (positive_float), int_at_least (positive_int, non_negative_int), threshold, byte_size.
+timeout_seconds (positive_float; defined in ddp_doctor.time_limit, which `ddp-doctor run` uses too),
+int_at_least (positive_int, non_negative_int), threshold, byte_size.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Callable
 
+# A bound in seconds (above 0, finite, at most one day): the one rule, shared with `ddp-doctor run`.
+from ddp_doctor.time_limit import timeout_seconds
+
 
 class UsageError(Exception):
     """A usage mistake argparse cannot see (e.g. an unknown --select ID): exit 2 with its message."""
-
-
-def timeout_seconds(text: str) -> float:
-    """An argparse type: a bound in seconds, as ddp_doctor.time_limit.usable_timeout takes it (above 0,
-    finite, at most MAX_TIMEOUT_S, one day); `ddp-doctor run` applies the same rule to its own."""
-    from ddp_doctor.time_limit import usable_timeout
-    try:
-        return usable_timeout(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 positive_float = timeout_seconds  # the name the options used before the bound had a maximum

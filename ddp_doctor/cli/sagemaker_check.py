@@ -1,7 +1,7 @@
 """`ddp-doctor sagemaker-check`: check a SageMaker training job's settings before `estimator.fit()`.
 
 What is inside: add_parser (the flags, named like the estimator's arguments), spec_from_args
-(--config file merged with the flags) and command, which runs ddp_doctor.sagemaker.run.run_checks
+(--config file merged with the flags) and command, which runs ddp_doctor.job_check.run_checks
 and shows / writes / uploads the report. Exit codes as preflight: 0 no errors, 3 errors found,
 2 usage error, 1 failed.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_doctor.job_check import run_checks
 from ddp_doctor.sagemaker.aws import JobContext, require_boto3
-from ddp_doctor.sagemaker.run import run_checks
 from ddp_doctor.sagemaker.spec import JobSpec, SpecError, load_spec_file
 
 

@@ -1,5 +1,5 @@
 """The all_reduce busbw an instance type should reach (expected_busbw, read from the one
-instance table, ddp_doctor.sagemaker.instances), the share of it one inter-node group gets when
+instance table, ddp_doctor.facts.instances), the share of it one inter-node group gets when
 several are swept at once (share_divisor, expected_for), and what usually makes it low (likely_causes).
 
 The inter-node judgement (docs/communication.md, "The inter-node judgement"): the table's inter-node
@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ddp_doctor.comm.arithmetic import MIB
+from ddp_doctor.facts import instances
 
 # Below this largest size a busbw figure says more about latency than about the links.
 MIN_JUDGED_BYTES = 32 * MIB
@@ -26,7 +27,6 @@ DEFAULT_MIN_FRACTION = 0.5
 def expected_busbw(instance_type: str | None, scope: str) -> float | None:
     """The busbw a healthy instance reaches for scope "intra-node" or "inter-node", or None
     (unknown type, or no sourced figure for it)."""
-    from ddp_doctor.sagemaker import instances  # when asked: the command line only reads the defaults
     known = instances.lookup(instance_type) if instance_type else None
     return known.expected_busbw(scope) if known else None
 
@@ -37,7 +37,6 @@ def share_divisor(instance_type: str | None, sharing: int | None) -> int:
     for a figure that is the node's own (sharing None or 0: a whole-world sweep)."""
     if not sharing:
         return 1
-    from ddp_doctor.sagemaker import instances
     known = instances.lookup(instance_type) if instance_type else None
     return max(int(sharing), known.gpus if known else 1, 1)
 
@@ -58,7 +57,6 @@ def likely_causes(scope: str, env: Mapping[str, str], instance_type: str | None)
     """What usually makes a healthy instance's busbw low, quoting the settings seen."""
     def seen(name: str) -> str:
         return f"{name}={env[name]}" if name in env else f"{name} unset"
-    from ddp_doctor.sagemaker import instances
     known = instances.lookup(instance_type) if instance_type else None
     if scope == "intra-node":
         causes = [f"peer-to-peer disabled ({seen('NCCL_P2P_DISABLE')}, {seen('NCCL_P2P_LEVEL')})",

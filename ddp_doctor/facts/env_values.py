@@ -142,3 +142,11 @@ def env_bool(env: Mapping[str, str], name: str) -> bool:
 def as_int(value: Any) -> int | None:
     """The int in a parsed value, or None when it is unset or invalid."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def visible_devices(raw: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as its entries, blanks dropped (" 0, ,GPU-ab " -> ["0", "GPU-ab"]):
+    entry i is what cuda:i stands for. None when it is unset (every GPU is visible)."""
+    if raw is None:
+        return None
+    return [x.strip() for x in raw.split(",") if x.strip()]

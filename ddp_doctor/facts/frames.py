@@ -1,5 +1,6 @@
 """Which stack frames are ddp-doctor's own, or a library's: tracebacks, stacks and call sites
-shown to the user skip them."""
+shown to the user skip them. is_library_file is the one test of a frame's file; not_user_code_dirs
+are the directories of this host that it skips."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,19 @@ def not_user_code_dirs() -> tuple[str, ...]:
         try:
             import torch
             dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - torch missing or broken: its frames are not there to tell apart
             pass
         _NOT_USER_CODE = tuple(dirs)
     return _NOT_USER_CODE
+
+
+# Path parts of an installed library's file on any host: a recorded frame (NCCL's flight recorder,
+# a peer's ledger) may come from another machine, whose directories not_user_code_dirs cannot know.
+LIBRARY_PATH_PARTS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether a frame's file is not the user's code: none or a pseudo-file ("<string>"), under this
+    host's library or ddp-doctor directories, or an installed library's path on any host."""
+    return (not filename or filename.startswith("<") or filename.startswith(not_user_code_dirs())
+            or any(part in filename for part in LIBRARY_PATH_PARTS))

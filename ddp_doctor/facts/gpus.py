@@ -1,23 +1,21 @@
-"""GPU facts of one rank: one NVML read (Snapshot of GpuFacts per GPU), cached per context.
+"""GPU facts of one rank: one NVML read (Snapshot of GpuFacts per GPU).
 
 What is inside: the seams to torch.cuda (torch_cuda_version, torch_device_uuid,
-torch_current_device: tests replace them), which GPUs a rank answers for (cvd_entries,
-target_indices), matching a CUDA index to its NVML device (norm_uuid, _resolve), the per-GPU
-health read (_read_gpu), the snapshot (read_snapshot) and its per-context cache (snapshot).
+torch_current_device: tests replace them), which GPUs a rank answers for (target_indices),
+matching a CUDA index to its NVML device (norm_uuid, _resolve), the per-GPU health read
+(_read_gpu) and the snapshot (read_snapshot). The RankContext holds a rank's snapshot
+(RankContext.gpu_snapshot), so that every gpu check sees one read.
 
-A pure reader, like the rest of facts/: it knows nothing of checks, reports or the command line.
-What NVML cannot read stays an Unknown, never an exception.
+A pure reader of plain values, like the rest of facts/: it knows nothing of the context, checks,
+reports or the command line. What NVML cannot read stays an Unknown, never an exception.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from ddp_doctor.facts import nvml
+from ddp_doctor.facts.env_values import visible_devices
 from ddp_doctor.facts.nvml import Unknown, is_unknown
-
-if TYPE_CHECKING:  # context.py builds on facts/: importing it at run time would be a circle
-    from ddp_doctor.context import RankContext
 
 # ---------------------------------------------------------------------------------------------
 # Seams to torch.cuda (tests replace these; nothing here runs CUDA on a host without a GPU)
@@ -27,7 +25,7 @@ def torch_cuda_version() -> str | None:
     try:
         import torch
         return torch.version.cuda
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - torch missing or broken: unknown, never a crashed fact
         return None
 
 
@@ -39,7 +37,7 @@ def torch_nccl_version() -> tuple[int, ...] | None:
             return None
         v = torch.cuda.nccl.version()
         return tuple(int(x) for x in v) if isinstance(v, tuple) else None
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - torch missing, or a driver error: unknown, never a crashed fact
         return None
 
 
@@ -50,7 +48,7 @@ def torch_device_uuid(index: int) -> str | None:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             return None
         return str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - torch missing, or a driver error: unknown, never a crashed fact
         return None
 
 
@@ -58,7 +56,7 @@ def torch_current_device() -> int | None:
     try:
         import torch
         return int(torch.cuda.current_device()) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - torch missing, or a driver error: unknown, never a crashed fact
         return None
 
 
@@ -111,22 +109,15 @@ class Snapshot:
     uuids: list[str]                     # every device's UUID, in NVML order
 
 
-def cvd_entries(ctx: RankContext) -> list[str] | None:
-    raw = ctx.env.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None
-    return [x.strip() for x in raw.split(",") if x.strip()]
-
-
-def target_indices(ctx: RankContext) -> list[int]:
-    """CUDA indices of the GPUs this rank answers for."""
-    visible = ctx.host.visible_gpus
-    lr, lws = ctx.local_rank, ctx.local_world_size
-    if lr is None:
+def target_indices(visible: int, local_rank: int | None, local_world_size: int | None,
+                   entries: list[str] | None) -> list[int]:
+    """CUDA indices of the GPUs a rank answers for: `visible` GPUs torch sees, its local rank and
+    local world size, `entries` its CUDA_VISIBLE_DEVICES (env_values.visible_devices)."""
+    if local_rank is None:
         return list(range(visible))
-    if visible == 1 and cvd_entries(ctx) is not None and lws is not None and lws > 1:
+    if visible == 1 and entries is not None and local_world_size is not None and local_world_size > 1:
         return [0]  # one GPU per rank through CUDA_VISIBLE_DEVICES
-    return [lr] if 0 <= lr < visible else []
+    return [local_rank] if 0 <= local_rank < visible else []
 
 
 def norm_uuid(u: str) -> str:
@@ -134,15 +125,14 @@ def norm_uuid(u: str) -> str:
     return u[4:] if u.startswith("gpu-") else u
 
 
-def _resolve(s: nvml.Session, ctx: RankContext, cuda_index: int, uuids: list[str]) -> tuple[int | None, str | None]:
-    """(NVML index, None) for cuda:index, or (None, why not)."""
+def _resolve(entries: list[str] | None, cuda_index: int, uuids: list[str]) -> tuple[int | None, str | None]:
+    """(NVML index, None) for cuda:index under CUDA_VISIBLE_DEVICES `entries`, or (None, why not)."""
     tu = torch_device_uuid(cuda_index)
     if tu:
         want = norm_uuid(tu)
         for i, u in enumerate(uuids):
             if norm_uuid(u) == want:
                 return i, None
-    entries = cvd_entries(ctx)
     if entries is None:
         return cuda_index, None  # CUDA and NVML agree when CUDA_DEVICE_ORDER=PCI_BUS_ID (usual on servers)
     if cuda_index >= len(entries):
@@ -179,7 +169,11 @@ def _read_gpu(s: nvml.Session, cuda_index: int, nvml_index: int) -> GpuFacts:
     return g
 
 
-def read_snapshot(ctx: RankContext) -> Snapshot:
+def read_snapshot(visible: int, local_rank: int | None, local_world_size: int | None,
+                  cuda_visible_devices: str | None) -> Snapshot:
+    """Read NVML once for the GPUs a rank answers for (target_indices); `cuda_visible_devices` is
+    the variable's raw value (None: unset)."""
+    entries = visible_devices(cuda_visible_devices)
     with nvml.session() as s:
         if not s.ok:
             err = Unknown(s.error or "no NVML")
@@ -191,8 +185,8 @@ def read_snapshot(ctx: RankContext) -> Snapshot:
             u = Unknown("no handle") if is_unknown(h) else s.uuid(h)
             uuids.append("" if is_unknown(u) else str(u))
         gpus, unresolved = [], {}
-        for ci in target_indices(ctx):
-            ni, why = _resolve(s, ctx, ci, uuids)
+        for ci in target_indices(visible, local_rank, local_world_size, entries):
+            ni, why = _resolve(entries, ci, uuids)
             if ni is None:
                 unresolved[ci] = why or "unknown"
             else:
@@ -200,17 +194,3 @@ def read_snapshot(ctx: RankContext) -> Snapshot:
         return Snapshot(True, None, None, count, s.driver_version(), s.cuda_driver_version(), gpus,
                         unresolved, uuids)
 
-
-_CACHE: dict[int, tuple[RankContext, Any, Snapshot]] = {}
-
-
-def snapshot(ctx: RankContext) -> Snapshot:
-    """The NVML snapshot of this rank, read once per context (and per NVML provider)."""
-    hit = _CACHE.get(id(ctx))
-    if hit is not None and hit[0] is ctx and hit[1] is nvml.provider:
-        return hit[2]
-    snap = read_snapshot(ctx)
-    if len(_CACHE) > 8:
-        _CACHE.clear()
-    _CACHE[id(ctx)] = (ctx, nvml.provider, snap)
-    return snap

@@ -10,6 +10,10 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+from ddp_doctor.facts import nvml
+from ddp_doctor.facts.env_values import visible_devices
+from ddp_doctor.facts.nvml import is_unknown
+
 
 @dataclass(frozen=True)
 class HostFacts:
@@ -24,7 +28,7 @@ def interfaces() -> tuple[str, ...]:
     try:
         import psutil
         return tuple(sorted(psutil.net_if_addrs()))
-    except Exception:  # psutil missing or the kernel refused: fall back to /sys
+    except Exception:  # noqa: BLE001 - psutil missing or the kernel refused: fall back to /sys
         try:
             return tuple(sorted(os.listdir("/sys/class/net")))
         except OSError:
@@ -33,15 +37,9 @@ def interfaces() -> tuple[str, ...]:
 
 def nvml_gpu_count() -> int | None:
     """GPUs NVML counts on this host (ignores CUDA_VISIBLE_DEVICES), None without a driver."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
+    with nvml.session() as s:  # the one NVML wrapper: it never raises, a failure is "not ok"
+        count = s.device_count() if s.ok else None
+    return None if count is None or is_unknown(count) else int(count)
 
 
 def visible_gpu_count(env: Mapping[str, str] | None = None) -> int:
@@ -50,18 +48,15 @@ def visible_gpu_count(env: Mapping[str, str] | None = None) -> int:
     physical = nvml_gpu_count()
     if not physical:
         return 0
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return physical
-    entries = [x for x in cvd.split(",") if x.strip()]
-    return min(len(entries), physical)
+    entries = visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    return physical if entries is None else min(len(entries), physical)
 
 
 def torch_gpu_count() -> int:
     try:
         import torch
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - torch missing, or a driver error: no GPU seen
         return 0
 
 
@@ -76,7 +71,7 @@ def available_backends() -> tuple[str, ...]:
                 out.append("nccl")
             if getattr(dist, "is_mpi_available", lambda: False)():
                 out.append("mpi")
-    except Exception:
+    except Exception:  # noqa: BLE001 - torch missing or broken: no backend of its own
         pass
     if smddp_available():
         out.append("smddp")

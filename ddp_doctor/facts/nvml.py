@@ -169,9 +169,6 @@ class Session:
     def handle(self, index: int) -> Any:
         return self.call("nvmlDeviceGetHandleByIndex", index)
 
-    def handle_by_uuid(self, uuid: str) -> Any:
-        return self.call("nvmlDeviceGetHandleByUUID", uuid)
-
     def uuid(self, h: Any) -> str | Unknown:
         v = self.call("nvmlDeviceGetUUID", h)
         return v if is_unknown(v) else _text(v)
@@ -186,7 +183,7 @@ class Session:
             return v
         try:
             return MemoryInfo(total=int(v.total), used=int(v.used), free=int(v.free))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a binding's odd answer degrades to unknown
             return Unknown(_reason(e))
 
     def processes(self, h: Any) -> list[ProcessInfo] | Unknown:
@@ -200,7 +197,7 @@ class Session:
                 # NVML reports "not available" as None (pynvml) or as ULL max.
                 used = int(used) if isinstance(used, int) and 0 <= used < (1 << 63) else None
                 out.append(ProcessInfo(pid=int(p.pid), used_bytes=used))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a binding's odd answer degrades to unknown
             return Unknown(_reason(e))
         return out
 
@@ -228,7 +225,7 @@ class Session:
         try:
             corr, unc, pending, failure = v
             return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a binding's odd answer degrades to unknown
             return Unknown(_reason(e))
 
     def clock_reasons(self, h: Any) -> int | Unknown:
@@ -258,7 +255,7 @@ class Session:
             return v
         try:
             return int(v.gpu)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a binding's odd answer degrades to unknown
             return Unknown(_reason(e))
 
     def nvlink_states(self, h: Any) -> list[bool] | Unknown:
@@ -302,7 +299,7 @@ def session() -> Iterator[Session]:
         return
     try:
         module.nvmlInit()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - NVMLError_* of any kind: the session says which
         name = type(e).__name__
         kind = name[len("NVMLError_"):] if name.startswith("NVMLError_") else name
         yield Session(module, _reason(e), kind)
@@ -312,5 +309,5 @@ def session() -> Iterator[Session]:
     finally:
         try:
             module.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort: the facts are already read
             pass

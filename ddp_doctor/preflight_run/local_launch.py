@@ -5,34 +5,25 @@ left in a private directory into one report.
 The parent never imports torch (fast start) and bounds the whole launch: on overrun it ends the
 launcher's process group, so no rank survives it. While the launch runs it adopts orphans (a rank
 whose launcher was killed is reparented to it, not to init), and ends every process the launch
-left (terminate_tree). A stop signal is reported once, in a report written whole, whatever its
-timing (stop_signals.py).
+left (processes/tree.py). A stop signal is reported once, in a report written whole, whatever its
+timing (processes/stop_signals.py). The ranks' files and their merge: processes/launch_dir.py.
 """
 from __future__ import annotations
 
-import contextlib
-import glob
-import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks.training_failures import INTERRUPTED
 from ddp_doctor.exit_codes import FailOn
 from ddp_doctor.facts.efa import nccl_log_env
-from ddp_doctor.findings import Finding
-from ddp_doctor.preflight_run.stop_signals import (
-    SignalCatcher,
-    adopt_orphans,
-    die_with_parent,
-    note_later,
-    unblock_in_child,
-)
+from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, launch_timelines, merge_launch_dir
+from ddp_doctor.processes.stop_signals import SignalCatcher, note_later
+from ddp_doctor.processes.tree import adopting, launcher_preexec, terminate_tree
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.publish import Output, apply_fail_on, publish
 
@@ -45,105 +36,9 @@ def default_nproc(env: dict[str, str] | None = None) -> int:
     return visible_gpu_count(env) or CPU_DEFAULT_RANKS
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: its own process group (so we can end the whole tree) and
-    # SIGTERM when this parent dies, which torchrun forwards to its workers.
-    os.setsid()
-    die_with_parent(signal.SIGTERM)
-
-
-def _start_launcher() -> None:
-    unblock_in_child()
-    _die_with_parent()
-
-
 def launcher_command(nproc: int, rank_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(nproc), "--max-restarts", "0", "-m", "ddp_doctor", *rank_args]
-
-
-def _descendants(pid: int) -> list[Any]:
-    try:
-        import psutil
-        return psutil.Process(pid).children(recursive=True)
-    except Exception:  # noqa: BLE001 - psutil missing or the process is gone
-        return []
-
-
-def _launched(since: float | None) -> list[Any]:
-    """This process's descendants started at `since` (time.time()) or later: the launcher's tree,
-    and the ranks adopted here when their launcher died (adopting)."""
-    if since is None:
-        return []
-    try:
-        import psutil
-        return [p for p in psutil.Process().children(recursive=True) if p.create_time() >= since - 1.0]
-    except Exception:  # noqa: BLE001 - psutil missing, or a process gone while looked at
-        return []
-
-
-@contextlib.contextmanager
-def adopting() -> Iterator[float]:
-    """While the launch runs, this process is a child subreaper: a rank whose launcher was killed
-    is reparented here, where terminate_tree (given the launch's start, yielded) finds and ends it.
-    After it, the adopted processes that ended are reaped and the process is an ordinary one again."""
-    since = time.time()
-    adopted = adopt_orphans(True)
-    try:
-        yield since
-    finally:
-        if adopted:
-            adopt_orphans(False)
-            _reap_adopted(since)
-
-
-def _reap_adopted(since: float) -> None:
-    """Wait for (reap) the adopted processes that ended: they are this process's children now,
-    and no Popen of ours waits for them."""
-    try:
-        import psutil
-        kids = [p.pid for p in psutil.Process().children() if p.create_time() >= since - 1.0
-                and p.status() == psutil.STATUS_ZOMBIE]
-    except Exception:  # noqa: BLE001 - psutil missing, or a process gone while looked at
-        return
-    for pid in kids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except OSError:
-            pass
-
-
-def terminate_tree(proc: subprocess.Popen[Any], grace: float = 5.0, since: float | None = None) -> None:
-    """End the launcher and everything under it. torch's launcher starts each worker in a session
-    of its own, so the launcher's process group does not hold them: remember them first. `since`
-    (from `adopting`): also end every process started here since then, those the launcher lost
-    when it was killed included."""
-    workers = _descendants(proc.pid) + [p for p in _launched(since) if p.pid != proc.pid]
-    try:
-        _terminate_group(proc, grace)
-    finally:
-        for w in workers:
-            try:
-                w.kill()  # psutil checks the process is the one seen (not a reused pid)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-
-
-def _terminate_group(proc: subprocess.Popen[Any], grace: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace)
-            # torchrun is gone; make sure none of its workers outlived it
-            os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output,
@@ -157,18 +52,20 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         env = dict(os.environ)
         from ddp_doctor.facts.own_env import quiet_missing_numpy
         quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
-        env["DDP_DOCTOR_LAUNCH_DIR"] = tmp
+        env[LAUNCH_DIR_ENV] = tmp
         launched = time.time()
-        env["DDP_DOCTOR_LAUNCHED_AT"] = repr(launched)  # the ranks' "startup" stage begins here
+        env[LAUNCHED_AT_ENV] = repr(launched)  # the ranks' "startup" stage begins here
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to silence its banner
         nccl_log_env(env, tmp)  # into the launch directory, not the output (DDP335 reads it)
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
         timed_out = False
         deadline = time.monotonic() + bound
-        from ddp_doctor.preflight_run.progress import StageLines, enabled, read_stages, say
+        from ddp_doctor.preflight_run.progress import StageLines
+        from ddp_doctor.processes.launch_dir import read_stages
+        from ddp_doctor.processes.progress import enabled, say
         lines = StageLines(launched, bound, nproc) if enabled(progress) else None
         with adopting() as since:
-            proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=_start_launcher)
+            proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=launcher_preexec)
             try:
                 while proc.poll() is None and stop.wait(0.2) is None:
                     if time.monotonic() > deadline:
@@ -177,7 +74,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
                     if lines is not None and time.time() - launched >= lines.next_at:
                         say(lines.due(read_stages(tmp), time.time()))
                 terminate_tree(proc, grace=0.5 if proc.poll() is not None else 5.0, since=since)
-            except BaseException:
+            except BaseException:  # Ctrl-C or a bug in the loop: the ranks are still ended, then it goes on up
                 terminate_tree(proc, since=since)
                 raise
         rep = _launch_report(tmp, nproc, proc, timed_out, bound, stop, launched, trace_path)
@@ -212,66 +109,6 @@ def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out:
     if trace_path:
         write_launch_trace(tmp, rep, trace_path)
     return rep
-
-
-def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, bound: float,
-                     expected: list[int] | None = None) -> dict[str, Any]:
-    """The reporting rank's report, plus what ranks that never joined it left behind. `expected`:
-    the ranks started here (default 0..nproc-1; on one node of several, that node's ranks)."""
-    merged: dict[str, Any] | None = None
-    try:
-        with open(os.path.join(tmp, "report.json"), encoding="utf-8") as f:
-            merged = json.load(f)
-    except (OSError, ValueError):
-        merged = None
-    partials: dict[int, dict[str, Any]] = {}
-    for p in glob.glob(os.path.join(tmp, "rank-*.json")):
-        try:
-            with open(p, encoding="utf-8") as f:
-                d = json.load(f)
-            partials[int(d["rank"])] = d
-        except (OSError, ValueError, KeyError):
-            continue
-    findings: list[Finding] = reportlib.findings_of(merged) if merged else []
-    ranks: list[dict[str, Any]] = list(merged["ranks"]) if merged else []
-    covered = {r["rank"] for r in ranks}
-    for r, d in sorted(partials.items()):
-        if r in covered:
-            continue
-        findings += [Finding.from_dict(x) for x in d.get("findings", [])]
-        if d.get("view"):
-            ranks.append(reportlib.rank_entry(d["view"]))
-    reported = covered | {r for r, d in partials.items() if d.get("final")}
-    for r in (expected if expected is not None else range(nproc)):
-        if r not in reported:
-            how = (f"the launch was stopped after {bound:g} s" if timed_out
-                   else f"the launcher exited with status {rc}")
-            findings.append(events.event_finding(
-                events.RANK_LOST, f"local rank {r} ended without a report ({how})", rank=r,
-                evidence={"launcher_exit": rc, "timed_out": timed_out}))
-    world = dict(merged["world"]) if merged else {
-        "launcher": "torchrun", "backend": None, "world_size": nproc, "nnodes": 1,
-        "nproc_per_node": nproc, "master_addr": None, "master_port": None}
-    world["launched_by"] = "ddp-doctor"
-    return reportlib.build_report(world=world, ranks=ranks, findings=findings,
-                                  measurements=(merged or {}).get("measurements") or {})
-
-
-def launch_timelines(tmp: str) -> tuple[dict[int, list[dict[str, Any]]], dict[int, Any]]:
-    """(rank -> preflight timeline, rank -> host) from what the ranks left in a launch directory."""
-    timelines: dict[int, list[dict[str, Any]]] = {}
-    hosts: dict[int, Any] = {}
-    for p in glob.glob(os.path.join(tmp, "rank-*.json")):
-        try:
-            with open(p, encoding="utf-8") as f:
-                d = json.load(f)
-            r = int(d["rank"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        timeline, view = d.get("timeline"), d.get("view")
-        timelines[r] = [e for e in timeline if isinstance(e, dict)] if isinstance(timeline, list) else []
-        hosts[r] = view.get("hostname") if isinstance(view, dict) else None
-    return timelines, hosts
 
 
 def write_launch_trace(tmp: str, rep: dict[str, Any], path: str) -> None:

@@ -1,105 +1,18 @@
-"""Progress lines while ddp-doctor waits: whether to print them, and the preflight's.
+"""The preflight's progress line: which stage each of its ranks is in, and for how long.
 
-`ddp-doctor preflight` and `ddp-doctor run` say on stderr, one line at a time, what they are
-waiting for when a wait grows long: which stage the preflight's ranks are in, or (training/run/
-progress.py) which rank has made no progress, where, and when the job will be ended. Never on
-stdout: the script's stdout is its own.
-
-Whether they print (`enabled`): `--progress` / `--no-progress`, else DDP_DOCTOR_PROGRESS (1 or 0),
-else only when stdout is a terminal (a person watching; a log or a pipe stays quiet).
-
-The preflight's line (`StageLines`) comes at fixed steps after the launch (5, 10, 20, 40 s, ...,
-doubling, so at most a handful before the launch's bound), naming the stage each rank is in and
-for how long, from the small stage file each rank writes when a stage begins (`note_stage`):
-printed by the parent of a self-launched preflight and, until the script starts, by the parent of
-`ddp-doctor run`.
+It comes at fixed steps after the launch (5, 10, 20, 40 s, ..., doubling, so at most a handful
+before the launch's bound), from the small stage file each rank writes when a stage begins
+(processes/launch_dir.py, note_stage): printed by the parent of a self-launched preflight and, until
+the script starts, by the parent of `ddp-doctor run`. Whether it prints, and on which stream, is
+processes/progress.py's rule, shared with `ddp-doctor run`'s lines.
 """
 from __future__ import annotations
 
-import glob
-import json
-import os
-import sys
-from typing import Any, Mapping
+from typing import Any
 
-PROGRESS_ENV = "DDP_DOCTOR_PROGRESS"
-PREFIX = "ddp-doctor: "
+from ddp_doctor.processes.progress import MAX_NAMED, PREFIX, rank_list, seconds
+
 FIRST_STAGE_LINE = 5.0  # seconds after the launch; then each line at twice the time of the one before
-MAX_NAMED = 4  # ranks named with their stage or place in one line; the others are counted
-_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
-
-
-def enabled(flag: bool | None, env: Mapping[str, str] | None = None, stream: Any = None) -> bool:
-    """--progress (True) / --no-progress (False) win; else DDP_DOCTOR_PROGRESS; else whether
-    `stream` (default: stdout) is a terminal. A value of the variable that is neither yes nor no
-    is taken as unset."""
-    if flag is not None:
-        return flag
-    value = (os.environ if env is None else env).get(PROGRESS_ENV)
-    if value is not None and value.strip().lower() in _YES:
-        return True
-    if value is not None and value.strip().lower() in _NO:
-        return False
-    try:
-        return bool((stream or sys.stdout).isatty())
-    except (AttributeError, ValueError, OSError):  # closed or replaced stdout
-        return False
-
-
-def say(line: str | None, stream: Any = None) -> None:
-    """One progress line on stderr (redacted); a closed stream loses it, never the job."""
-    if not line:
-        return
-    from ddp_doctor.report.redact import redact_text
-    try:
-        s = stream or sys.stderr
-        s.write(redact_text(line) + "\n")
-        s.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def seconds(x: float) -> str:
-    """A duration for a progress line: tenths below 10 s, whole seconds above."""
-    return f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
-
-
-def rank_list(ranks: list[int]) -> str:
-    """"rank 1", "ranks 0, 1", "ranks 0, 1, 2, 3 and 60 more"."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    shown = ", ".join(str(r) for r in ranks[:MAX_NAMED])
-    return f"ranks {shown}" + (f" and {len(ranks) - MAX_NAMED} more" if len(ranks) > MAX_NAMED else "")
-
-
-# ------------------------------------------------------------------ the preflight's stages
-
-STAGE_FILE = "stage-{rank}.json"
-
-
-def note_stage(launch_dir: str | None, rank: int, stage: str, since: float) -> None:
-    """A rank entered `stage` at `since` (time.time()): the parent's progress line reads it. A
-    stage name is ddp-doctor's own word (no user text); a failed write loses only the line."""
-    if not launch_dir:
-        return
-    from ddp_doctor.report.private_files import write_private
-    try:
-        write_private(os.path.join(launch_dir, STAGE_FILE.format(rank=rank)),
-                      json.dumps({"rank": rank, "stage": stage, "since": since}))
-    except (OSError, ValueError):
-        pass
-
-
-def read_stages(launch_dir: str) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for p in glob.glob(os.path.join(launch_dir, STAGE_FILE.format(rank="*"))):
-        try:
-            with open(p, encoding="utf-8") as f:
-                d = json.load(f)
-            out[int(d["rank"])] = d
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
 
 
 class StageLines:

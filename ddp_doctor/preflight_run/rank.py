@@ -26,15 +26,15 @@ from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_run import rank_view as views
 from ddp_doctor.preflight_run import rendezvous
+from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
+from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, apply_fail_on, deliver
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.time_limit import call_with_time_limit
 
-LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
 BACKEND_MISSING = "DDP106"  # checks/launcher_env.py: the backend cannot exist here
-LAUNCHED_AT_ENV = "DDP_DOCTOR_LAUNCHED_AT"  # Unix time a ddp-doctor parent started the launcher
 
 
 @dataclass
@@ -74,7 +74,6 @@ class RankPreflight:
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
         start = time.time()
-        from ddp_doctor.preflight_run.progress import note_stage
         note_stage(self.launch_dir, self.rank, name, start)  # the parent's progress line (progress.py)
         try:
             yield
@@ -111,7 +110,7 @@ class RankPreflight:
             pass
         try:
             return self._run()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - ddp-doctor itself failed: a finding, never a lost report
             self.failed = True
             self.findings.append(events.event_finding(
                 events.TOOL_FAILED, f"ddp-doctor failed on rank {self.rank}: {type(e).__name__}: {e}",
@@ -158,7 +157,7 @@ class RankPreflight:
                 return self._alone()
         try:
             with self._stage("store"):
-                store = rendezvous.connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
+                store = connect_store(addr, port, hosting=hosting, timeout=opts.timeout)
         except Exception as e:  # noqa: BLE001 - turned into a finding
             if hosting and "in use" in str(e).lower():  # another rank 0 bound it since port_in_use looked
                 return self._port_taken(addr, port, str(e))
@@ -202,13 +201,13 @@ class RankPreflight:
 
     def _with_store(self, base_store: Any, hosting: bool) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
-        store = rendezvous.prefixed(base_store, self._prefix())
+        store = prefixed(base_store, self._prefix())
         ws = ctx.world_size or 1
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
             with self._stage("rendezvous"):
                 meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
                 evidence={"error": str(e)}))
@@ -218,7 +217,7 @@ class RankPreflight:
             # not one of this world's ranks (the first claimant is): its own report says why
             self._crowded(store, ws)
             return self._alone()
-        self.job_token = rendezvous.agree_job_token(store, rendezvous.op_bound(opts.timeout))
+        self.job_token = rendezvous.agree_job_token(store, op_bound(opts.timeout))
         if meeting.complete:
             self._group_stage(store, ws)
         try:
@@ -226,8 +225,7 @@ class RankPreflight:
             final = json.dumps({
                 "findings": [f.to_dict() for f in self.findings], "measurements": self.measurements,
                 **({"timeline": self.timeline} if opts.trace_path else {})})  # the reporter draws it
-            rendezvous.store_call(lambda: store.set(f"final/{self.rank}", final), "final findings",
-                                  rendezvous.op_bound(opts.timeout))
+            store_call(lambda: store.set(f"final/{self.rank}", final), "final findings", op_bound(opts.timeout))
             if self.rank == meeting.reporter:
                 with self._stage("report"):
                     rep = self._report(store, meeting, hosting)
@@ -237,7 +235,7 @@ class RankPreflight:
                 rep = self._await_verdict(store)
             self._write_partial(final=True)
             return rep
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
                 evidence={"error": str(e)}))
@@ -260,9 +258,9 @@ class RankPreflight:
             # at teardown, so a script run next (`ddp-doctor run`) is labelled only by its own init
             hook = sys.excepthook
             with self._stage("init_process_group"):
-                dist.init_process_group(backend=backend, store=rendezvous.prefixed(store, "pg/"),
+                dist.init_process_group(backend=backend, store=prefixed(store, "pg/"),
                                         rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - torch fails in many ways; PG_INIT_FAILED says which
             self.findings.append(events.event_finding(
                 ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
                 f"rank {self.rank}: {type(e).__name__}: {e}", rank=self.rank,
@@ -284,8 +282,8 @@ class RankPreflight:
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
-        finals = rendezvous.read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = {int(k.split("/")[1]): v for k, v in rendezvous.read_json_keys(
+        finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
+        views_by_rank = {int(k.split("/")[1]): v for k, v in read_json_keys(
             store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + 1.0).items()}
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
@@ -313,9 +311,9 @@ class RankPreflight:
             findings=findings, measurements=measurements)
         code = reportlib.exit_code(rep)
         verdict = json.dumps({"status": rep["status"], "exit_code": code, "root_cause": rep["root_cause"]})
-        bound = rendezvous.op_bound(self.opts.timeout)
+        bound = op_bound(self.opts.timeout)
         try:
-            rendezvous.store_call(lambda: store.set("verdict", verdict), "the verdict", bound)
+            store_call(lambda: store.set("verdict", verdict), "the verdict", bound)
         except Exception:  # noqa: BLE001 - the others then report REPORTER_LOST; this report stands
             hosting = False
         deliver(rep, ctx, opts.output, reporter=True, launch_dir=self.launch_dir)
@@ -327,15 +325,15 @@ class RankPreflight:
         if hosting:  # the other ranks read the verdict from our store: stay until they have
             deadline = time.monotonic() + 10.0
             try:
-                while (int(rendezvous.store_call(lambda: store.add("done", 0), "the done count", bound))
+                while (int(store_call(lambda: store.add("done", 0), "the done count", bound))
                        < len(meeting.arrived) - 1 and time.monotonic() < deadline):
-                    time.sleep(rendezvous.POLL_S)
+                    time.sleep(POLL_S)
             except Exception:  # noqa: BLE001 - our own store stopped answering: nothing left to wait for
                 pass
         return rep
 
     def _await_verdict(self, store: Any) -> dict[str, Any]:
-        got = rendezvous.read_json_keys(store, ["verdict"], time.monotonic() + self.opts.timeout + 30.0)
+        got = read_json_keys(store, ["verdict"], time.monotonic() + self.opts.timeout + 30.0)
         verdict = got.get("verdict")
         if verdict is None:
             self.findings.append(events.event_finding(
@@ -346,8 +344,7 @@ class RankPreflight:
         # says why itself, whatever the verdict (read before "done", while the store is kept up)
         crowded = self._crowded(store, self.ctx.world_size or 1)
         try:
-            rendezvous.store_call(lambda: store.add("done", 1), "the done count",
-                                  rendezvous.op_bound(self.opts.timeout))
+            store_call(lambda: store.add("done", 1), "the done count", op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
         if crowded:
@@ -361,7 +358,7 @@ class RankPreflight:
         """DDP846 when more processes met at this store than the world has ranks (two jobs at one
         MASTER_ADDR:MASTER_PORT); added to this rank's findings with `keep`. Never raises."""
         try:
-            seen = rendezvous.crowd(store, ws, rendezvous.op_bound(self.opts.timeout))
+            seen = rendezvous.crowd(store, ws, op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - a store that stopped answering is said elsewhere
             return []
         if seen is None:
@@ -386,7 +383,7 @@ class RankPreflight:
         """In a self-launched preflight, each rank leaves its findings for the parent."""
         if not self.launch_dir:
             return
-        path = os.path.join(self.launch_dir, f"rank-{self.rank}.json")
+        path = rank_path(self.launch_dir, self.rank)
         try:  # redacted, and readable by this user only (0600), as every record in a run directory
             write_private(path, json.dumps(redact_obj({
                 "rank": self.rank, "final": final, "view": self.view,

@@ -64,7 +64,7 @@ def _device_uuid(ctx: RankContext, device: str) -> str | None:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             return None
         return str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:  # a driver error is another check's finding, not a reason to lose the view
+    except Exception:  # noqa: BLE001 - a driver error is another check's finding, not a reason to lose the view
         return None
 
 
@@ -73,7 +73,7 @@ def _metadata_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-    except Exception:
+    except Exception:  # noqa: BLE001 - broken metadata on disk: the version is unknown
         return None
 
 
@@ -88,7 +88,7 @@ def versions() -> dict[str, str | None]:
         out["cuda"] = torch.version.cuda
         if torch.cuda.is_available():
             out["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-    except Exception:  # torch missing or broken: the view still travels
+    except Exception:  # noqa: BLE001 - torch missing or broken: the view still travels
         pass
     for key, dist in PACKAGES.items():
         out[key] = _metadata_version(dist)

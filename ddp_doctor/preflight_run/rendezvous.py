@@ -5,10 +5,9 @@ classifies a failure (does not resolve / refused / timed out); once the port acc
 store client must complete its handshake there, else what holds the port is not a torch store and
 the rank says what answered (identify_store). Ranks then check in at the store under a prefix of
 ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
-Every wait here ends at a deadline: torch's store client has no bound of its own on its handshake
-or on an operation (a listener that accepts and never answers blocks it forever), so each of them
-runs through call_with_time_limit and a call past its bound is abandoned in its thread (the rank
-process ends with os._exit, which that thread cannot hold up).
+Every wait here ends at a deadline: the store is reached and used through the bounded client
+(processes/store.py), and torch's own handshake, which has no bound, runs through
+call_with_time_limit here too.
 """
 from __future__ import annotations
 
@@ -18,15 +17,14 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
 from ddp_doctor.time_limit import call_with_time_limit
 
-POLL_S = 0.05
-T = TypeVar("T")
 DEFAULT_PORT = 29500
 
 
@@ -218,7 +216,7 @@ def local_addresses() -> set[str]:
         import psutil
         for addrs in psutil.net_if_addrs().values():
             out.update(a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
-    except Exception:
+    except Exception:  # noqa: BLE001 - psutil missing or the kernel refused: the loopback names alone
         pass
     return out
 
@@ -250,49 +248,6 @@ class Meeting:
     def reporter(self) -> int:
         """Rank 0 reports when it is there; otherwise the lowest rank that arrived."""
         return min(self.arrived) if self.arrived else -1
-
-
-class StoreTimeout(TimeoutError):
-    """A store call that did not return within its bound (its thread is abandoned)."""
-
-
-CONNECT_MARGIN_S = 2.0  # past torch's own connect timeout, before the connection is given up
-
-
-def connect_store(host: str, port: int, *, hosting: bool, timeout: float) -> Any:
-    """Host (rank 0) or join the store, within `timeout` (+ a margin): torch's client retries its
-    connection for `timeout` but then waits for its handshake's answer without any bound."""
-    import torch.distributed as dist
-    bound = timeout + CONNECT_MARGIN_S
-    out = call_with_time_limit(lambda: dist.TCPStore(
-        host, port, world_size=None, is_master=hosting, timeout=timedelta(seconds=timeout),
-        wait_for_workers=False), bound, name="ddp-doctor-store-connect")
-    if not out.finished:
-        raise StoreTimeout(f"no store answered at {host}:{port} within {bound:g} s")
-    if out.error is not None:
-        raise out.error
-    return out.value
-
-
-def store_call(fn: Callable[[], T], what: str, bound: float) -> T:
-    """One store operation, bounded: torch's client waits forever on a store that stopped
-    answering (a hung or stopped host). Past `bound` it raises StoreTimeout."""
-    out = call_with_time_limit(fn, max(0.5, bound), name="ddp-doctor-store-op")
-    if not out.finished:
-        raise StoreTimeout(f"the store did not answer {what} within {max(0.5, bound):g} s")
-    if out.error is not None:
-        raise out.error
-    return out.value  # type: ignore[return-value]
-
-
-def op_bound(timeout: float) -> float:
-    """How long one store operation may take: far above a working store's milliseconds."""
-    return max(2.0, min(timeout, 30.0))
-
-
-def prefixed(store: Any, prefix: str) -> Any:
-    import torch.distributed as dist
-    return dist.PrefixStore(prefix, store)
 
 
 def _wait_count(store: Any, key: str, target: int, deadline: float, bound: float) -> int:
@@ -432,19 +387,3 @@ def agree_job_token(store: Any, bound: float) -> str | None:
         return (got.decode("utf-8") if isinstance(got, bytes) else str(got)) or None
     except Exception:  # noqa: BLE001 - an old store: the records are then judged by time alone
         return None
-
-
-def read_json_keys(store: Any, keys: list[str], deadline: float) -> dict[str, Any]:
-    """Read the keys that appear before the deadline; the absent ones are left out."""
-    out: dict[str, Any] = {}
-    pending = list(keys)
-    while pending:
-        bound = op_bound(deadline - time.monotonic())
-        for k in list(pending):
-            if store_call(lambda k=k: store.check([k]), f"check({k!r})", bound):
-                out[k] = json.loads(store_call(lambda k=k: store.get(k), f"get({k!r})", bound).decode("utf-8"))
-                pending.remove(k)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(POLL_S)
-    return out

@@ -149,7 +149,7 @@ def run_on_ranks(pyfuncitem: pytest.Function, state: State) -> None:
     payload, bad = b"", None
     try:
         payload = pickle.dumps(kwargs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
         bad = unpicklable(kwargs) or ("?", f"{type(e).__name__}: {e}")
     if bad is not None:
         pytest.fail(f"fixture {bad[0]!r} cannot be sent to the ranks ({bad[1]}). Fixtures of a "

@@ -121,7 +121,7 @@ def _clean_env() -> dict[str, str]:
 
 def run_one_preflight(backend: str, nproc: int, report: str, settings: Settings) -> dict[str, Any]:
     """`ddp-doctor preflight` self-launched on `nproc` ranks in a subprocess, bounded."""
-    from ddp_doctor.preflight_run.local_launch import _die_with_parent  # its own session, ends when we do
+    from ddp_doctor.processes.tree import own_session_dying_with_parent  # its own session, ends when we do
     t = settings.preflight_timeout
     cmd = [sys.executable, "-m", "ddp_doctor", "preflight", "--nproc-per-node", str(nproc),
            "--backend", backend, "--timeout", f"{t:g}", "--report", report, "--json"]
@@ -135,7 +135,7 @@ def run_one_preflight(backend: str, nproc: int, report: str, settings: Settings)
     except OSError:
         pass
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_clean_env(), preexec_fn=_die_with_parent)
+                            env=_clean_env(), preexec_fn=own_session_dying_with_parent)
     timed_out = False
     try:
         _, err = proc.communicate(timeout=bound)

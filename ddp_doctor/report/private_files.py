@@ -97,7 +97,7 @@ def open_private(path: str) -> IO[str]:
             os.fchmod(fd, PRIVATE_FILE)
         os.ftruncate(fd, 0)
         return os.fdopen(fd, "w", encoding="utf-8")
-    except BaseException:
+    except BaseException:  # Ctrl-C included: the descriptor is closed, then it goes on up
         os.close(fd)
         raise
 
@@ -120,7 +120,7 @@ def _write_atomically(path: str, text: str) -> None:
         with open_private(tmp) as f:
             f.write(text)  # one write: json.dump streams many small ones
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # Ctrl-C included: no temporary file left behind, then it goes on up
         try:
             os.unlink(tmp)
         except OSError:

@@ -104,7 +104,7 @@ def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | 
         try:
             client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
             return None
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - botocore raises many kinds; _error_code says which to retry
             code = _error_code(e)
             last = f"{type(e).__name__}: {e}"
             if code in PERMANENT or attempt >= tries:

@@ -102,7 +102,7 @@ def diagnosis_text(report: dict[str, Any], limit: int = FAILURE_LIMIT) -> str:
     Fix: hint", then the other errors' IDs and titles while they fit within `limit` characters."""
     try:
         return _diagnosis(redact_obj(report), limit)
-    except Exception as e:  # a malformed report must still give a failure message
+    except Exception as e:  # noqa: BLE001 - a malformed report must still give a failure message
         return _truncate(f"ddp-doctor: {_one_line(report.get('status') if isinstance(report, dict) else '?')}: "
                          f"report could not be summarised ({type(e).__name__})", limit)
 
@@ -111,7 +111,7 @@ def _findings_text(report: dict[str, Any]) -> str:
     try:
         from ddp_doctor.report.render import render_text
         return render_text(report, verbose=True)
-    except Exception:  # a half-built report: list the findings plainly
+    except Exception:  # noqa: BLE001 - a half-built report: list the findings plainly
         return "\n".join(f"{f.get('id')} {f.get('severity')}: {f.get('title')}: {f.get('message')}"
                          for f in report.get("findings") or [] if isinstance(f, dict))
 
@@ -131,7 +131,7 @@ def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
         if mode != 0o600:
             os.chmod(tmp, mode)  # mkstemp makes it 0600; the report is meant to be read by others
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # Ctrl-C included: no temporary file left behind, then it goes on up
         try:
             os.unlink(tmp)
         except OSError:
@@ -153,7 +153,7 @@ def write_report_file(report: dict[str, Any], path: str, *, private: bool = Fals
             record_if_invalid(text, path)
         _atomic_write(path, text, 0o600 if private else 0o644)
         return None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a sink never raises: the caller says the error text
         return _error("report", path, e)
 
 
@@ -164,7 +164,7 @@ def write_trace_file(trace: dict[str, Any], path: str, *, private: bool = False)
     try:
         _atomic_write(path, json.dumps(redact_obj(trace), default=str) + "\n", 0o600 if private else 0o644)
         return None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a sink never raises: the caller says the error text
         return _error("trace", path, e)
 
 
@@ -187,7 +187,7 @@ def write_sagemaker_failure(report: dict[str, Any], root: str = "/opt/ml") -> st
             os.close(fd)
     except FileExistsError:
         problems.append(ALREADY_WRITTEN)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the report file below is still written
         problems.append(_error("SageMaker failure file", failure, e))
     err = write_report_file(report, os.path.join(root, "output", "data", SM_REPORT_NAME))
     if err:
@@ -220,7 +220,7 @@ def write_torchelastic_error_file(report: dict[str, Any], path: str | None = Non
     try:
         _atomic_write(path, json.dumps(torchelastic_error_data(report)))
         return None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a sink never raises: the caller says the error text
         return _error("torchelastic error file", path, e)
 
 

@@ -1,9 +1,9 @@
-"""SageMaker as a platform: the instance types, and the client-side check of a planned training job.
+"""SageMaker as a platform: the planned job as described (spec: JobSpec) and the AWS calls made
+about it (aws: JobContext, boto3 calls cached, failures recorded).
 
-Modules: instances (the one instance-type table), spec (JobSpec: the job as described), aws
-(JobContext: boto3 calls, cached, failures recorded), run (the job checks into a report).
-The checks themselves are ddp_doctor.checks.sagemaker_job and .sagemaker_account (loaded through
-the registry's catalogue, never imported from here); the command is ddp_doctor.cli.sagemaker_check.
+This package describes; it never runs checks. The job checks are ddp_doctor.checks.sagemaker_job
+and .sagemaker_account, run into a report by ddp_doctor.job_check; the instance-type table is
+ddp_doctor.facts.instances; the command is ddp_doctor.cli.sagemaker_check.
 """
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ __all__ = ["check_job"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the checks and the instance table import parts of this package without the runner.
+    # `from ddp_doctor.sagemaker import check_job` is the documented notebook API: kept as a lazy
+    # alias of the orchestrator above this package (the one arrow back up, named as an exception in
+    # tests/test_architecture.py); lazy, so the checks can import the parts of this package.
     if name == "check_job":
-        from ddp_doctor.sagemaker.run import check_job
+        from ddp_doctor.job_check import check_job
         return check_job
     raise AttributeError(f"module 'ddp_doctor.sagemaker' has no attribute {name!r}")

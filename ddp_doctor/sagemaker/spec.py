@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ddp_doctor.facts.env_values import MAX_JSON_DEPTH, bounded_json, read_text_file
-from ddp_doctor.sagemaker.instances import lookup_sagemaker
+from ddp_doctor.facts.instances import lookup_sagemaker
 
 
 class SpecError(ValueError):

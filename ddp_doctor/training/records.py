@@ -3,12 +3,15 @@ cannot deadlock the job): how the rank ended, its exception, its heartbeat and i
 
 Layout of a run directory: rank-N.json (outcome), hb-N.json (heartbeat), stack-N.txt (stacks
 dumped on request), crash-N.txt (the Python stacks faulthandler wrote when a fatal signal hit the rank),
-probe-PID.json (what the in-training probes of one process recorded), ledger-N.json (the rank's
-ledger of collectives, from torch's flight recorder, written at the endings the rank lives through),
+probe-PID.json (what the in-training probes of one process recorded; probe-remote-N.json, another
+node's rank N's, copied at its ending), ledger-N.json (the rank's ledger of collectives, from
+torch's flight recorder, written at the endings the rank lives through),
 ledger-request (written by the parent on a hang, or by a failing rank: each live rank's watchdog
 then writes its ledger), init-PID.json (what a process passed to init_process_group, written as it
 called it), nccl-fr-rank-N (NCCL's flight recorder dump on a collective timeout, pickled by torch;
-read by training/run/nccl_dumps.py).
+read by training/run/nccl_dumps.py). Under ddp-doctor's parent also: preflight/ (the launch
+directory of the ranks' preflight, processes/launch_dir.py) and agent.json (the exit status of each
+rank that failed, from the launcher, training/run/agent.py). Each file's name is said once, below.
 
 One job, one run directory: under an outside launcher the directory is named after what the ranks
 of one job on this node share and no other job does (training/run/run_dir.py, job_id), and each
@@ -68,32 +71,81 @@ def _record_lost(path: str, e: OSError) -> None:
         pass
 
 
+# The files of a run directory, by name ({} is the rank, or the pid for probe and init records)
+OUTCOME_FILE = "rank-{}.json"
+HEARTBEAT_FILE = "hb-{}.json"
+STACK_FILE = "stack-{}.txt"
+CRASH_FILE = "crash-{}.txt"
+PROBE_FILE = "probe-{}.json"  # its pattern also matches the remote ones: read_probes reads both
+REMOTE_PROBE_FILE = "probe-remote-{}.json"
+LEDGER_FILE = "ledger-{}.json"
+LEDGER_REQUEST_FILE = "ledger-request"
+INIT_CALL_FILE = "init-{}.json"
+PREFLIGHT_RECORD_FILE = "preflight-{}.json"  # a rank's preflight report, kept for its final report
+GONE_FILE = "gone-{}.json"  # another node's rank whose process ended without an ending
+HANG_SHARED_FILE = "hang-shared-{}.json"  # a rank copied the other nodes' stacks at a hang
+PREFLIGHT_DIR = "preflight"  # (report/private_files.py SUBDIRS makes it private too)
+AGENT_RESULT_FILE = "agent.json"
+
+
+def glob_pattern(run_dir: str, name: str) -> str:
+    """The glob pattern of every file named `name` (one of the names above) in the run directory."""
+    return os.path.join(run_dir, name.format("*"))
+
+
 def outcome_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"rank-{rank}.json")
+    return os.path.join(run_dir, OUTCOME_FILE.format(rank))
 
 
 def heartbeat_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"hb-{rank}.json")
+    return os.path.join(run_dir, HEARTBEAT_FILE.format(rank))
 
 
 def stack_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"stack-{rank}.txt")
+    return os.path.join(run_dir, STACK_FILE.format(rank))
 
 
 def crash_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"crash-{rank}.txt")
+    return os.path.join(run_dir, CRASH_FILE.format(rank))
 
 
 def probe_path(run_dir: str, pid: int) -> str:
-    return os.path.join(run_dir, f"probe-{pid}.json")
+    return os.path.join(run_dir, PROBE_FILE.format(pid))
+
+
+def remote_probe_path(run_dir: str, rank: int) -> str:
+    """The probe record of another node's rank, copied into this run directory at its ending."""
+    return os.path.join(run_dir, REMOTE_PROBE_FILE.format(rank))
 
 
 def ledger_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"ledger-{rank}.json")
+    return os.path.join(run_dir, LEDGER_FILE.format(rank))
 
 
 def init_call_path(run_dir: str, pid: int) -> str:
-    return os.path.join(run_dir, f"init-{pid}.json")
+    return os.path.join(run_dir, INIT_CALL_FILE.format(pid))
+
+
+def preflight_record_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, PREFLIGHT_RECORD_FILE.format(rank))
+
+
+def gone_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, GONE_FILE.format(rank))
+
+
+def hang_shared_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, HANG_SHARED_FILE.format(rank))
+
+
+def preflight_dir(run_dir: str) -> str:
+    """The launch directory (processes/launch_dir.py) of the ranks' preflight under ddp-doctor's parent."""
+    return os.path.join(run_dir, PREFLIGHT_DIR)
+
+
+def agent_result_path(run_dir: str) -> str:
+    """Where the launcher (training/run/agent.py) leaves the exit status of each rank that failed."""
+    return os.path.join(run_dir, AGENT_RESULT_FILE)
 
 
 def _when(d: dict[str, Any], key: str) -> float:
@@ -107,7 +159,7 @@ def _when(d: dict[str, Any], key: str) -> float:
 def read_init_calls(run_dir: str) -> list[dict[str, Any]]:
     """Every init_process_group call of this job (join_job) recorded in the run directory, oldest first."""
     out = []
-    for p in glob.glob(os.path.join(run_dir, "init-*.json")):
+    for p in glob.glob(glob_pattern(run_dir, INIT_CALL_FILE)):
         try:
             with open(p, encoding="utf-8") as f:
                 d = json.load(f)
@@ -119,7 +171,7 @@ def read_init_calls(run_dir: str) -> list[dict[str, Any]]:
 
 
 def ledger_request_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "ledger-request")
+    return os.path.join(run_dir, LEDGER_REQUEST_FILE)
 
 
 JOB_FIELD = "job"  # the field of a record that names the job that wrote it
@@ -196,16 +248,16 @@ def _read_all(pattern: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
 
 
 def read_outcomes(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
-    return _read_all(os.path.join(run_dir, "rank-*.json"), since)
+    return _read_all(glob_pattern(run_dir, OUTCOME_FILE), since)
 
 
 def read_heartbeats(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
     """Heartbeats last written at `since` or later (a live rank writes one every second)."""
-    return _read_all(os.path.join(run_dir, "hb-*.json"), since)
+    return _read_all(glob_pattern(run_dir, HEARTBEAT_FILE), since)
 
 
 def read_ledgers(run_dir: str, since: float = 0.0) -> dict[int, dict[str, Any]]:
-    return _read_all(os.path.join(run_dir, "ledger-*.json"), since)
+    return _read_all(glob_pattern(run_dir, LEDGER_FILE), since)
 
 
 def _read_text(path: str) -> str | None:
@@ -223,10 +275,11 @@ def read_stack(run_dir: str, rank: int) -> str | None:
 def read_crashes(run_dir: str) -> dict[int, tuple[str, float]]:
     """rank -> (what faulthandler wrote, when), for the ranks whose crash file is not empty."""
     out: dict[int, tuple[str, float]] = {}
-    for p in glob.glob(os.path.join(run_dir, "crash-*.txt")):
+    before, _, after = CRASH_FILE.partition("{}")
+    for p in glob.glob(glob_pattern(run_dir, CRASH_FILE)):
         text = _read_text(p)
         try:
-            rank, when = int(os.path.basename(p)[6:-4]), os.path.getmtime(p)
+            rank, when = int(os.path.basename(p)[len(before):-len(after)]), os.path.getmtime(p)
         except (ValueError, OSError):
             continue
         if text and text.strip():
@@ -237,7 +290,7 @@ def read_crashes(run_dir: str) -> dict[int, tuple[str, float]]:
 def read_probes(run_dir: str, since: float = 0.0) -> list[dict[str, Any]]:
     """The probe records of every process of this job that wrote one (started at `since` or later)."""
     out = []
-    for p in sorted(glob.glob(os.path.join(run_dir, "probe-*.json"))):
+    for p in sorted(glob.glob(glob_pattern(run_dir, PROBE_FILE))):
         try:
             with open(p, encoding="utf-8") as f:
                 d = json.load(f)

@@ -115,6 +115,32 @@ def test_run_and_the_cli_share_the_rule() -> None:
         assert str(cli_error.value) in str(run_error.value)
 
 
+@pytest.mark.parametrize("text", ["0", "-1", "inf", "nan", "1e308", "abc", "5"])
+def test_run_and_the_cli_accept_the_same_bounds(text: str) -> None:
+    """The same value through both real parsers (preflight's and run's own): accepted by both with
+    the same number, or refused by both; only 5 is a bound."""
+    import argparse
+
+    from ddp_doctor.cli.preflight import add_parser
+    from ddp_doctor.training.run.command import RunUsageError, doctor_parser
+
+    class Refusing(argparse.ArgumentParser):
+        def error(self, message: str):  # type: ignore[override]
+            raise RunUsageError(message)
+
+    cli = Refusing(prog="ddp-doctor preflight")
+    add_parser(cli)
+    answers = []
+    for parse, option in ((cli.parse_args, "--timeout"), (doctor_parser().parse_args, "--timeout"),
+                          (doctor_parser().parse_args, "--hang-timeout")):
+        try:
+            ns = parse([f"{option}={text}"])
+            answers.append(getattr(ns, option[2:].replace("-", "_")))
+        except RunUsageError:
+            answers.append("refused")
+    assert answers == [5.0] * 3 if text == "5" else answers == ["refused"] * 3, answers
+
+
 # ------------------------------------------------------------------ JSON nested 60,000 deep
 
 def test_sm_hosts_nested_60000_deep_is_a_finding(tmp_path: Path) -> None:

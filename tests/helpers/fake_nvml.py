@@ -128,13 +128,6 @@ class FakeNVML:
             raise g.errors["handle"]
         return g
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGPU:
-        self._live()
-        for g in self.gpus:
-            if g.uuid == uuid:
-                return g
-        raise pynvml.NVMLError_NotFound()
-
     def nvmlDeviceGetUUID(self, h: FakeGPU) -> str:
         return h.get("uuid")
 

@@ -21,6 +21,7 @@ import pytest
 
 from ddp_doctor.preflight_run import rendezvous
 from ddp_doctor.preflight_run.rendezvous import Meeting, Reach
+from ddp_doctor.processes.store import prefixed, read_json_keys
 
 
 def free_port() -> int:
@@ -277,17 +278,17 @@ def view(rank: int) -> dict[str, Any]:
 
 
 def test_meet_single_rank_is_complete(store: Any) -> None:
-    m = rendezvous.meet(rendezvous.prefixed(store, "t1/"), 0, 1, view(0), 2.0)
+    m = rendezvous.meet(prefixed(store, "t1/"), 0, 1, view(0), 2.0)
     assert isinstance(m, Meeting)
     assert m.complete and m.arrived == [0] and m.missing == [] and m.findings == []
     assert m.reporter == 0
-    got = rendezvous.read_json_keys(rendezvous.prefixed(store, "t1/"), ["view/0", "view/9"],
+    got = read_json_keys(prefixed(store, "t1/"), ["view/0", "view/9"],
                                     time.monotonic() + 0.2)
     assert got == {"view/0": view(0)}
 
 
 def test_meet_with_missing_rank_is_bounded(store: Any) -> None:
-    m = rendezvous.meet(rendezvous.prefixed(store, "t2/"), 0, 2, view(0), 0.5)
+    m = rendezvous.meet(prefixed(store, "t2/"), 0, 2, view(0), 0.5)
     assert not m.complete and m.arrived == [0] and m.missing == [1]
     [f] = m.findings
     assert f.id == "DDP320"
@@ -303,7 +304,7 @@ def test_meet_two_ranks_through_the_store(store: Any) -> None:
     results: dict[int, Meeting] = {}
 
     def go(s: Any, rank: int) -> None:
-        results[rank] = rendezvous.meet(rendezvous.prefixed(s, "t3/"), rank, 2, view(rank), 60.0)
+        results[rank] = rendezvous.meet(prefixed(s, "t3/"), rank, 2, view(rank), 60.0)
 
     threads = [threading.Thread(target=go, args=(store, 0)), threading.Thread(target=go, args=(client, 1))]
     for t in threads:
@@ -312,7 +313,7 @@ def test_meet_two_ranks_through_the_store(store: Any) -> None:
         t.join(120)
     assert sorted(results) == [0, 1], "a rank never returned from the meeting"
     # nobody waited for the bound: both checked in, so each wait ended on the count, not the 60 s
-    assert rendezvous.prefixed(store, "t3/").add("arrived", 0) == 2
+    assert prefixed(store, "t3/").add("arrived", 0) == 2
     for r in (0, 1):
         assert results[r].complete and results[r].arrived == [0, 1] and results[r].findings == []
         assert results[r].reporter == 0
@@ -324,7 +325,7 @@ def test_duplicate_rank_claim(store: Any) -> None:
     lock = threading.Lock()
 
     def go(s: Any) -> None:
-        m = rendezvous.meet(rendezvous.prefixed(s, "t4/"), 0, 2, view(0), 1.0)
+        m = rendezvous.meet(prefixed(s, "t4/"), 0, 2, view(0), 1.0)
         with lock:
             results.append(m)
 
@@ -345,7 +346,7 @@ def test_duplicate_rank_claim(store: Any) -> None:
 
 
 def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
-    s = rendezvous.prefixed(store, "t5/")
+    s = prefixed(store, "t5/")
 
     class WrittenAfterTheFirstLook:
         """The store, where the key is written once the reader has looked for it and not found it."""
@@ -362,7 +363,7 @@ def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
             return s.get(key)
 
     late = WrittenAfterTheFirstLook()
-    got = rendezvous.read_json_keys(late, ["final/1"], time.monotonic() + 60.0)
+    got = read_json_keys(late, ["final/1"], time.monotonic() + 60.0)
     assert got == {"final/1": {"x": 1}}
     assert late.looks == 2  # missing at the first look: it waited and looked again
 
@@ -372,11 +373,11 @@ def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
 def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store: Any) -> None:
     """Two jobs' processes at one MASTER_ADDR:MASTER_PORT: the second claimant of rank 1 leaves
     the first one's view alone and makes the store a crowd, which every rank reads as DDP846."""
-    s = rendezvous.prefixed(store, "t6/")
+    s = prefixed(store, "t6/")
     results: dict[int, Meeting] = {}
 
     def go(st: Any, key: int, rank: int) -> None:
-        results[key] = rendezvous.meet(rendezvous.prefixed(st, "t6/"), rank, 2, view(rank) | {"pid": key}, 30.0)
+        results[key] = rendezvous.meet(prefixed(st, "t6/"), rank, 2, view(rank) | {"pid": key}, 30.0)
 
     first = [threading.Thread(target=go, args=(store, 10, 0)),
              threading.Thread(target=go, args=(client_of(store), 11, 1))]
@@ -399,7 +400,7 @@ def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store
 
 
 def test_a_rank_0_that_could_not_host_is_counted_where_another_jobs_rendezvous_runs(store: Any) -> None:
-    s = rendezvous.prefixed(store, "t7/")
+    s = prefixed(store, "t7/")
     rendezvous.meet(s, 0, 1, view(0), 5.0)  # that job's rank 0 is there
     who = {"rank": 0, "pid": 4242, "host": "test-host", "why": rendezvous.COULD_NOT_HOST}
     seen = rendezvous.announce("127.0.0.1", store.port, "t7/", who, 2, bound=5.0)
@@ -419,8 +420,8 @@ def test_announce_at_a_port_that_no_store_holds_is_bounded_and_says_nothing(
 
 
 def test_every_rank_agrees_on_one_job_token(store: Any) -> None:
-    s = rendezvous.prefixed(store, "t10/")
-    tokens = {rendezvous.agree_job_token(rendezvous.prefixed(st, "t10/"), 5.0) for st in (store, client_of(store))}
+    s = prefixed(store, "t10/")
+    tokens = {rendezvous.agree_job_token(prefixed(st, "t10/"), 5.0) for st in (store, client_of(store))}
     assert len(tokens) == 1 and None not in tokens
-    assert rendezvous.agree_job_token(rendezvous.prefixed(store, "t11/"), 5.0) not in tokens  # another job
+    assert rendezvous.agree_job_token(prefixed(store, "t11/"), 5.0) not in tokens  # another job
     assert s.get("job_token").decode() in tokens

@@ -57,7 +57,7 @@ MEASUREMENTS = {"all_reduce": SWEEP, "all_reduce_inter": [{**SWEEP[0], "sharing"
 
 def _reports() -> Iterator[tuple[str, dict[str, Any]]]:
     """One report of each kind the builders make."""
-    from ddp_doctor.preflight_run.stop_signals import Interrupt
+    from ddp_doctor.processes.stop_signals import Interrupt
     yield "pass", build.build_report(world=WORLD, ranks=RANKS, findings=[])
     yield "fail", build.build_report(world=WORLD, ranks=RANKS, findings=[
         _finding(), _finding("DDP320", ranks=(3,), t=2.0), _finding("DDP405", "warning", (1,), 0.5),

@@ -177,7 +177,7 @@ def test_stage_seconds_per_rank_and_the_slowest_rank_across_ranks():
 def test_a_garbled_rank_file_in_the_launch_directory_gives_an_empty_lane_not_a_lost_report(tmp_path):
     import json
 
-    from ddp_doctor.preflight_run.local_launch import launch_timelines
+    from ddp_doctor.processes.launch_dir import launch_timelines
     (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "timeline": "oops", "view": ["x"]}))
     (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "timeline": [{"name": "probe"}, 3],
                                                       "view": {"hostname": "algo-2"}}))

@@ -1,12 +1,15 @@
-"""Progress lines while ddp-doctor waits (training/run/progress.py, preflight_run/progress.py): when
-a line is due and what it says, on heartbeat dicts and a clock the test gives."""
+"""Progress lines while ddp-doctor waits (training/run/progress.py, preflight_run/progress.py,
+processes/progress.py): when a line is due and what it says, on heartbeat dicts and a clock the test
+gives."""
 from __future__ import annotations
 
 import io
 
 import pytest
 
-from ddp_doctor.preflight_run.progress import StageLines, enabled, note_stage, read_stages, say
+from ddp_doctor.preflight_run.progress import StageLines
+from ddp_doctor.processes.launch_dir import note_stage, read_stages
+from ddp_doctor.processes.progress import enabled, say
 from ddp_doctor.training.run.hang_bound import FLOOR, SLOW_RANK_LIMIT, HangBound
 from ddp_doctor.training.run.progress import HangLines, place
 

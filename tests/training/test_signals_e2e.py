@@ -60,7 +60,7 @@ def ended_if_it_fails(*procs: subprocess.Popen):
     they printed."""
     try:
         yield
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - any failed wait, Ctrl-C too: end the launches, show their output
         outputs = []
         for p in procs:
             kill_tree(p.pid)

@@ -62,7 +62,7 @@ def ended_if_it_fails(proc: subprocess.Popen[str]):
     """A wait that fails ends the launch (its whole tree) and says what it printed."""
     try:
         yield
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - any failed wait, Ctrl-C too: end the launch, show its output
         kill_tree(proc.pid)
         try:
             out, err = proc.communicate(timeout=30)

@@ -15,7 +15,7 @@ ended is decided from two facts: its result file (written before it exits) and i
 (reported by the forkserver, which reaps it).
 
 Modules:
-    wire        the pipe's framing and messages, PDEATHSIG, the run directory's layout (both sides)
+    wire        the pipe's framing and messages, the run directory's layout (both sides)
     forkserver  the forkserver's loop (rank side)
     rank        one rank: setup, loading and running the test function, its result file (rank side)
     pool        RankPool and compile_module (parent side)

@@ -12,13 +12,14 @@ import sys
 import time
 from typing import Any, Callable
 
+from ddp_doctor.processes.tree import die_with_parent
 from ddp_doctor.pytest_plugin.rank_pool.rank import rank_main
-from ddp_doctor.pytest_plugin.rank_pool.wire import JUDGE, PRELOAD, PRELOAD_ENV, Reader, pdeathsig, send
+from ddp_doctor.pytest_plugin.rank_pool.wire import JUDGE, PRELOAD, PRELOAD_ENV, Reader, send
 
 
 def judge_child(inputs: dict, server: int) -> None:
     """The forked child that judges a failed test (rank_pool/judge.py): never returns."""
-    pdeathsig(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != server:
         os._exit(71)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the control pipe is the forkserver's alone
@@ -35,7 +36,7 @@ def judge_child(inputs: dict, server: int) -> None:
 def serve() -> None:
     """The forkserver's main loop: requests on fd 0, events on a copy of fd 1."""
     parent = os.getppid()
-    pdeathsig(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
     ctl_in, ctl_out = 0, os.dup(1)

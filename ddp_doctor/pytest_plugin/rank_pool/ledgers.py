@@ -63,7 +63,7 @@ class RankLedger:
             from ddp_doctor.training.run import ledger, watchdog  # noqa: F401 - imported now, not at a hang
             ledger.recorder_env(os.environ)
             wrap_collectives()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a torch whose internals moved: the test runs without the ledger
             pass
         path = ledger_request_path(self.dir, self.rank)
         try:
@@ -116,7 +116,7 @@ class RankLedger:
         from ddp_doctor.training.run.watchdog import describe, stack_of
         try:
             here = describe(stack_of(threading.main_thread().ident or 0))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a stack that cannot be read: the position is unknown
             here = {"where": None, "innermost": None, "in_collective": False}
         with self._lock:
             position = self.position or "hung"

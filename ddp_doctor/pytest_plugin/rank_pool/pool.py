@@ -18,6 +18,7 @@ import time
 import warnings
 from typing import Any
 
+from ddp_doctor.processes.tree import die_with_parent
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import ask as ask_for_ledgers
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import written_since as ledger_written_since
 from ddp_doctor.pytest_plugin.rank_pool.results import (
@@ -38,7 +39,6 @@ from ddp_doctor.pytest_plugin.rank_pool.wire import (
     Reader,
     judgement_path,
     output_path,
-    pdeathsig,
     send,
 )
 
@@ -120,7 +120,7 @@ class RankPool:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", SERVE],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                start_new_session=True, preexec_fn=lambda: pdeathsig(signal.SIGKILL))
+                start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         finally:
             log.close()
         self.reader, self.pending, self.ready = Reader(), [], False
@@ -234,7 +234,7 @@ class RankPool:
                 pass
             self.interrupted = interrupted_stacks(spec["dir"], live)
             raise
-        except BaseException:
+        except BaseException:  # any other way out: the ranks are killed, then it goes on up
             try:
                 self._send(("kill", req))
             except (OSError, AssertionError):

@@ -14,7 +14,8 @@ import time
 import traceback
 from typing import Any
 
-from ddp_doctor.pytest_plugin.rank_pool.wire import output_path, pdeathsig, result_path, store_path
+from ddp_doctor.processes.tree import die_with_parent
+from ddp_doctor.pytest_plugin.rank_pool.wire import output_path, result_path, store_path
 from ddp_doctor.time_limit import call_with_time_limit
 
 DESTROY_BOUND_S = 10.0      # bound on destroy_process_group in a rank that passed
@@ -25,7 +26,7 @@ INITIALISED_KEY = "ddp_doctor/initialised"
 
 def rank_main(spec: dict[str, Any], rank: int, pgid: int, server: int) -> None:
     """The forked child's whole life: never returns (os._exit)."""
-    pdeathsig(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != server:
         os._exit(71)
     try:
@@ -65,7 +66,7 @@ def rank_main(spec: dict[str, Any], rank: int, pgid: int, server: int) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a closed or broken stream: the result is already written
         pass
     os._exit(0)  # no interpreter teardown: gloo may abort in static destructors (docs/facts.md)
 
@@ -106,7 +107,7 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     try:
         from _pytest.outcomes import Skipped
         skipped_types = (Skipped,)
-    except Exception:  # noqa: BLE001
+    except ImportError:  # a pytest without this private name: no skip told apart
         pass
     from ddp_doctor.pytest_plugin.rank_pool.ledgers import RankLedger
     book = RankLedger(spec["dir"], rank, int(spec["world_size"]))
@@ -141,7 +142,7 @@ def run_test(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         book.test_started()
         try:
             func(**kwargs)
-        except BaseException as e:
+        except BaseException as e:  # Skipped and Failed too: the ledger keeps it, then it goes on up
             _leave_ledger(book, e, skipped_types)
             raise
         finally:

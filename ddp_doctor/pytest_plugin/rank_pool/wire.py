@@ -1,6 +1,7 @@
 """What the parent, the forkserver and the ranks agree on: the framing of the control pipe
-(length-prefixed pickles), what the forkserver preloads, how a child dies with its parent, and the
-layout of a test's run directory (where each rank leaves its result, output and stack dump).
+(length-prefixed pickles), what the forkserver preloads, and the layout of a test's run directory
+(where each rank leaves its result, output and stack dump). Each of them dies with its parent
+(SIGKILL, processes/tree.py die_with_parent).
 
 Messages, parent -> forkserver: ("run", req, spec), ("signal", req, signum), ("kill", req),
 ("judge", req, inputs). Forkserver -> parent: ("ready", pid), ("started", req, pids, pgid),
@@ -8,13 +9,11 @@ Messages, parent -> forkserver: ("run", req, spec), ("signal", req, signum), ("k
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import struct
 from typing import Any, Iterator
 
-PR_SET_PDEATHSIG = 1
 PRELOAD = ("torch", "torch.distributed", "pytest")  # what the forkserver imports before the first fork
 PRELOAD_ENV = "DDP_DOCTOR_PRELOAD"                   # how the parent tells it (comma-separated)
 JUDGE = -1                                           # the "rank" of the child that judges a failed test
@@ -42,15 +41,6 @@ class Reader:
                 return
             msg, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
             yield pickle.loads(msg)
-
-
-def pdeathsig(sig: int) -> None:
-    """Have the kernel send `sig` to this process when its parent dies (Linux; no-op elsewhere)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig))
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------- the run directory of one test

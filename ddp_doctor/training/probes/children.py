@@ -26,7 +26,7 @@ def before_fork() -> None:
         import torch
         if not torch.cuda.is_initialized():
             return
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a probe never breaks the fork
         return
     stack = [f.filename for f in traceback.extract_stack()]
     if any(os.path.join("torch", "utils", "data") in s for s in stack):

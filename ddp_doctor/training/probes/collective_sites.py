@@ -144,7 +144,7 @@ def _describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
         try:
             import torch.distributed as dist
             pg = str(dist.distributed_c10d._get_process_group_name(group))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a private torch call: a group it cannot name is named by its id
             pg = f"group-{id(group)}"
     tensors = next((t for t in (_tensors(a) for a in (*args, *kwargs.values())) if t), [])
     return (pg, [list(t.shape) for t in tensors],

@@ -45,7 +45,7 @@ def _updates_ddp_model(optimizer: Any) -> bool:
         answer = any(i in ids for ids in list(_DDP_PARAMS.values()) for i in firsts)
         _UPDATES_DDP[optimizer] = (_ddp_made, len(groups), answer)
         return answer
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a user's optimizer may hold anything: a probe never breaks the step
         return False
 
 

@@ -169,7 +169,7 @@ def init_arguments_wrapper(out_dir: Callable[[], str | None]) -> Callable[[Calla
                     try:
                         rec["done"], rec["ok"], rec["ended"] = True, ok, time.time()
                         write_json(path, rec)
-                    except Exception:  # noqa: BLE001
+                    except Exception:  # noqa: BLE001 - a probe never breaks the call
                         pass
         return init_process_group
     return make

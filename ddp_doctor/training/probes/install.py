@@ -87,7 +87,7 @@ def _patch_torch() -> None:
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
         register_optimizer_step_post_hook(dist_wrappers.on_optimizer_step)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a torch without the hook: the job runs without the step probe
         pass
     os.register_at_fork(before=children.before_fork, after_in_child=children.after_fork_in_child)
     when_imported("transformers.trainer", wrap_trainer)

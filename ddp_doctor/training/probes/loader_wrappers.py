@@ -60,7 +60,7 @@ def sampler_info(loader: Any) -> dict[str, Any]:
     dataset = getattr(loader, "dataset", None)
     try:
         size = len(dataset)  # type: ignore[arg-type]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a user's dataset's __len__ may raise anything: size unknown
         size = None
     from torch.utils.data import IterableDataset
     s = inner if inner is not None and type(sampler).__name__ == "SequentialSampler" else sampler
@@ -119,7 +119,7 @@ def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             e = rec.event("dataloader", id=lid, pg_initialized=group_is_up())
             rec.loaders[lid] = {"id": lid, "site": e["site"], **sampler_info(self)}
             e.update({k: rec.loaders[lid][k] for k in ("sampler", "dataset_size", "distributed")})
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a probe never breaks the user's DataLoader
             pass
     return __init__
 
@@ -150,7 +150,7 @@ def loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             state = Iteration(rec, rec.loaders.get(lid, {}), len(its), epoch)
             its.append(state)
             it._ddp_doctor_state = state
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a probe never breaks the user's DataLoader
             pass
         return it
     return __iter__
@@ -187,7 +187,7 @@ def next_batch_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             idx = state.indices[i] if i < len(state.indices) else None
             try:
                 state.hashes.append(sample_hashes(data, len(idx) if idx else None))
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a user's batch may be anything: its hash is unknown
                 state.hashes.append(None)
         if state.batches == K_BATCHES and state.number == 0:
             rec.flush()  # the first epoch's fingerprints survive a crash; later ones go at the end

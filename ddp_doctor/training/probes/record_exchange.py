@@ -5,13 +5,12 @@ ranks on other nodes into its run directory)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import timedelta
 from typing import Any
 
 from ddp_doctor.training.probes.recorder import Recorder, int_env, torch_dist
-from ddp_doctor.training.records import write_json
+from ddp_doctor.training.records import remote_probe_path, write_json
 
 STORE_WAIT = 15.0  # seconds rank 0 waits for the other nodes' records at destroy_process_group
 NODE_RECORDS_KEY = "ddp_doctor/node-records"
@@ -54,6 +53,6 @@ def share_across_nodes(rec: Recorder) -> None:
         got, _ = gather(store, NODE_RECORDS_KEY, world, STORE_WAIT)
         for d in got:
             if d.get("rank") not in (None, 0):
-                write_json(os.path.join(rec.out_dir, f"probe-remote-{d['rank']}.json"), d)
+                write_json(remote_probe_path(rec.out_dir, d["rank"]), d)
     except Exception as e:  # noqa: BLE001 - a probe never breaks the job
         rec.note_error("share across nodes", e)

@@ -43,7 +43,7 @@ def group_is_up() -> bool:
     try:
         dist = torch_dist()
         return bool(dist.is_available() and dist.is_initialized())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a torch that cannot say: no group, never a broken job
         return False
 
 

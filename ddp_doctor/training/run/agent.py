@@ -24,11 +24,12 @@ import signal
 import sys
 from typing import Any
 
+from ddp_doctor.processes.stop_signals import STOP_SIGNALS
+
 RESULT_ENV = "DDP_DOCTOR_AGENT_RESULT"
 AGENT_PID_ENV = "DDP_DOCTOR_AGENT_PID"  # this launcher's pid, for its ranks to die with it (rank.py)
 PARENT_ENDS_FILE = "agent-end"  # in the run directory: the parent ends the launcher (no passing back)
 STOPPED_FILE = "agent-stopped.json"  # in the run directory: the stop signal the launcher acted on itself
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _write_result(exits: dict[str, int]) -> None:
@@ -305,9 +306,10 @@ def port_in_use_finding(args: Any, error_text: str, evidence: dict[str, Any] | N
 def write_node_report(run_dir: str, finding: Any) -> None:
     """Leave `finding` where the parent (command.py finish) reads a self-launched preflight:
     the merged report of this node, and a final record for its first local rank (none started)."""
+    from ddp_doctor.processes.launch_dir import rank_path, report_path
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.training import records
-    pf_dir = os.path.join(run_dir, "preflight")
+    pf_dir = records.preflight_dir(run_dir)
     ev = finding.evidence or {}
     nnodes, nproc = int(ev.get("nnodes") or 1), int(ev.get("nproc_per_node") or 1)
     world = {"launcher": "torchrun", "backend": None, "world_size": nnodes * nproc, "nnodes": nnodes,
@@ -315,9 +317,9 @@ def write_node_report(run_dir: str, finding: Any) -> None:
     rep = reportlib.build_report(world=world, ranks=[], findings=[finding])
     try:
         records.make_private_dir(pf_dir)
-        for name, data in (("report.json", rep),
-                           ("rank-0.json", {"rank": 0, "final": True, "view": {}, "findings": []})):
-            records.write_json(os.path.join(pf_dir, name), data)
+        for path, data in ((report_path(pf_dir), rep),
+                           (rank_path(pf_dir, 0), {"rank": 0, "final": True, "view": {}, "findings": []})):
+            records.write_json(path, data)
     except OSError:
         pass
 

@@ -154,16 +154,6 @@ class _OptionLookup:
         raise RunUsageError(f"unknown option {arg!r} before the script (usage: {USAGE})")
 
 
-def _seconds(text: str) -> float:
-    """--timeout / --hang-timeout: the CLI's one rule for a bound (ddp_doctor.time_limit.usable_timeout:
-    above 0, finite, at most one day; torchrun's options take it in whole seconds)."""
-    from ddp_doctor.time_limit import usable_timeout
-    try:
-        return usable_timeout(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 class _DoctorParser(argparse.ArgumentParser):
     """argparse for the ddp-doctor options of `run`: a mistake is one RunUsageError line (main prints
     it and exits 2), never argparse's usage dump and exit."""
@@ -174,13 +164,14 @@ class _DoctorParser(argparse.ArgumentParser):
 
 def doctor_parser() -> argparse.ArgumentParser:
     """The ddp-doctor options of `run`; their help is `ddp-doctor run --help`'s (help_text)."""
+    from ddp_doctor.time_limit import timeout_seconds  # the CLI's one rule for a bound (cli/options.py)
     p = _DoctorParser(prog="ddp-doctor run", add_help=False)
     p.add_argument("--report", default=None, metavar="PATH",
                    help="write the job's merged JSON report there, pass or fail "
                         "(default: $DDP_DOCTOR_REPORT, else ./ddp-doctor-report.json)")
-    p.add_argument("--timeout", type=_seconds, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="bound in seconds for each wait of the preflight and the ranks' meeting (default: 60)")
-    p.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
+    p.add_argument("--hang-timeout", type=timeout_seconds, default=None, metavar="S",
                    help="a rank without progress for S seconds is a hang: stacks, report, exit 124 "
                         "(default: adapts to the job, at least 300)")
     p.add_argument("--select", action="append", metavar="X",
@@ -375,8 +366,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     once, whatever its timing, and the exit status is then 128 + the first one's number. A stop
     sent to the launcher comes here (agent.py passes it on); a launcher killed outright takes its
     ranks with it (rank.py), and this parent, their adopter, ends any it left (DDP810)."""
-    from ddp_doctor.preflight_run.local_launch import adopting
-    from ddp_doctor.preflight_run.stop_signals import SignalCatcher, note_later
+    from ddp_doctor.processes.stop_signals import SignalCatcher, note_later
+    from ddp_doctor.processes.tree import adopting, launcher_preexec
     from ddp_doctor.report.private_files import keep_dir, make_records_dir
     from ddp_doctor.report.publish import warn
     from ddp_doctor.training import records
@@ -397,7 +388,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     env = dict(os.environ)
     from ddp_doctor.facts.own_env import quiet_missing_numpy
     quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
-    env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: os.path.join(run_dir, "agent.json")})
+    env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: records.agent_result_path(run_dir)})
     if note:
         env[RECORDS_NOTE_ENV] = note
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -410,7 +401,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     stages = StageLines(time.time(), None, None, per_wait=float(opts.timeout))  # the preflight's, until training
     with SignalCatcher(hold=True) as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
         with adopting() as since:
-            proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=_start_agent)
+            proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=launcher_preexec)
             launched = time.monotonic()
             try:
                 while proc.poll() is None and stop.wait(0.5) is None:
@@ -436,7 +427,7 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                     end_launcher(run_dir, proc, since)
                 else:
                     end_launcher(run_dir, proc, since, grace=0.5)  # nothing may outlive the launcher
-            except BaseException:
+            except BaseException:  # Ctrl-C or a bug in the loop: the launcher is still ended, then it goes on up
                 end_launcher(run_dir, proc, since)
                 raise
         try:
@@ -471,7 +462,7 @@ def sent_to_launcher(stop: Any, launcher_pid: int) -> Any:
 def end_launcher(run_dir: str, proc: subprocess.Popen[Any], since: float, grace: float = 5.0) -> None:
     """End the launcher and every process of the launch; the launcher is told first that this
     parent ends it, so it ends its ranks instead of passing the signal back here (agent.py)."""
-    from ddp_doctor.preflight_run.local_launch import terminate_tree
+    from ddp_doctor.processes.tree import terminate_tree
     from ddp_doctor.training.run.agent import parent_ends
     if proc.poll() is None:
         parent_ends(run_dir)
@@ -494,7 +485,7 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: floa
     if agent.nodes_of(SimpleNamespace(nnodes=nnodes))[0] <= 1:
         return False  # one node ("1", "1:1"): there is no other node to wait for
     from ddp_doctor.training import records
-    if os.path.isdir(os.path.join(run_dir, "preflight")) or records.read_heartbeats(run_dir):
+    if os.path.isdir(records.preflight_dir(run_dir)) or records.read_heartbeats(run_dir):
         return False  # a rank started: the nodes met
     value = torchrun_value
     args = SimpleNamespace(
@@ -512,13 +503,6 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: floa
     agent.write_node_report(run_dir, agent.rendezvous_finding(
         args, TimeoutError(f"the launcher was still waiting after {waited:.0f} s"), bound))
     return True
-
-
-def _start_agent() -> None:
-    from ddp_doctor.preflight_run.local_launch import _die_with_parent
-    from ddp_doctor.preflight_run.stop_signals import unblock_in_child
-    unblock_in_child()
-    _die_with_parent()
 
 
 TEARDOWN_BOUND = 60.0  # seconds a rank may take to exit after its script ended
@@ -568,7 +552,7 @@ def detect_hang(run_dir: str, hang_timeout: float | None,
 
 def _progress_lines(opts: Any) -> Any:
     """The rule of the hang progress lines (training/run/progress.py), when they are asked for."""
-    from ddp_doctor.preflight_run.progress import enabled
+    from ddp_doctor.processes.progress import enabled
     from ddp_doctor.training.run.hang_bound import HangBound
     from ddp_doctor.training.run.progress import HangLines
     return HangLines(HangBound(opts.hang_timeout)) if enabled(getattr(opts, "progress", None)) else None
@@ -576,14 +560,15 @@ def _progress_lines(opts: Any) -> Any:
 
 def _say_progress(lines: Any, run_dir: str, stages: Any) -> None:
     """The hang progress line once the ranks train; before, the preflight's stage line."""
-    from ddp_doctor.preflight_run.progress import read_stages, say
+    from ddp_doctor.processes.launch_dir import read_stages
+    from ddp_doctor.processes.progress import say
     from ddp_doctor.training import records
     from ddp_doctor.training.run.progress import training_beats
     now = time.time()
     if any(hb.get("phase") != "preflight" for hb in records.read_heartbeats(run_dir).values()):
         say(lines.due(training_beats(run_dir), now))
     elif now - stages.launched >= stages.next_at:
-        say(stages.due(read_stages(os.path.join(run_dir, "preflight")), now))
+        say(stages.due(read_stages(records.preflight_dir(run_dir)), now))
 
 
 def detect_bad_init(run_dir: str) -> bool:
@@ -608,15 +593,16 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.checks.stops import late_stop_finding
     from ddp_doctor.exit_codes import EXIT_FAILED
-    from ddp_doctor.preflight_run.local_launch import merge_launch_dir
+    from ddp_doctor.processes.launch_dir import merge_launch_dir
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, platform_sinks, publish
+    from ddp_doctor.training import records
     from ddp_doctor.training.job_report import job_report
     from ddp_doctor.training.run.endings import remote_hung
     from ddp_doctor.training.run.run_dir import read_run
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True)
-    pf_dir = os.path.join(run_dir, "preflight")
+    pf_dir = records.preflight_dir(run_dir)
     run = read_run(run_dir)
     heartbeats = run.heartbeats
     late: list[Any] = []
@@ -625,7 +611,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         signals.later[len(signals.later) - len(taken):] = taken
         interrupted = signals.stopped() or interrupted
         late = [] if signals.caught is not None else list(signals.later)
-        from ddp_doctor.preflight_run.stop_signals import note_later
+        from ddp_doctor.processes.stop_signals import note_later
         note_later(taken, "after the ranks had ended; noted in the report (DDP811)" if late
                    else "while the ranks were being stopped; noted in the report")
     if interrupted is None and launcher_pid is not None and not ended_here:
@@ -645,7 +631,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
     else:
         try:
-            with open(os.path.join(run_dir, "agent.json"), encoding="utf-8") as f:
+            with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
                 exits = {int(k): int(v) for k, v in json.load(f).items()}
         except (OSError, ValueError):
             exits = {}
@@ -694,7 +680,7 @@ def _with_findings(rep: dict[str, Any], *more: Any) -> dict[str, Any]:
 def launcher_stop(run_dir: str, launcher_pid: int) -> Any:
     """The stop signal the launcher recorded when it ended its ranks itself (agent.py: torch's own
     handler took the signal, or a second one came before this parent acted), as a stop of the job."""
-    from ddp_doctor.preflight_run.stop_signals import Interrupt
+    from ddp_doctor.processes.stop_signals import Interrupt
     from ddp_doctor.training.run.agent import read_stop
     signo = read_stop(run_dir)
     if signo is None:
@@ -707,10 +693,11 @@ def launcher_ended(run_dir: str, agent_code: int | None, launcher_pid: int | Non
     no exit status to give for them), or exited with an error without recording any rank's failure
     (agent.json) while started ranks had no ending. None otherwise."""
     from ddp_doctor.checks.stops import launcher_ended_finding
+    from ddp_doctor.training import records
     if launcher_pid is None or not agent_code:
         return None
     unended = {r: hb for r, hb in run.heartbeats.items() if r not in run.outcomes}
-    if agent_code > 0 and (os.path.exists(os.path.join(run_dir, "agent.json")) or not unended):
+    if agent_code > 0 and (os.path.exists(records.agent_result_path(run_dir)) or not unended):
         return None  # the launcher's failure is its ranks' (agent.json), or it failed before any started
     phase = "training" if run.heartbeats else "preflight"
     return launcher_ended_finding(agent_code, launcher_pid, unended, phase=phase)

@@ -19,7 +19,6 @@ step is bounded (STORE_BOUND in all); nothing here is a collective.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
@@ -45,7 +44,7 @@ def _prefix(env: Any) -> str:
 
 
 def _connect(env: Any, timeout: float) -> Any:
-    from ddp_doctor.preflight_run.rendezvous import connect_store
+    from ddp_doctor.processes.store import connect_store
     host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if not host or not port:
         return None
@@ -202,27 +201,16 @@ def _keep(run_dir: str, rank: int, ending: dict[str, Any]) -> None:
     if isinstance(ending.get("ledger"), dict):
         records.write_json(records.ledger_path(run_dir, rank), {**ending["ledger"], "remote": True})
     if isinstance(ending.get("probe"), dict):  # the name share_across_nodes gives it: one copy
-        records.write_json(os.path.join(run_dir, f"probe-remote-{rank}.json"), ending["probe"])
+        records.write_json(records.remote_probe_path(run_dir, rank), ending["probe"])
     if isinstance(ending.get("gone"), dict):
-        records.write_json(gone_path(run_dir, rank), {**ending["gone"], "rank": rank, "remote": True})
-
-
-def gone_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"gone-{rank}.json")
+        records.write_json(records.gone_path(run_dir, rank), {**ending["gone"], "rank": rank, "remote": True})
 
 
 def remote_gone(run_dir: str) -> dict[int, dict[str, Any]]:
     """Ranks of other nodes whose process ended without an ending, as a peer on their node saw
     (their last heartbeat, with `seen_by`)."""
-    out: dict[int, dict[str, Any]] = {}
-    for p in glob.glob(os.path.join(run_dir, "gone-*.json")):
-        try:
-            with open(p, encoding="utf-8") as f:
-                d = json.load(f)
-            out[int(d["rank"])] = d
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
+    from ddp_doctor.processes.launch_dir import read_by_rank
+    return read_by_rank(records.glob_pattern(run_dir, records.GONE_FILE))
 
 
 # ---------------------------------------------------------------- a hang, across nodes
@@ -247,10 +235,6 @@ def multi_node(env: Any = None) -> bool:
         return int(env.get("WORLD_SIZE") or 1) > int(env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or 1)
     except ValueError:
         return False
-
-
-def shared_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"hang-shared-{rank}.json")
 
 
 class HangExchange:
@@ -288,7 +272,7 @@ class HangExchange:
         out = call_with_time_limit(lambda: self._share(where, stack), HANG_SHARE_WAIT + 3.0,
                                    name="ddp-doctor-hang-share")
         copied = list(out.value or []) if out.finished and out.error is None else []
-        records.write_json(shared_path(self.run_dir, self.rank), {"time": time.time(), "copied": copied})
+        records.write_json(records.hang_shared_path(self.run_dir, self.rank), {"time": time.time(), "copied": copied})
         return copied
 
     def _share(self, where: str | None, stack: str) -> list[int]:
@@ -330,7 +314,7 @@ def wait_shared(run_dir: str, ranks: list[int], since: float, bound: float) -> N
         done = 0
         for r in ranks:
             try:
-                done += os.path.getmtime(shared_path(run_dir, r)) >= since
+                done += os.path.getmtime(records.hang_shared_path(run_dir, r)) >= since
             except OSError:
                 pass
         if done >= len(ranks):

@@ -107,7 +107,7 @@ class InitWatch:
             sys.stderr.write("ddp-doctor: processes wait inside init_process_group with arguments that cannot "
                              f"work; ending them instead of waiting for torch's timeout (exit {EXIT_HANG})\n")
             self.report()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - the processes are ended below either way
             sys.stderr.write(f"ddp-doctor: the report could not be made ({e!r})\n")
         finally:
             end_descendants()

@@ -78,7 +78,7 @@ def watch_children(*, by_group: bool = True, environ: MutableMapping[str, str] |
     try:
         env[facts.MARK_ENV] = mark
         before = facts.before_script(facts.process_table(), root, by_group=by_group)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the script runs anyway; the report says why nothing was watched
         return ChildWatch(mark, root, by_group=by_group, error=f"{type(e).__name__}: {e}")
     return ChildWatch(mark, root, before, by_group)
 

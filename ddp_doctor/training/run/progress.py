@@ -21,7 +21,7 @@ import math
 import os
 from typing import Any
 
-from ddp_doctor.preflight_run.progress import MAX_NAMED, PREFIX, rank_list, seconds
+from ddp_doctor.processes.progress import MAX_NAMED, PREFIX, rank_list, seconds
 from ddp_doctor.training.run.hang_bound import MOVING, SLOW_RANK_LIMIT, HangBound
 
 STEPS = 5  # a line at each fifth of the bound, the last fifth being the verdict's

@@ -65,7 +65,7 @@ def preflight(opts: RunOptions, run_dir: str, records_note: str | None = None) -
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, running_if_pass=True)
     pf_opts = PreflightOptions(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
                       output=out, check_options=opts.check_options,
-                      launch_dir=os.path.join(run_dir, "preflight") if under_parent else None,
+                      launch_dir=records.preflight_dir(run_dir) if under_parent else None,
                       entry_script=opts.target.path)
     if pf_opts.launch_dir:
         try:
@@ -118,7 +118,7 @@ def run_training_rank(opts: RunOptions) -> int:
     watch = ProgressWatch(run_dir, rank, opts.hang_timeout,
                          on_hang=None if under_parent else lambda w: _end_hung_rank(w, started, opts)).start()
     if not under_parent:  # no parent to say it: this rank's watchdog says the stall (one line per node)
-        from ddp_doctor.preflight_run.progress import enabled
+        from ddp_doctor.processes.progress import enabled
         from ddp_doctor.training.run.progress import HangLines
         watch.progress = HangLines(watch.hang_bound) if enabled(opts.progress) else None
     if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
@@ -129,7 +129,7 @@ def run_training_rank(opts: RunOptions) -> int:
         opts.report_path = os.path.abspath(Output(report_path=opts.report_path).path())
     pf_report, code = preflight(opts, run_dir, records_note)
     if code == 0 and pf_report.get("findings"):  # the final report keeps the preflight's findings
-        records.write_json(_preflight_record(run_dir, rank), pf_report)
+        records.write_json(records.preflight_record_path(run_dir, rank), pf_report)
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
         # there after a correct teardown, docs/facts.md, "The gloo teardown abort"), keeping exit status 3 exact.
@@ -261,7 +261,7 @@ def _install_probes(run_dir: str) -> Any:
     from ddp_doctor.training.probes.install import install
     try:
         probe = install(run_dir)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a torch whose internals moved: the script runs unwatched, and says so
         sys.stderr.write(f"ddp-doctor: in-training probes not installed ({e!r}); training runs unwatched by them\n")
         return None
     child_env(os.environ, run_dir)  # type: ignore[arg-type]
@@ -281,7 +281,7 @@ def _die_with_launcher() -> None:
     The variable is removed, so the processes the script starts are not tied to the launcher."""
     import signal
 
-    from ddp_doctor.preflight_run.stop_signals import die_with_parent
+    from ddp_doctor.processes.tree import die_with_parent
     from ddp_doctor.training.run.agent import AGENT_PID_ENV
     agent = os.environ.pop(AGENT_PID_ENV, "")
     if not agent.isdigit() or not die_with_parent(signal.SIGKILL):
@@ -351,7 +351,8 @@ class _StopsAlone:
         `on_main`: called by the main thread once the script ended (its last sample says where)."""
         import threading
 
-        from ddp_doctor.preflight_run.stop_signals import Interrupt, end_descendants
+        from ddp_doctor.processes.stop_signals import Interrupt
+        from ddp_doctor.processes.tree import end_descendants
         from ddp_doctor.training.run.watchdog import describe, stack_of
         w = self.watch
         if not w.claim_stop():
@@ -390,7 +391,7 @@ class _StopsAlone:
             os._exit(stop.exit_code)
 
     def _note_late(self, what: str) -> None:
-        from ddp_doctor.preflight_run.stop_signals import Interrupt
+        from ddp_doctor.processes.stop_signals import Interrupt
         for signo in self.late:
             _say(f"ddp-doctor: {Interrupt(signo).name} arrived {what}\n")
 
@@ -442,7 +443,7 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     """Outside launcher, SIGTERM/SIGHUP (a stopped SageMaker job, a cancelled torchrun job): this
     rank's stacks, ledger and outcome, the report (rank 0's, or this rank's own file), then exit
     128 + the signal as the default action would. Runs on the watchdog thread."""
-    from ddp_doctor.preflight_run.stop_signals import Interrupt
+    from ddp_doctor.processes.stop_signals import Interrupt
     if _stopped_for_fail_on(watch):
         return  # the main thread ends as it would have; the job's verdict stands
     if not watch.claim_stop():
@@ -622,16 +623,12 @@ def _job_ended(rank: int, run_dir: str, job: Any) -> bool:
     return job.complete
 
 
-def _preflight_record(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"preflight-{rank}.json")
-
-
 def _preflight_findings(run_dir: str, since: float) -> tuple[list[Any], dict[str, Any] | None]:
     """The findings of the preflight of this job, from the record its reporting rank left on this
     node (the others' hold the verdict only): the final report keeps them."""
     import glob
     best: dict[str, Any] | None = None
-    for p in glob.glob(os.path.join(run_dir, "preflight-*.json")):
+    for p in glob.glob(records.glob_pattern(run_dir, records.PREFLIGHT_RECORD_FILE)):
         try:
             if os.path.getmtime(p) < since:
                 continue

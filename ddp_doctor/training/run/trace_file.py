@@ -28,9 +28,9 @@ TRACE_IN_RUN_DIR = "trace.json"  # with --run-dir, the kept run directory gets t
 
 def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     """rank -> {"host", "records"} from a run directory and the run's report."""
-    from ddp_doctor.preflight_run.local_launch import launch_timelines
+    from ddp_doctor.processes.launch_dir import launch_timelines
     from ddp_doctor.report import trace as tracelib
-    timelines, hosts = launch_timelines(os.path.join(run_dir, "preflight"))
+    timelines, hosts = launch_timelines(records.preflight_dir(run_dir))
     heartbeats = records.read_heartbeats(run_dir)
     outcomes = records.read_outcomes(run_dir)
     ledgers = records.read_ledgers(run_dir)

@@ -299,7 +299,7 @@ class ProgressWatch:
         """Outside launcher: one progress line per node, said by the node's lowest live rank (the
         stuck one included: this thread runs while its main thread is blocked). Every rank follows
         the rule, so a rank that takes over says no step twice."""
-        from ddp_doctor.preflight_run.progress import say
+        from ddp_doctor.processes.progress import say
         hbs = self._node_beats()
         line = self.progress.due(hbs, now)
         live = [r for r, hb in hbs.items() if now - float(hb.get("time") or 0) <= 5 * self.interval + 1]

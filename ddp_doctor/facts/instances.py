@@ -1,8 +1,10 @@
 """The one table of instance types: GPUs, GPU model, NVLink, EFA, SMDDP support, expected busbw.
 
 Every fact ddp-doctor knows about an EC2 / SageMaker instance type lives here; the host checks
-(checks/gpu.py, checks/sagemaker_launch.py), the job checks (sagemaker/) and the bandwidth
-expectations (comm/) read it through :func:`lookup` or the tuples derived below.
+(checks/gpu.py, checks/efa.py, checks/sagemaker_launch.py), the job checks and spec
+(checks/sagemaker_job.py, sagemaker/spec.py) and the bandwidth expectations (comm/) read it
+through :func:`lookup` or the tuples derived below. A hardware table, filed with the facts so
+that none of them reaches up into the platform package for it.
 
 A field is ``None`` where the project has no sourced fact: the checks then stay silent rather
 than guess (e.g. NVLink is known only for the p3/p4d/p4de/p5 types of docs/facts.md).

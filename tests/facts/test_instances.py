@@ -1,10 +1,10 @@
-"""The one instance table (ddp_doctor.sagemaker.instances): lookups and the lists derived from it."""
+"""The one instance table (ddp_doctor.facts.instances): lookups and the lists derived from it."""
 from __future__ import annotations
 
 import pytest
 
-from ddp_doctor.sagemaker import instances
-from ddp_doctor.sagemaker.instances import lookup, lookup_sagemaker
+from ddp_doctor.facts import instances
+from ddp_doctor.facts.instances import lookup, lookup_sagemaker
 
 
 @pytest.mark.parametrize("name", ["ml.p4d.24xlarge", "p4d.24xlarge", " ML.P4D.24xlarge "])
@@ -51,7 +51,7 @@ def test_gpu_and_trainium_types() -> None:
 
 
 def test_network_bandwidth_is_known_with_a_source_where_efa_is_and_bounds_the_inter_node_busbw():
-    from ddp_doctor.sagemaker.instances import NETWORK_SOURCES, TYPES
+    from ddp_doctor.facts.instances import NETWORK_SOURCES, TYPES
     for t in TYPES:
         if t.network_gbps is None:
             continue

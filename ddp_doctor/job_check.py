@@ -1,12 +1,14 @@
-"""Running the job checks (stage "job", DDP900-DDP999) on a planned SageMaker job into a report.
+"""The job check: the stage "job" checks (DDP900-DDP999) run on a planned SageMaker job into a report.
 
     JobSpec (CLI flags, a JSON/YAML file, or a dict from a notebook)
         -> JobContext (the spec + lazily created boto3 clients, every AWS answer cached)
-        -> checks in stage "job" (loaded through the registry's catalogue)
+        -> checks in stage "job" (ddp_doctor.checks.sagemaker_job and .sagemaker_account)
         -> findings -> report (same schema as preflight)
 
-What is inside: check_job (the Python API), run_checks, failure_findings (DDP900 / DDP901 for the
-AWS calls that could not be made) and world_of_job (the report's world block).
+What is inside: check_job (the Python API), run_checks (also run by `ddp-doctor sagemaker-check`),
+failure_findings (DDP900 / DDP901 for the AWS calls that could not be made) and world_of_job (the
+report's world block). An orchestrator beside api.py: ddp_doctor.sagemaker describes the platform
+and never imports the checks, the runner or the report.
 
 An AWS call that fails for want of permission, credentials or a reachable endpoint never raises:
 :meth:`JobContext.call` records it and the report carries it as DDP900 (a permission is missing,
@@ -23,14 +25,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ddp_doctor.findings import Problem
+from ddp_doctor import checks as catalogue
+from ddp_doctor import runner
+from ddp_doctor.checks.sagemaker_job import AWS_UNREACHABLE, PERMISSION_MISSING, STAGE
+from ddp_doctor.facts.instances import is_gpu_type
+from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.report import build as reportlib
 from ddp_doctor.sagemaker.aws import JobContext, require_boto3
-from ddp_doctor.sagemaker.instances import is_gpu_type
 from ddp_doctor.sagemaker.spec import JobSpec, processes_per_instance
-
-STAGE = "job"
-# Events declared by ddp_doctor.checks.sagemaker_job, raised here for the failed AWS calls.
-PERMISSION_MISSING_ID, AWS_UNREACHABLE_ID = "DDP900", "DDP901"
 
 
 def world_of_job(spec: JobSpec, gpus: int | None, region: str | None = None) -> dict[str, Any]:
@@ -52,21 +54,11 @@ def world_of_job(spec: JobSpec, gpus: int | None, region: str | None = None) -> 
     }
 
 
-def failure_findings(ctx: JobContext) -> list[Any]:
+def failure_findings(ctx: JobContext) -> list[Finding]:
     """DDP900 / DDP901 findings for the AWS calls that could not be made."""
-    from ddp_doctor import checks as catalogue
-    # The DDP900 / DDP901 declarations live with the job checks; the registry loads them (no import
-    # of the check module from here: it imports this package).
-    permission_missing, aws_unreachable = catalogue.get(PERMISSION_MISSING_ID), catalogue.get(AWS_UNREACHABLE_ID)
-
-    def event(entry: Any, msg: str, hint: str | None = None, evidence: dict[str, Any] | None = None) -> Any:
-        return entry.finding(Problem(message=msg, hint=hint, evidence=evidence or {}), None, "preflight")
-
     out = []
     failures = sorted(ctx.failures.values(), key=lambda f: (f.kind != "unreachable", f.permission))
-    who = None
-    if any(f.kind == "denied" for f in failures):
-        who = ctx.caller_arn()
+    who = ctx.caller_arn() if any(f.kind == "denied" for f in failures) else None
     for f in failures:
         for_checks = f" (needed by {', '.join(sorted(f.checks))})" if f.checks else ""
         evidence = {"permission": f.permission, "operation": f.operation, "service": f.service,
@@ -77,34 +69,26 @@ def failure_findings(ctx: JobContext) -> list[Any]:
             hint = (f"Grant {f.permission} to {who or 'the identity you run ddp-doctor as'} (an IAM policy "
                     f'statement {{"Effect": "Allow", "Action": "{f.permission}", "Resource": "*"}}), or '
                     f"verify what {', '.join(sorted(f.checks)) or 'the check'} covers by hand.")
-            out.append(event(permission_missing, msg, hint=hint, evidence=evidence))
-        elif f.kind == "unreachable":
+            out.append(PERMISSION_MISSING.finding(Problem(message=msg, hint=hint, evidence=evidence), None,
+                                                  "preflight"))
+        else:  # unreachable, or any other failure: AWS could not be asked
             msg = (f"{f.operation} ({f.permission}) could not be called: {f.code}: {f.message}{for_checks}; "
                    f"those checks were not done")
-            out.append(event(aws_unreachable, msg, evidence=evidence))
-        else:
-            msg = (f"{f.operation} ({f.permission}) could not be called: {f.code}: {f.message}{for_checks}; "
-                   f"those checks were not done")
-            out.append(event(aws_unreachable, msg, evidence=evidence))
+            out.append(AWS_UNREACHABLE.finding(Problem(message=msg, evidence=evidence), None, "preflight"))
     return out
 
 
 def run_checks(ctx: JobContext, *, select: list[str] | None = None, skip: list[str] | None = None) -> dict[str, Any]:
     """Run every job check on `ctx` and build the report."""
-    from ddp_doctor import runner
-    from ddp_doctor.report import build as reportlib
     findings = []
-    from ddp_doctor import checks as catalogue
     for entry in catalogue.checks_for(STAGE, select, skip):
         ctx.current_check = entry.id
         findings.extend(runner.run_entry(entry, (ctx,), rank=None))
     ctx.current_check = None
     findings.extend(failure_findings(ctx))
-    gpus = None
-    if not any(f.kind == "unreachable" for f in ctx.failures.values()):
-        gpus = ctx.gpus_per_instance()
-    else:
-        gpus = ctx.spec.gpus_per_instance
+    # GPUs per instance: the table's, or EC2's for a type the table lacks (asked only if AWS answers).
+    reached = not any(f.kind == "unreachable" for f in ctx.failures.values())
+    gpus = ctx.gpus_per_instance() if reached else ctx.spec.gpus_per_instance
     return reportlib.build_report(world=world_of_job(ctx.spec, gpus, ctx.region), ranks=[], findings=findings)
 
 

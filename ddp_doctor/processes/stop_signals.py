@@ -14,7 +14,6 @@ exec.
 """
 from __future__ import annotations
 
-import ctypes
 import signal
 import sys
 import time
@@ -140,52 +139,3 @@ def note_later(signals: list[Interrupt], what: str) -> None:
 def unblock_in_child() -> None:
     """For preexec_fn: the launched process handles these signals as usual."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _prctl(option: int, value: int) -> bool:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        return int(libc.prctl(option, value, 0, 0, 0)) == 0
-    except (OSError, AttributeError):  # not Linux / no glibc: the caller's other safeguards stand
-        return False
-
-
-def die_with_parent(signo: int = signal.SIGTERM) -> bool:
-    """`signo` to this process when the thread that started it ends (PR_SET_PDEATHSIG, Linux).
-    The caller checks os.getppid() afterwards: a parent already gone sends nothing."""
-    return _prctl(PR_SET_PDEATHSIG, int(signo))
-
-
-def adopt_orphans(on: bool = True) -> bool:
-    """Make this process a child subreaper (PR_SET_CHILD_SUBREAPER, Linux): a descendant whose
-    parent dies (a rank whose launcher was killed) is reparented here instead of to init, so it
-    stays among this process's descendants, where the parent ends it."""
-    return _prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0)
-
-
-def end_descendants(grace: float = 2.0) -> int:
-    """SIGTERM to every descendant of this process, SIGKILL to those alive `grace` seconds later
-    (bounded): when a one-process run is stopped, the processes its script started (the ranks of
-    torch.multiprocessing.spawn) must not train on. Returns how many there were."""
-    try:
-        import psutil
-        procs = psutil.Process().children(recursive=True)
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=1.0)
-        return len(procs)
-    except Exception:  # noqa: BLE001 - psutil missing, or /proc unreadable: the stop is still reported
-        return 0
