@@ -92,7 +92,7 @@ if rank == 0:
           f"steps={len(gaps)} "
           f"step_ms_range={min(gaps):.2f}-{max(gaps):.1f}", flush=True)
 dist.destroy_process_group()
-if "ddp_doctor.training.run.rank" not in sys.modules:
+if "ddp_doctor.training.run.watched_rank" not in sys.modules:
     # No ddp-doctor wrapper that ends this process after its own records: end without interpreter
     # teardown, where torch 2.13's gloo may abort in static destructors.
     sys.stdout.flush()

@@ -24,7 +24,7 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
     from ddp_doctor import registry
     from ddp_doctor.context import current_context
     from ddp_doctor.exit_codes import EXIT_FAILED
-    from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight
+    from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight
     from ddp_doctor.report.build import exit_code
     from ddp_doctor.report.publish import Output
 

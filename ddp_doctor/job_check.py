@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ddp_doctor import check_runner
 from ddp_doctor import checks as catalogue
-from ddp_doctor import runner
 from ddp_doctor.checks.sagemaker_job import AWS_UNREACHABLE, PERMISSION_MISSING, STAGE
 from ddp_doctor.facts.instances import is_gpu_type
 from ddp_doctor.findings import Finding, Problem
@@ -83,7 +83,7 @@ def run_checks(ctx: JobContext, *, select: list[str] | None = None, skip: list[s
     findings = []
     for entry in catalogue.checks_for(STAGE, select, skip):
         ctx.current_check = entry.id
-        findings.extend(runner.run_entry(entry, (ctx,), rank=None))
+        findings.extend(check_runner.run_entry(entry, (ctx,), rank=None))
     ctx.current_check = None
     findings.extend(failure_findings(ctx))
     # GPUs per instance: the table's, or EC2's for a type the table lacks (asked only if AWS answers).

@@ -101,10 +101,10 @@ class Findings(list):  # type: ignore[type-arg]
 def run_local_checks(*, select: Sequence[str] | None = None, skip: Sequence[str] | None = None,
                      options: Mapping[str, Any] | None = None, backend: str | None = None) -> Findings:
     """ddp-doctor's local checks (no process group needed) as this process sees itself now."""
-    from ddp_doctor import registry, runner
+    from ddp_doctor import check_runner, registry
     from ddp_doctor.context import current_context
     ctx = current_context(backend=backend, options=dict(options or {}))
-    return Findings(runner.run_stage("local", (ctx,), ctx.rank, select=registry.parse_selectors(select),
+    return Findings(check_runner.run_stage("local", (ctx,), ctx.rank, select=registry.parse_selectors(select),
                                      skip=registry.parse_selectors(skip)))
 
 

@@ -4,7 +4,8 @@ is abandoned (a thread cannot be killed) and the caller carries on with what it 
 
 Also the one rule for a bound a user gives in seconds (`--timeout`, `--hang-timeout`):
 usable_timeout, and timeout_seconds, its argparse type, which both the CLI's options
-(ddp_doctor/cli/options.py) and `ddp-doctor run`'s own parser (ddp_doctor/training/run/command.py) use.
+(ddp_doctor/cli/options.py) and `ddp-doctor run`'s own parser (ddp_doctor/cli/run_argv.py) use;
+the pytest plugin's timeout settings (pytest_plugin/settings.py) use usable_timeout.
 """
 from __future__ import annotations
 

@@ -67,20 +67,20 @@ CHECK_JOB_ALIAS = ("ddp_doctor.sagemaker", "ddp_doctor.job_check")
 
 
 # The orchestrators: they run the stages, so no stage imports them.
-ORCHESTRATORS = ["ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.preflight_run",
+ORCHESTRATORS = ["ddp_doctor.check_runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.preflight_ranks",
                  "ddp_doctor.training.run", "ddp_doctor.pytest_plugin", "ddp_doctor.cli"]
 
 RULES = [
     ("checks never import the CLI, the report/sinks, the training wrapper, the preflight machinery, "
      "the runner or pytest",
      ["ddp_doctor.checks"],
-     ["ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.training.run", "ddp_doctor.preflight_run",
-      "ddp_doctor.runner", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "ddp_doctor.job_check",
+     ["ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.training.run", "ddp_doctor.preflight_ranks",
+      "ddp_doctor.check_runner", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "ddp_doctor.job_check",
       "ddp_doctor.processes", "pytest", "_pytest"], ()),
     ("the context and the facts know nothing of checks, the CLI, the report, the runner or training",
      ["ddp_doctor.context", "ddp_doctor.facts"],
-     ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report",
-      "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.comm",
+     ["ddp_doctor.checks", "ddp_doctor.registry", "ddp_doctor.check_runner", "ddp_doctor.cli", "ddp_doctor.report",
+      "ddp_doctor.preflight_ranks", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.comm",
       "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.processes", "pytest", "_pytest"], ()),
     ("the facts are read before a context exists and describe any platform: they never import the "
      "context (it is built from them) or the platform package",
@@ -102,29 +102,63 @@ RULES = [
      (CHECK_JOB_ALIAS,)),
     ("the report never runs checks (no runner, no catalogue, no preflight, no training wrapper, no CLI)",
      ["ddp_doctor.report"],
-     ["ddp_doctor.runner", "ddp_doctor.checks", "ddp_doctor.preflight_run", "ddp_doctor.training",
+     ["ddp_doctor.check_runner", "ddp_doctor.checks", "ddp_doctor.preflight_ranks", "ddp_doctor.training",
       "ddp_doctor.cli", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.pytest_plugin",
       "ddp_doctor.processes"], ()),
     ("findings and the registry are the bottom of the pipeline: they import no other stage",
      ["ddp_doctor.findings", "ddp_doctor.registry", "ddp_doctor.time_limit", "ddp_doctor.version",
       "ddp_doctor.exit_codes"],
-     ["ddp_doctor.checks", "ddp_doctor.runner", "ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.context",
-      "ddp_doctor.facts", "ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.comm",
+     ["ddp_doctor.checks", "ddp_doctor.check_runner", "ddp_doctor.cli", "ddp_doctor.report", "ddp_doctor.context",
+      "ddp_doctor.facts", "ddp_doctor.preflight_ranks", "ddp_doctor.training", "ddp_doctor.comm",
       "ddp_doctor.sagemaker", "ddp_doctor.pytest_plugin", "ddp_doctor.api", "ddp_doctor.job_check",
       "ddp_doctor.processes"], ()),
     ("processes (launching and watching processes) never import the preflight, training, the pytest "
      "plugin, the CLI, the runner, the API, comm, sagemaker, the facts or the context",
      ["ddp_doctor.processes"],
-     ["ddp_doctor.preflight_run", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.cli",
-      "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.comm", "ddp_doctor.sagemaker",
+     ["ddp_doctor.preflight_ranks", "ddp_doctor.training", "ddp_doctor.pytest_plugin", "ddp_doctor.cli",
+      "ddp_doctor.check_runner", "ddp_doctor.api", "ddp_doctor.job_check", "ddp_doctor.comm", "ddp_doctor.sagemaker",
       "ddp_doctor.facts", "ddp_doctor.context", "pytest", "_pytest"], ()),
     ("nothing but the CLI imports the CLI",
      [m for m in ("ddp_doctor.checks", "ddp_doctor.context", "ddp_doctor.facts", "ddp_doctor.report",
-                  "ddp_doctor.preflight_run", "ddp_doctor.comm", "ddp_doctor.sagemaker", "ddp_doctor.training",
-                  "ddp_doctor.pytest_plugin", "ddp_doctor.runner", "ddp_doctor.api", "ddp_doctor.job_check",
+                  "ddp_doctor.preflight_ranks", "ddp_doctor.comm", "ddp_doctor.sagemaker", "ddp_doctor.training",
+                  "ddp_doctor.pytest_plugin", "ddp_doctor.check_runner", "ddp_doctor.api", "ddp_doctor.job_check",
                   "ddp_doctor.registry", "ddp_doctor.processes")],
      ["ddp_doctor.cli"], ()),
 ]
+
+
+# The layers of docs/architecture.md, bottom first: a module imports from its own layer or below,
+# never from above (within a layer, the circle test keeps the arrows one way).
+LAYERS = [
+    ["findings", "time_limit", "exit_codes", "version"],
+    ["facts", "registry"],
+    ["context", "comm", "sagemaker", "report"],
+    ["checks"],
+    ["check_runner", "processes"],
+    ["api", "job_check", "preflight_ranks", "testing"],
+    ["training", "pytest_plugin"],
+    ["cli", "__main__"],
+]
+
+
+def _layer(module: str) -> int | None:
+    part = module.split(".")[1] if "." in module else None
+    return next((i for i, names in enumerate(LAYERS) if part in names), None)
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    parts = {m.split(".")[1] for m in MODULES if "." in m}
+    assert parts == {p for names in LAYERS for p in names}, parts ^ {p for names in LAYERS for p in names}
+
+
+def test_no_import_reaches_a_higher_layer() -> None:
+    bad = []
+    for src in MODULES:
+        for target, line in _internal_edges(src):
+            low, high = _layer(src), _layer(target)
+            if low is not None and high is not None and high > low and (src, target) != CHECK_JOB_ALIAS:
+                bad.append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {target} (layer {high} > {low})")
+    assert not bad, "an import runs up the layers of docs/architecture.md:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("rule,sources,forbidden,allowed", RULES, ids=[r[0][:40] for r in RULES])
@@ -236,9 +270,9 @@ BACK_ARROWS = [
     ("ddp_doctor.facts.host", "ddp_doctor.sagemaker.spec"),    # a fact reaching into the platform
     ("ddp_doctor.comm.expected", "ddp_doctor.sagemaker.spec"),  # comm reading the platform package
     ("ddp_doctor.comm.sweep", "ddp_doctor.checks"),
-    ("ddp_doctor.comm.sweep", "ddp_doctor.runner"),
+    ("ddp_doctor.comm.sweep", "ddp_doctor.check_runner"),
     ("ddp_doctor.sagemaker.spec", "ddp_doctor.checks.sagemaker_job"),  # the platform running checks
-    ("ddp_doctor.sagemaker.aws", "ddp_doctor.runner"),
+    ("ddp_doctor.sagemaker.aws", "ddp_doctor.check_runner"),
     ("ddp_doctor.sagemaker.aws", "ddp_doctor.report.build"),
     ("ddp_doctor.sagemaker.spec", "ddp_doctor.job_check"),    # the alias is allowed in __init__ only
     ("ddp_doctor.checks.sagemaker_job", "ddp_doctor.job_check"),
@@ -262,9 +296,9 @@ def test_the_graph_counts_lazy_and_type_only_imports(tmp_path: Path) -> None:
     path = tmp_path / "mod.py"
     path.write_text("from typing import TYPE_CHECKING\n"
                     "if TYPE_CHECKING:\n    from ddp_doctor.context import RankContext\n"
-                    "def f():\n    from ddp_doctor import runner\n    import ddp_doctor.checks.gpu\n")
+                    "def f():\n    from ddp_doctor import check_runner\n    import ddp_doctor.checks.gpu\n")
     seen = {t for t, _ in _imports("ddp_doctor.facts.mod", path)}
-    assert {"ddp_doctor.context", "ddp_doctor.runner", "ddp_doctor.checks.gpu"} <= seen, seen
+    assert {"ddp_doctor.context", "ddp_doctor.check_runner", "ddp_doctor.checks.gpu"} <= seen, seen
 
 
 def test_top_level_stays_small() -> None:

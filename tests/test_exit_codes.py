@@ -127,7 +127,7 @@ def test_preflight_reads_the_option_then_the_variable() -> None:
 
 
 def test_run_reads_the_option_then_the_variable(monkeypatch) -> None:
-    from ddp_doctor.training.run.command import RunUsageError, run_options, split_argv
+    from ddp_doctor.cli.run_argv import RunUsageError, run_options, split_argv
     monkeypatch.delenv(FAIL_ON_ENV, raising=False)
     _, doctor, target = split_argv(["--nproc-per-node", "2", "--fail-on", "warning", "train.py", "--fail-on", "x"])
     assert doctor == ["--fail-on", "warning"] and target.args == ["--fail-on", "x"]  # the script's own stay its own
@@ -149,7 +149,7 @@ def test_under_an_outside_launcher_a_peers_fail_on_exit_is_not_a_stop_of_the_job
     from types import SimpleNamespace
 
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.rank import _stopped_for_fail_on
+    from ddp_doctor.training.run.watched_rank import _stopped_for_fail_on
     watch = SimpleNamespace(run_dir=str(tmp_path), rank=0, job_since=0.0)
     assert not _stopped_for_fail_on(watch)  # nothing ended yet: a stop of the job
     records.write_outcome(str(tmp_path), 0, {"exit_code": 0, "exception": None})

@@ -31,7 +31,7 @@ def test_unknown_attribute_is_an_attribute_error():
 def test_preflight_stays_the_function_once_its_machinery_is_imported():
     # The API's own imports must not shadow it: a submodule named `preflight` would replace the
     # package attribute, and a second `ddp_doctor.preflight()` call would hit a module.
-    code = ("import ddp_doctor, ddp_doctor.api, ddp_doctor.preflight_run.rank; "
+    code = ("import ddp_doctor, ddp_doctor.api, ddp_doctor.preflight_ranks.one_rank; "
             "assert callable(ddp_doctor.preflight), ddp_doctor.preflight; "
             "from ddp_doctor import preflight; assert callable(preflight)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

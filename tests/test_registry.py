@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 from helpers.source_scan import declarations
 
+from ddp_doctor import check_runner, registry
 from ddp_doctor import checks as catalogue
-from ddp_doctor import registry, runner
 from ddp_doctor.context import build_context
 from ddp_doctor.facts.host import HostFacts
 from ddp_doctor.findings import CATEGORIES, SEVERITIES, Problem
@@ -223,14 +223,14 @@ def test_broken_plugin_module_becomes_ddp001(scratch_registry: dict[str, registr
     assert "needs the frobnicator package" in registry.LOAD_ERRORS[name]
     assert registry.LOAD_ERRORS["ddp_doctor_test_no_such_module_xyz"].startswith("ModuleNotFoundError")
     # select only an event so that no real local check runs: the load errors are reported anyway
-    findings = runner.run_stage("local", (_ctx(),), 0, select=["DDP001"])
+    findings = check_runner.run_stage("local", (_ctx(),), 0, select=["DDP001"])
     ids = [f.id for f in findings]
     assert ids == ["DDP001", "DDP001"]
     broken = next(f for f in findings if f.evidence["module"] == name)
     assert "frobnicator" in broken.message and registry.EXTRA_MODULES_ENV in broken.message
     assert broken.ranks == [0] and broken.category == "internal" and broken.severity == "error"
     # only the local stage reports them
-    assert runner.run_stage("group", (_ctx(), None), 0, select=["DDP001"]) == []
+    assert check_runner.run_stage("group", (_ctx(), None), 0, select=["DDP001"]) == []
 
 
 def test_working_plugin_module_registers_checks(scratch_registry: dict[str, registry.Check], tmp_path: Path,
@@ -256,7 +256,7 @@ def test_working_plugin_module_registers_checks(scratch_registry: dict[str, regi
     try:
         catalogue.load_catalogue()
         assert cid in scratch_registry and registry.LOAD_ERRORS == {}
-        findings = runner.run_stage("local", (_ctx(),), 0, select=[cid])
+        findings = check_runner.run_stage("local", (_ctx(),), 0, select=[cid])
         assert [(f.id, f.message, f.hint, f.severity) for f in findings] == [
             (cid, "plugin saw rank 0", "plugin fix.", "warning")]
     finally:

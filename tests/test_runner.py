@@ -6,8 +6,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from ddp_doctor import check_runner, registry
 from ddp_doctor import checks as catalogue
-from ddp_doctor import registry, runner
 from ddp_doctor.context import RankContext, build_context
 from ddp_doctor.facts.host import HostFacts
 from ddp_doctor.findings import Problem
@@ -48,7 +48,7 @@ def test_problem_becomes_finding(reg: dict[str, registry.Check], ctx: RankContex
         yield Problem(f"rank {c.rank} saw it", evidence={"x": 1})
 
     cid = add(reg, finds)
-    [f] = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+    [f] = check_runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
     assert (f.id, f.category, f.severity, f.title) == (cid, "host", "error", "test finds")
     assert f.message == "rank 2 saw it" and f.hint == "default hint from the docstring."
     assert f.ranks == [2] and f.evidence == {"x": 1} and f.phase == "preflight"
@@ -64,7 +64,7 @@ def test_raising_check_becomes_ddp001_and_others_still_run(reg: dict[str, regist
 
     bad = add(reg, explodes)
     good = add(reg, fine)
-    findings = runner.run_stage("local", (ctx,), ctx.rank, select=[bad, good])
+    findings = check_runner.run_stage("local", (ctx,), ctx.rank, select=[bad, good])
     by_id = {f.id: f for f in findings}
     crash = by_id["DDP001"]
     assert crash.category == "internal" and crash.severity == "error" and crash.ranks == [2]
@@ -84,7 +84,7 @@ def test_check_returning_list_or_none(reg: dict[str, registry.Check], ctx: RankC
 
     a = add(reg, returns_list)
     b = add(reg, returns_none)
-    findings = runner.run_stage("local", (ctx,), ctx.rank, select=[a, b])
+    findings = check_runner.run_stage("local", (ctx,), ctx.rank, select=[a, b])
     assert [f.message for f in findings] == ["a", "b"]
 
 
@@ -97,7 +97,7 @@ def test_hanging_check_becomes_ddp002_within_its_timeout(reg: dict[str, registry
 
     cid = add(reg, hangs, timeout=0.3)
     try:
-        [f] = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+        [f] = check_runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
     finally:
         release.set()  # let the abandoned daemon thread end
     # ended by its 0.3 s bound (DDP002, the bound it applied), not by the check's end ("too late")
@@ -113,7 +113,7 @@ def test_non_problem_yield_becomes_ddp001(reg: dict[str, registry.Check], ctx: R
         yield Problem("real one")
 
     cid = add(reg, yields_str)
-    findings = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+    findings = check_runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
     assert [f.id for f in findings] == ["DDP001", cid]
     assert "str" in findings[0].message and "not a Problem" in findings[0].message
     assert findings[0].evidence == {"check": cid}
@@ -126,7 +126,7 @@ def test_problem_with_an_unknown_severity_becomes_ddp001(reg: dict[str, registry
         yield Problem("real one")
 
     cid = add(reg, typo)
-    findings = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+    findings = check_runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
     assert [f.id for f in findings] == ["DDP001", cid]
     assert "'warn'" in findings[0].message and findings[1].message == "real one"
 
@@ -139,7 +139,7 @@ def test_problem_overrides(reg: dict[str, registry.Check], ctx: RankContext) -> 
         yield Problem("no ranks at all", ranks=())
 
     cid = add(reg, overrides, severity="warning")
-    f1, f2, f3, f4 = runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
+    f1, f2, f3, f4 = check_runner.run_stage("local", (ctx,), ctx.rank, select=[cid])
     assert f1.severity == "info" and f1.hint == "default hint from the docstring."
     assert f2.severity == "warning" and f2.hint == "do the specific thing"
     assert f3.ranks == [3, 1] and f3.to_dict()["ranks"] == [1, 3]
@@ -151,7 +151,7 @@ def test_rank_none_gives_no_ranks(reg: dict[str, registry.Check], ctx: RankConte
         yield Problem("m")
 
     cid = add(reg, finds)
-    [f] = runner.run_stage("local", (ctx,), None, select=[cid], phase="training")
+    [f] = check_runner.run_stage("local", (ctx,), None, select=[cid], phase="training")
     assert f.ranks == [] and f.phase == "training"
 
 
@@ -168,7 +168,7 @@ def test_stage_and_skip(reg: dict[str, registry.Check], ctx: RankContext) -> Non
 
     lid = add(reg, local_one)
     gid = add(reg, group_one, stage="group")
-    assert [f.id for f in runner.run_stage("group", (ctx, "G"), 2, select=[lid, gid])] == [gid]
+    assert [f.id for f in check_runner.run_stage("group", (ctx, "G"), 2, select=[lid, gid])] == [gid]
     assert calls == ["group:G"]
-    assert runner.run_stage("local", (ctx,), 2, select=[lid, gid], skip=[lid]) == []
+    assert check_runner.run_stage("local", (ctx,), 2, select=[lid, gid], skip=[lid]) == []
     assert calls == ["group:G"]

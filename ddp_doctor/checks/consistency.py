@@ -1,4 +1,4 @@
-"""Cross-rank consistency: every rank's view (ddp_doctor.preflight_run.rank_view.collect_view) compared on the
+"""Cross-rank consistency: every rank's view (ddp_doctor.preflight_ranks.rank_view.collect_view) compared on the
 reporting rank. Versions, GPUs, rank layout, code and communication settings must agree.
 
 IDs DDP700-DDP799, stage "cross_rank": each check takes (ctx, views), views mapping rank -> view

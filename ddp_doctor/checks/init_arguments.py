@@ -2,7 +2,7 @@
 by hand, rendezvous variables the script changed before init, a world size of 0, a rank outside
 the world; and launched ranks that never formed a process group at all (DDP876).
 
-Pure functions over the init-PID.json records (training/probes/init_arguments.py): each holds what
+Pure functions over the init-PID.json records (training/probes/init_calls.py): each holds what
 one process passed (rank=, world_size=, init_method, as values and as the source text at the
 call), the rendezvous variables at the call, and, for a process the launcher started, the
 launcher's RANK / WORLD_SIZE and the variables as they were when the script started; for a child

@@ -303,7 +303,7 @@ SCRIPT_FOLLOWS_OPTION = "script_follows"
 SCRIPT_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 # Launchers whose own variables `ddp-doctor run` maps to torch's for the script (script_env_exports).
 EXPORTING_LAUNCHERS = ("mpirun", "mpich", "slurm")
-PREFLIGHT_DEFAULT_PORT = 29500  # the preflight's own default (preflight_run/rendezvous.DEFAULT_PORT)
+PREFLIGHT_DEFAULT_PORT = 29500  # the preflight's own default (preflight_ranks/bounded_rendezvous.DEFAULT_PORT)
 
 MAPPING_HINTS = {
     "mpirun": "map Open MPI's variables at the top of the script, before init_process_group: "

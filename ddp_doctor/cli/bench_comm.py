@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from ddp_doctor.cli.launch import exit_now, rank_argv
+from ddp_doctor.cli.launch import add_nproc_option, exit_now, rank_argv
 from ddp_doctor.cli.options import UsageError, byte_size, positive_int, timeout_seconds
 from ddp_doctor.comm import expected, stragglers, sweep, table
 from ddp_doctor.comm.arithmetic import format_bytes
@@ -24,9 +24,7 @@ SELECT = ["DDP401", "DDP403"]
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=positive_int, default=None, metavar="N",
-                   help="with no launcher around ddp-doctor: how many local ranks to start "
-                        "(default: one per visible GPU, or 2 gloo ranks on CPU)")
+    add_nproc_option(p)
     p.add_argument("--min-bytes", type=byte_size, default=None, metavar="SIZE",
                    help=f"smallest size (default: {format_bytes(sweep.DEFAULT_MIN_BYTES)})")
     p.add_argument("--max-bytes", type=byte_size, default=None, metavar="SIZE",
@@ -144,7 +142,7 @@ def command(args: argparse.Namespace) -> int:
                              "(or pip install matplotlib)") from None
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="bench-comm")
     if launcher_name(os.environ) == "none":
-        from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
+        from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         code = launch_local(nproc, ["bench-comm", *rank_argv(args.argv)], timeout=args.timeout, out=out,
                             progress=False)  # its table is its progress: no stage lines beside it
@@ -156,7 +154,7 @@ def command(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"Plot: {args.plot}")
         return code
-    from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
+    from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, run_preflight_rank
     from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV
     options: dict[str, Any] = {**comm_options(args), "comm_mode": "bench"}
     if not args.json:

@@ -1,8 +1,10 @@
 """What the subcommands that act as ranks (preflight, bench-comm) share: the arguments a
-self-launched rank gets (rank_argv) and the way a rank process ends (exit_now).
+self-launched rank gets (rank_argv), their --nproc-per-node (add_nproc_option) and the way a rank
+process ends (exit_now).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -11,6 +13,14 @@ import sys
 PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True,
                "--trace": True, "--fail-on": True,
                "--json": False, "--verbose": False, "-v": False, "--progress": False, "--no-progress": False}
+
+
+def add_nproc_option(p: argparse.ArgumentParser) -> None:
+    """--nproc-per-node, as the subcommands that launch their own ranks take it."""
+    from ddp_doctor.cli.options import positive_int
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=positive_int, default=None, metavar="N",
+                   help="with no launcher around ddp-doctor: how many local ranks to start "
+                        "(default: one per visible GPU, or 2 gloo ranks on CPU)")
 
 
 def rank_argv(argv: list[str]) -> list[str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Mapping
 
-from ddp_doctor.cli.launch import exit_now, rank_argv
-from ddp_doctor.cli.options import UsageError, non_negative_int, positive_int, threshold, timeout_seconds
+from ddp_doctor.cli.launch import add_nproc_option, exit_now, rank_argv
+from ddp_doctor.cli.options import UsageError, non_negative_int, threshold, timeout_seconds
 from ddp_doctor.exit_codes import FAIL_ON_ENV, FAIL_ON_LEVELS, FailOn, fail_on_setting
 
 HELP = "check the launcher environment, the network and the process group"
@@ -17,9 +17,7 @@ FAIL_ON_HELP = (f"exit 3 when the report holds a finding of this severity or wor
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=positive_int, default=None, metavar="N",
-                   help="with no launcher around ddp-doctor: how many local ranks to start "
-                        "(default: one per visible GPU, or 2 gloo ranks on CPU)")
+    add_nproc_option(p)
     p.add_argument("--report", metavar="PATH", default=None,
                    help="write the merged JSON report here, pass or fail "
                         "(default: $DDP_DOCTOR_REPORT or ./ddp-doctor-report.json)")
@@ -106,11 +104,11 @@ def command(args: argparse.Namespace) -> int:
     fail_on = fail_on_option(args)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
     if launcher_name(os.environ) == "none":
-        from ddp_doctor.preflight_run.local_launch import default_nproc, launch_local
+        from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
                             trace_path=args.trace, fail_on=fail_on, progress=getattr(args, "progress", None))
-    from ddp_doctor.preflight_run.rank import PreflightOptions, run_preflight_rank
+    from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, run_preflight_rank
     code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
                             output=out, check_options=check_options(args), trace_path=args.trace,
                             fail_on=fail_on))

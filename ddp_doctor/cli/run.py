@@ -1,11 +1,11 @@
-"""`ddp-doctor run`: preflight, then the training script in the same processes, watched. The
-work is ddp_doctor.training.run.command; here only its usage errors become the CLI's.
+"""`ddp-doctor run`: preflight, then the training script in the same processes, watched. Its
+command line is read here (run_argv.py); the work is ddp_doctor.training.run.start's.
 """
 from __future__ import annotations
 
 import argparse
-
-from ddp_doctor.cli.options import UsageError
+import os
+import sys
 
 HELP = "preflight, then run a training script in the same processes, watched"
 
@@ -17,10 +17,29 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "(SCRIPT | -m MODULE) [ARGS...]")
 
 
-def command(args: argparse.Namespace) -> int:
-    from ddp_doctor.training.run.command import RunUsageError
-    from ddp_doctor.training.run.command import main as run_main
+def main(argv: list[str]) -> int:
+    """`ddp-doctor run ARGV`; returns the exit status (the script's own after a preflight).
+    RunUsageError (a UsageError: exit 2) for a mistake in the command line."""
+    from ddp_doctor.cli.run_argv import (
+        RunHelpAsked,
+        RunUsageError,
+        check_nproc_per_node,
+        help_text,
+        run_options,
+        split_argv,
+    )
     try:
-        return run_main(args.argv)
-    except RunUsageError as e:
-        raise UsageError(str(e)) from None
+        torchrun, doctor, target = split_argv(argv)
+    except RunHelpAsked:
+        sys.stdout.write(help_text())
+        return 0
+    opts = run_options(doctor, target)
+    check_nproc_per_node(torchrun)
+    if target.path and not os.path.isfile(target.path):
+        raise RunUsageError(f"no such script: {target.path}")
+    from ddp_doctor.training.run.start import start_run
+    return start_run(torchrun, doctor, opts)
+
+
+def command(args: argparse.Namespace) -> int:
+    return main(args.argv)

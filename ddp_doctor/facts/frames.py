@@ -1,6 +1,7 @@
 """Which stack frames are ddp-doctor's own, or a library's: tracebacks, stacks and call sites
-shown to the user skip them. is_library_file is the one test of a frame's file; not_user_code_dirs
-are the directories of this host that it skips."""
+shown to the user skip them. is_user_file is the test of a frame of this host (this process's
+stack, its own exceptions); is_library_file adds what a frame recorded on any host shows of a
+library; not_user_code_dirs are the directories of this host that both skip."""
 from __future__ import annotations
 
 import os
@@ -34,8 +35,14 @@ def not_user_code_dirs() -> tuple[str, ...]:
 LIBRARY_PATH_PARTS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
 
 
+def is_user_file(filename: str) -> bool:
+    """Whether a frame of this host is the user's code: a real file (not a pseudo-file such as
+    "<string>") outside this host's library and ddp-doctor directories. Only those: a user's own
+    directory may well be called torch/ (is_library_file's guess is for frames of other hosts)."""
+    return bool(filename) and not filename.startswith("<") and not filename.startswith(not_user_code_dirs())
+
+
 def is_library_file(filename: str) -> bool:
-    """Whether a frame's file is not the user's code: none or a pseudo-file ("<string>"), under this
-    host's library or ddp-doctor directories, or an installed library's path on any host."""
-    return (not filename or filename.startswith("<") or filename.startswith(not_user_code_dirs())
-            or any(part in filename for part in LIBRARY_PATH_PARTS))
+    """Whether a recorded frame's file (from this host or another) is not the user's code: not
+    is_user_file here, or an installed library's path on any host."""
+    return not is_user_file(filename) or any(part in filename for part in LIBRARY_PATH_PARTS)

@@ -1,9 +1,9 @@
 """Progress lines while ddp-doctor waits for its processes: whether to print them, and their words.
 
 `ddp-doctor preflight` and `ddp-doctor run` say on stderr, one line at a time, what they are
-waiting for when a wait grows long: which stage the preflight's ranks are in (preflight_run/
-progress.py), or which rank has made no progress, where, and when the job will be ended
-(training/run/progress.py). Never on stdout: the script's stdout is its own.
+waiting for when a wait grows long: which stage the preflight's ranks are in (preflight_ranks/
+stage_lines.py), or which rank has made no progress, where, and when the job will be ended
+(training/run/hang_lines.py). Never on stdout: the script's stdout is its own.
 
 Whether they print (`enabled`): `--progress` / `--no-progress`, else DDP_DOCTOR_PROGRESS (1 or 0),
 else only when stdout is a terminal (a person watching; a log or a pipe stays quiet).

@@ -1,5 +1,5 @@
 """The bounded client of torch's TCPStore, the key-value store the ranks of a job meet at: the
-preflight's rendezvous (preflight_run/rendezvous.py) and the ranks' endings across nodes
+preflight's rendezvous (preflight_ranks/bounded_rendezvous.py) and the ranks' endings across nodes
 (training/run/endings.py) go through it.
 
 torch's store client has no bound of its own on its handshake or on an operation (a listener that

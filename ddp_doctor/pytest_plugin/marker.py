@@ -19,6 +19,7 @@ import pytest
 
 from ddp_doctor.pytest_plugin.settings import DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZE, Settings
 from ddp_doctor.pytest_plugin.state import State, pool_of, visible_gpus
+from ddp_doctor.time_limit import usable_timeout
 
 MARKER = "distributed"
 BACKENDS = ("auto", "gloo", "nccl")
@@ -65,8 +66,9 @@ def mark_spec(item: pytest.Item, settings: Settings) -> MarkSpec:
         error = f"{where}: world_size={ws!r} must be a whole number of at least 1"
     elif backend not in BACKENDS:
         error = f"{where}: backend={backend!r} must be one of {', '.join(BACKENDS)}"
-    elif timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
-        error = f"{where}: timeout={timeout!r} must be a number of seconds more than 0"
+    elif timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                  or _not_a_bound(timeout)):
+        error = f"{where}: timeout={timeout!r} must be a number of seconds more than 0 and at most one day"
     if error:
         return MarkSpec(DEFAULT_WORLD_SIZE, "gloo", DEFAULT_TIMEOUT, error)
     t = settings.timeout if settings.timeout is not None else float(timeout or DEFAULT_TIMEOUT)
@@ -217,3 +219,12 @@ def _show_interrupted(config: pytest.Config, text: str) -> None:
     with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
         sys.stderr.write(f"\n{text}\n")
         sys.stderr.flush()
+
+
+def _not_a_bound(seconds: float) -> bool:
+    """The one rule for a bound in seconds (time_limit.usable_timeout): finite, above 0, at most a day."""
+    try:
+        usable_timeout(str(seconds))
+    except ValueError:
+        return True
+    return False

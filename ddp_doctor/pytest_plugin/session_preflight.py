@@ -51,7 +51,7 @@ def request(state: State, items: list[pytest.Item]) -> dict[str, Any]:
     return {"items": n, "gloo_world_size": gloo_ws, "nccl": nccl}
 
 
-def preflight_runs(req: dict[str, Any], gpus: int) -> list[tuple[str, int]]:
+def preflight_rankss(req: dict[str, Any], gpus: int) -> list[tuple[str, int]]:
     """(backend, ranks) to check: NCCL with one rank per GPU when there are GPUs; gloo at the
     largest world size the gloo tests ask for (2 when nothing says otherwise)."""
     runs: list[tuple[str, int]] = []
@@ -189,7 +189,7 @@ def run_session_preflight(state: State, req: dict[str, Any]) -> dict[str, Any]:
     s = state.settings
     base = os.path.abspath(s.report or "ddp-doctor-report.json")
     runs = []
-    plan = preflight_runs(req, visible_gpus(state))
+    plan = preflight_rankss(req, visible_gpus(state))
     for i, (backend, n) in enumerate(plan):
         path = base if i == 0 else f"{os.path.splitext(base)[0]}.{backend}.json"
         runs.append(run_one_preflight(backend, n, path, s))

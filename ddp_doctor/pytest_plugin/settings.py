@@ -69,10 +69,15 @@ def _count(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    v = float(str(text).strip())
-    if not v > 0:
-        raise ValueError("must be more than 0 seconds")
-    return v
+    """A bound in seconds, by ddp-doctor's one rule for it (time_limit.usable_timeout: finite, above
+    0, at most one day); its reason without the value, which resolve() quotes with its source."""
+    from ddp_doctor.time_limit import usable_timeout
+    t = str(text).strip()
+    try:
+        return usable_timeout(t)
+    except ValueError as e:
+        said = str(e)
+        raise ValueError(said[len(repr(t)) + 1:] if said.startswith(f"{t!r} ") else said) from None
 
 
 def _shell_words(text: str) -> list[str]:
@@ -149,7 +154,8 @@ def resolve(config: pytest.Config, setting: Setting, env: Mapping[str, str] | No
 
 def _why(e: ValueError) -> str:
     text = str(e)
-    return text if text.startswith("must") else "is not a valid value (" + text + ")"
+    # a validator's own reason ("must be ...", "is no bound; ..."); else Python's, e.g. int()'s
+    return text if text.startswith(("must ", "is ")) else "is not a valid value (" + text + ")"
 
 
 @dataclass

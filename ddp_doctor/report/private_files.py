@@ -3,7 +3,7 @@ ddp-doctor writes in it 0600.
 
 The records hold what a secret can hide in (exception text and tracebacks, stacks, the arguments
 init_process_group was given), and under an outside launcher the run directory sits in the shared
-temp directory under a name anyone can guess (training/run/rank.py, run_dir_for). What goes in
+temp directory under a name anyone can guess (training/run/watched_rank.py, run_dir_for). What goes in
 is redacted as well (training/records.py); the modes keep out what redaction cannot recognise.
 """
 from __future__ import annotations
@@ -107,18 +107,27 @@ def write_private(path: str, text: str) -> None:
     threads or processes may write one path: each has its own temp file. A kept directory
     (keep_dir) that something removed is made again first. Raises OSError."""
     try:
-        _write_atomically(path, text)
+        write_atomically(path, text)
     except FileNotFoundError:
         if not _remade(os.path.dirname(path)):
             raise
-        _write_atomically(path, text)
+        write_atomically(path, text)
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_atomically(path: str, text: str, *, mode: int = PRIVATE_FILE, durable: bool = False) -> None:
+    """Write `text` to a temp file beside `path` (created 0600, never through a link), then rename it
+    over `path`: a reader (the launcher, the S3 upload) sees the old file or the whole new one, never
+    half of it. `mode`: the file's mode once written (0644 for a report others read); `durable`:
+    fsync before the rename (a report that must outlive a crash of the machine)."""
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with open_private(tmp) as f:
             f.write(text)  # one write: json.dump streams many small ones
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if mode != PRIVATE_FILE:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:  # Ctrl-C included: no temporary file left behind, then it goes on up
         try:

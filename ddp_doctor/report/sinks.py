@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
 from ddp_doctor.findings import format_ranks
+from ddp_doctor.report.private_files import write_atomically
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.report.schema import TEST_ERRORS_ENV, record_if_invalid
 
@@ -117,26 +117,10 @@ def _findings_text(report: dict[str, Any]) -> str:
 
 
 def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over `path`: a reader
-    (the launcher, S3 upload) sees the old file or the whole new one, never half of it. `mode`
-    0600: a file left in a run directory, for this user only."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode != 0o600:
-            os.chmod(tmp, mode)  # mkstemp makes it 0600; the report is meant to be read by others
-        os.replace(tmp, path)
-    except BaseException:  # Ctrl-C included: no temporary file left behind, then it goes on up
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """The sinks' atomic write (private_files.write_atomically, fsynced): `mode` 0600 for a file
+    left in a run directory, 0644 for a report meant to be read by others."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomically(path, text, mode=mode, durable=True)
 
 
 def _error(what: str, path: str, e: BaseException) -> str:
@@ -158,7 +142,7 @@ def write_report_file(report: dict[str, Any], path: str, *, private: bool = Fals
 
 
 def write_trace_file(trace: dict[str, Any], path: str, *, private: bool = False) -> str | None:
-    """Write a Chrome trace (report/trace.py; redacted, since it carries exception messages and
+    """Write a Chrome trace (report/chrome_trace.py; redacted, since it carries exception messages and
     call sites) atomically, creating parent directories; `private`: 0600 (the copy in a kept run
     directory). None on success, else the error text."""
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ddp_doctor import runner
+from ddp_doctor import check_runner
 from ddp_doctor.checks.job import JobEvidence, exit_code_without_rules, job_findings
 from ddp_doctor.findings import Finding
 from ddp_doctor.report import build as reportlib
@@ -18,7 +18,7 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
     """(the report, the job's exit code). `earlier`: findings made before training (the
     preflight's); `more`: findings the caller made itself (a probe record that never arrived)."""
     earlier = list(earlier)
-    value, problems = runner.run_rule("the job's verdict", job_findings, ev, earlier)
+    value, problems = check_runner.run_rule("the job's verdict", job_findings, ev, earlier)
     if value is None:
         found, code = problems, exit_code_without_rules(ev)
     else:

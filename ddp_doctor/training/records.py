@@ -180,7 +180,7 @@ _job: str | None = None  # this process's job token; None until its preflight me
 
 def join_job(token: str | None) -> None:
     """The job this process belongs to: a token every rank of the job agreed through the
-    preflight's store (preflight_run/rank.py, RankPreflight.job_token). From now on it is written
+    preflight's store (preflight_ranks/one_rank.py, RankPreflight.job_token). From now on it is written
     into this process's outcome, heartbeat and ledger, and the readers below keep only records of
     this job. A record that names no job (written before the preflight ended, or by an older
     version) is judged by time alone (`since`), as before."""

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from helpers.context import make_ctx, torchrun_env
 
+from ddp_doctor import check_runner
 from ddp_doctor import checks as catalogue
-from ddp_doctor import runner
 from ddp_doctor.checks.consistency import format_ranks, group_ranks, ranks_phrase
 from ddp_doctor.findings import Finding
-from ddp_doctor.preflight_run.rank_view import collect_view
+from ddp_doctor.preflight_ranks.rank_view import collect_view
 
 Views = dict[int, dict[str, Any]]
 
@@ -46,7 +46,7 @@ def two_nodes(n: int = 4, per_node: int = 2) -> Views:
 
 def run(check_id: str, views: Views) -> list[Finding]:
     ctx = make_ctx(torchrun_env(world_size=len(views)))
-    return runner.run_entry(catalogue.get(check_id), (ctx, views), 0)
+    return check_runner.run_entry(catalogue.get(check_id), (ctx, views), 0)
 
 
 CHECK_IDS = ("DDP700", "DDP701", "DDP702", "DDP703", "DDP704", "DDP705", "DDP706")

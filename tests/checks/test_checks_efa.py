@@ -24,8 +24,8 @@ from facts.efa_fakes import (
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 from helpers.fake_nvml import p4d_host
 
+from ddp_doctor import check_runner
 from ddp_doctor import checks as catalogue
-from ddp_doctor import runner
 from ddp_doctor.checks import efa as efa_checks
 from ddp_doctor.facts import efa as efa_facts
 from ddp_doctor.facts import nvml
@@ -59,7 +59,7 @@ def node_ctx(root: Path, *, product: str = "p4d.24xlarge", devices: int = 4, nod
 def run(ctx: Any, *ids: str) -> list[Finding]:
     out: list[Finding] = []
     for cid in ids or LOCAL_IDS:
-        found = runner.run_entry(catalogue.get(cid), (ctx,), ctx.rank)
+        found = check_runner.run_entry(catalogue.get(cid), (ctx,), ctx.rank)
         assert not [f for f in found if f.id in ("DDP001", "DDP002")], [f.message for f in found]
         out += found
     return out
@@ -101,7 +101,7 @@ def test_healthy_p4d_node_whole_local_catalogue_with_fake_nvml(tmp_path: Path,
     host category is left out)."""
     monkeypatch.setattr(nvml, "provider", lambda: p4d_host())
     ctx = node_ctx(tmp_path)
-    found = runner.run_stage("local", (ctx,), rank=ctx.rank, select=["network", "gpu", "DDP215"])
+    found = check_runner.run_stage("local", (ctx,), rank=ctx.rank, select=["network", "gpu", "DDP215"])
     assert [f"{f.id}: {f.message}" for f in found if f.severity != "info"] == []
 
 
@@ -254,7 +254,7 @@ def warmups(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def run_group(ctx: Any, group: Any) -> list[Finding]:
-    found = runner.run_entry(catalogue.get("DDP335"), (ctx, group), ctx.rank)
+    found = check_runner.run_entry(catalogue.get("DDP335"), (ctx, group), ctx.rank)
     assert not [f for f in found if f.id in ("DDP001", "DDP002")], [f.message for f in found]
     return found
 

@@ -8,8 +8,8 @@ import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env
 from helpers.fake_nvml import FakeGPU, FakeNVML, p4d_host
 
+from ddp_doctor import check_runner, registry
 from ddp_doctor import checks as catalogue
-from ddp_doctor import registry, runner
 from ddp_doctor.context import Group
 from ddp_doctor.facts import gpus as gpu_facts
 from ddp_doctor.facts import nvml
@@ -41,7 +41,7 @@ def ctx_for(rank=0, world=8, lws=None, gpus=8, backend="nccl", env=None, **kw):
 
 
 def run(check_id, ctx, *args):
-    return runner.run_entry(catalogue.get(check_id), (ctx, *args), ctx.rank)
+    return check_runner.run_entry(catalogue.get(check_id), (ctx, *args), ctx.rank)
 
 
 def run_all(ctx):

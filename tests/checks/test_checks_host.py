@@ -13,8 +13,8 @@ import pytest
 from helpers.context import make_ctx, torchrun_env
 from helpers.procs import DDP, clean_env, load_json
 
+from ddp_doctor import check_runner, cli, registry
 from ddp_doctor import checks as catalogue
-from ddp_doctor import cli, registry, runner
 from ddp_doctor.checks import host
 from ddp_doctor.cli.preflight import check_options
 from ddp_doctor.exit_codes import EXIT_USAGE
@@ -30,7 +30,7 @@ def ctx_for(local_rank=0, lws=2, env=None, **options):
 
 
 def run(check_id, ctx):
-    return runner.run_entry(catalogue.get(check_id), (ctx,), ctx.rank)
+    return check_runner.run_entry(catalogue.get(check_id), (ctx,), ctx.rank)
 
 
 def test_ids_and_docs():

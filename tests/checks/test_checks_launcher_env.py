@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 from helpers.context import make_ctx, mpirun_env, sm_env, torchrun_env, write_sm_config
 
+from ddp_doctor.check_runner import run_stage
 from ddp_doctor.checks import load_catalogue
 from ddp_doctor.findings import Finding
 from ddp_doctor.registry import parse_sections
-from ddp_doctor.runner import run_stage
 
 LAUNCHER_IDS = [f"DDP10{i}" for i in range(1, 10)]
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 from helpers.context import make_ctx
 
+from ddp_doctor import check_runner
 from ddp_doctor import checks as catalogue
-from ddp_doctor import runner
 from ddp_doctor.checks import nccl_versions
 from ddp_doctor.facts import gpus as gpu_facts
 
 
 def run(ctx):
-    return runner.run_entry(catalogue.get("DDP408"), (ctx,), ctx.rank)
+    return check_runner.run_entry(catalogue.get("DDP408"), (ctx,), ctx.rank)
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 
+from ddp_doctor import check_runner, registry
 from ddp_doctor import checks as catalogue
-from ddp_doctor import registry, runner
 from ddp_doctor.checks import network
 from ddp_doctor.checks.network import nccl_selects, parse_nccl_ifname
 from ddp_doctor.context import RankContext
@@ -20,7 +20,7 @@ BAD_HOST = "nonexistent-host.invalid"  # .invalid never resolves (RFC 2606)
 
 def run(check_id: str, ctx: RankContext) -> list[Finding]:
     """Run one check the way the runner does (time bound, crash capture)."""
-    return runner.run_entry(catalogue.get(check_id), (ctx,), ctx.rank)
+    return check_runner.run_entry(catalogue.get(check_id), (ctx,), ctx.rank)
 
 
 def test_catalogue_entries() -> None:

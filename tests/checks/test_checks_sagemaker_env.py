@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from helpers.context import make_ctx, mpirun_env, sm_env, torchrun_env, write_sm_config
 
+from ddp_doctor.check_runner import run_stage
 from ddp_doctor.checks import load_catalogue
 from ddp_doctor.findings import Finding
 from ddp_doctor.registry import parse_sections
-from ddp_doctor.runner import run_stage
 
 SAGEMAKER_IDS = [f"DDP2{i:02d}" for i in range(1, 16)]
 HOSTS = ["algo-1", "algo-2"]

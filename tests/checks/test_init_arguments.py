@@ -1,5 +1,5 @@
 """init_process_group's arguments against the launcher (DDP867-DDP869), on hand-made records shaped
-like training/probes/init_arguments.py writes them."""
+like training/probes/init_calls.py writes them."""
 from __future__ import annotations
 
 from ddp_doctor.checks.init_arguments import blocking, init_argument_findings

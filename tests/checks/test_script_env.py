@@ -6,10 +6,10 @@ from typing import Any
 
 from helpers.context import make_ctx, mpirun_env, torchrun_env
 
+from ddp_doctor.check_runner import run_stage
 from ddp_doctor.checks import load_catalogue
 from ddp_doctor.checks.launcher_env import SCRIPT_FOLLOWS_OPTION, script_env_exports
 from ddp_doctor.facts.launchers import detect
-from ddp_doctor.runner import run_stage
 
 load_catalogue()
 API = {SCRIPT_FOLLOWS_OPTION: True}

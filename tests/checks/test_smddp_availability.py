@@ -11,9 +11,9 @@ from typing import Any
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 from helpers.procs import DDP, clean_env, load_json, run
 
+from ddp_doctor.check_runner import run_stage
 from ddp_doctor.checks import load_catalogue
 from ddp_doctor.facts.host import SMDDP_MODULE, available_backends, smddp_available
-from ddp_doctor.runner import run_stage
 
 load_catalogue()
 

@@ -106,7 +106,7 @@ def test_run_and_the_cli_share_the_rule() -> None:
     import argparse
 
     from ddp_doctor.cli.options import timeout_seconds
-    from ddp_doctor.training.run.command import RunUsageError, doctor_parser
+    from ddp_doctor.cli.run_argv import RunUsageError, doctor_parser
     for bad in ("1e308", "nan", "0"):
         with pytest.raises(argparse.ArgumentTypeError) as cli_error:
             timeout_seconds(bad)
@@ -122,7 +122,7 @@ def test_run_and_the_cli_accept_the_same_bounds(text: str) -> None:
     import argparse
 
     from ddp_doctor.cli.preflight import add_parser
-    from ddp_doctor.training.run.command import RunUsageError, doctor_parser
+    from ddp_doctor.cli.run_argv import RunUsageError, doctor_parser
 
     class Refusing(argparse.ArgumentParser):
         def error(self, message: str):  # type: ignore[override]

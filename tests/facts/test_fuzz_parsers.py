@@ -15,10 +15,10 @@ from helpers.context import make_ctx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddp_doctor.check_runner import run_stage
 from ddp_doctor.checks import load_catalogue
 from ddp_doctor.facts import env_values, launchers
 from ddp_doctor.facts import sagemaker_env as sm
-from ddp_doctor.runner import run_stage
 
 load_catalogue()
 # DDP_DOCTOR_FUZZ_EXAMPLES=5000 for a deeper run by hand

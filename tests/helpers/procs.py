@@ -238,3 +238,12 @@ def assert_healthy(report: dict) -> None:
     assert not ids(report, "error"), report["findings"]
     assert ids(report, "warning") <= TIMING_WARNINGS, report["findings"]
     assert report["status"] in ("pass", "warn")
+
+
+def last_stall_lines(lines: list[str]) -> list[str]:
+    """The --progress lines of the last stall: each line of one stall says a longer wait than the one
+    before; a shorter one starts a new stall (a short stall at start-up has lines of its own)."""
+    import re
+    waits = [float(re.search(r"no progress for ([0-9.]+) s", ln).group(1)) for ln in lines]
+    start = max((i for i in range(1, len(waits)) if waits[i] <= waits[i - 1]), default=0)
+    return lines[start:]

@@ -2,7 +2,7 @@
 to prove such a failure still ends in a report (DDP005) and exit code 1, not a lost report."""
 from __future__ import annotations
 
-from ddp_doctor.preflight_run import rank_view as views
+from ddp_doctor.preflight_ranks import rank_view as views
 
 
 def _broken(ctx):

@@ -208,7 +208,8 @@ def test_the_judgement_names_the_rank_that_left_and_labels_the_waiting_one():
 
 
 def test_a_stack_leaves_out_the_rank_pools_own_thread_and_frames():
-    from ddp_doctor.pytest_plugin.rank_pool import ledgers, rank
+    from ddp_doctor.pytest_plugin.rank_pool import ledgers
+    from ddp_doctor.pytest_plugin.rank_pool import worker as rank
     from ddp_doctor.pytest_plugin.rank_pool.verdict import stopped_stack
     dump = (f'Thread 0x2 (most recent call first):\n  File "{ledgers.__file__}", line 87 in _serve\n'
             '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
@@ -789,6 +790,33 @@ def test_bad_values_name_their_source(quick_runs):
     r.stderr.fnmatch_lines(["*ddp-doctor: ini ddp_doctor in *tox.ini='maybe': must be true, false or auto*"])
 
 
+@pytest.mark.parametrize("value", ["inf", "1e308", "nan", "0", "abc"])
+def test_a_timeout_setting_is_a_bound_by_the_one_rule(value):
+    """--ddp-timeout and --ddp-preflight-timeout take what --timeout takes (time_limit.usable_timeout):
+    inf or 1e308 is no bound, whatever source gives it."""
+    from types import SimpleNamespace
+
+    from ddp_doctor.pytest_plugin.settings import SETTINGS, resolve
+    config = SimpleNamespace(getoption=lambda dest, default=None: None, getini=lambda name: None, inipath=None)
+    for setting in (s for s in SETTINGS if s.dest in ("ddp_timeout", "ddp_preflight_timeout")):
+        with pytest.raises(pytest.UsageError, match=f"environment {setting.env}='{value}': (is|must) .*at most 86400"):
+            resolve(config, setting, {setting.env: value})
+        assert resolve(config, setting, {setting.env: "86400"}) == (86400.0, f"environment {setting.env}")
+
+
+@pytest.mark.parametrize(("timeout", "ok"), [(float("inf"), False), (1e308, False), (0, False), (-1, False),
+                                             (True, False), ("5", False), (5, True), (86400, True)])
+def test_the_marker_timeout_is_a_bound_by_the_one_rule(timeout, ok):
+    from types import SimpleNamespace
+
+    from ddp_doctor.pytest_plugin.marker import mark_spec
+    mark = SimpleNamespace(args=(), kwargs={"timeout": timeout})
+    item = SimpleNamespace(get_closest_marker=lambda name: mark, nodeid="t.py::test_a")
+    spec = mark_spec(item, SimpleNamespace(timeout=None))
+    assert (spec.error is None) is ok, spec
+    assert ok or "must be a number of seconds more than 0 and at most one day" in spec.error
+
+
 def test_marker_arguments_are_checked(quick_runs):
     runs, _ = quick_runs
     r = inner_result(runs, "marker")
@@ -846,7 +874,7 @@ def test_ddp_doctor_fixture_runs_local_checks(ddp_doctor: LocalChecks, tmp_path)
 
 def test_forkserver_module_imports_no_torch():
     code = ("import sys, ddp_doctor.pytest_plugin, ddp_doctor.pytest_plugin.rank_pool, "
-            "ddp_doctor.pytest_plugin.rank_pool.forkserver, ddp_doctor.pytest_plugin.rank_pool.rank; "
+            "ddp_doctor.pytest_plugin.rank_pool.forkserver, ddp_doctor.pytest_plugin.rank_pool.worker; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

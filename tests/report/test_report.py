@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
-from ddp_doctor.preflight_run.rank import merge_measurements
+from ddp_doctor.preflight_ranks.one_rank import merge_measurements
 from ddp_doctor.processes.launch_dir import merge_launch_dir
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.render import render_text

@@ -1,4 +1,4 @@
-"""The Chrome trace of the ranks' timelines (report/trace.py) from hand-made records, and the
+"""The Chrome trace of the ranks' timelines (report/chrome_trace.py) from hand-made records, and the
 stage times behind it (runner timings, RankPreflight stage_seconds, their merge across ranks)."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 from helpers.context import make_ctx, torchrun_env
 
-from ddp_doctor import runner
-from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight, merge_measurements
+from ddp_doctor import check_runner
+from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight, merge_measurements
+from ddp_doctor.report import chrome_trace as tracelib
 from ddp_doctor.report import sinks
-from ddp_doctor.report import trace as tracelib
 
 T0 = 1_700_000_000.0
 
@@ -153,7 +153,7 @@ def test_the_sink_writes_a_redacted_trace(tmp_path):
 def test_the_runner_times_each_check():
     ctx = make_ctx(torchrun_env(rank=0, world_size=1))
     timings: list[dict] = []
-    runner.run_stage("local", (ctx,), 0, select=["DDP101", "DDP102"], timings=timings)
+    check_runner.run_stage("local", (ctx,), 0, select=["DDP101", "DDP102"], timings=timings)
     assert [t["name"] for t in timings] == ["DDP101", "DDP102"]
     assert all(t["cat"] == "check" and t["title"] and t["start"] <= t["end"] for t in timings)
 

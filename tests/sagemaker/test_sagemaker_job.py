@@ -23,8 +23,8 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
+from ddp_doctor import check_runner, registry  # noqa: E402
 from ddp_doctor import checks as catalogue  # noqa: E402
-from ddp_doctor import registry, runner  # noqa: E402
 from ddp_doctor.checks import sagemaker_account as acct  # noqa: E402
 from ddp_doctor.checks import sagemaker_job as jc  # noqa: E402
 from ddp_doctor.report.s3 import report_location, upload_report  # noqa: E402
@@ -205,7 +205,7 @@ def test_good_setup_passes(env: dict[str, str], aws: dict[str, str]) -> None:
 def test_job_stage_runs_through_the_runner(env: dict[str, str], aws: dict[str, str]) -> None:
     assert "job" in registry.STAGES
     ctx = JobContext(JobSpec.from_dict(good_spec(aws, instance_count=0)))
-    found = runner.run_stage("job", (ctx,), rank=None, select=["DDP903"])
+    found = check_runner.run_stage("job", (ctx,), rank=None, select=["DDP903"])
     assert [f.id for f in found] == ["DDP903"] and "instance_count is 0" in found[0].message
     assert all(c.stage == "job" and c.category == "sagemaker_job"
                for c in catalogue.load_catalogue().values() if c.id.startswith("DDP9") and c.func)

@@ -174,7 +174,7 @@ def test_a_crashed_rank_sets_the_status_when_the_launcher_stopped_a_lower_rank_f
 def test_a_launcher_that_fails_before_any_rank_is_never_a_pass(tmp_path):
     from types import SimpleNamespace
 
-    from ddp_doctor.training.run.command import finish
+    from ddp_doctor.training.run.parent_report import finish
     report = tmp_path / "r.json"
     opts = SimpleNamespace(report_path=str(report), hang_timeout=None, trace_path=None, run_dir=None)
     run_dir = tmp_path / "run"

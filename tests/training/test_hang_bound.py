@@ -71,7 +71,7 @@ def test_the_parent_notes_the_longest_slow_rank_wait_and_stops_only_a_hang(tmp_p
     import time
 
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.command import detect_hang
+    from ddp_doctor.training.run.stall_watch import detect_hang
     now = time.time()
     d = str(tmp_path)
     base = {"phase": "training", "steps": 50, "slowest_step": 0.5}

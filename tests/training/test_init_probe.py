@@ -1,4 +1,4 @@
-"""The init_process_group recorder (training/probes/init_arguments.py): the values exactly as
+"""The init_process_group recorder (training/probes/init_calls.py): the values exactly as
 passed, the source text of each argument at the call, and which torch.multiprocessing.spawn
 started the process."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from ddp_doctor.training.probes import init_arguments as probe
+from ddp_doctor.training.probes import init_calls as probe
 
 SOURCE = '''import torch.distributed as dist
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.procs import DDP, assert_clean_output, clean_env, free_port, load_json, run
 
-from ddp_doctor.training.run import command
+from ddp_doctor.training.run import stall_watch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 
@@ -43,10 +43,10 @@ def test_the_parent_ends_a_launcher_that_outwaits_the_bound(tmp_path):
     run_dir = str(tmp_path)
     torchrun = ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--master-port", "29999"]
     opts = SimpleNamespace(timeout=10.0)
-    assert not command.nodes_never_met(run_dir, torchrun, opts, time.monotonic())
-    assert command.nodes_never_met(run_dir, torchrun, opts, time.monotonic() - 10.0 - command.NODES_GRACE - 1)
+    assert not stall_watch.nodes_never_met(run_dir, torchrun, opts, time.monotonic())
+    assert stall_watch.nodes_never_met(run_dir, torchrun, opts, time.monotonic() - 10.0 - stall_watch.NODES_GRACE - 1)
     with open(tmp_path / "preflight" / "report.json", encoding="utf-8") as f:
         rep = json.load(f)
     assert rep["root_cause"]["id"] == "DDP320" and rep["root_cause"]["ranks"] == [2, 3]
     assert "node 1 never joined" in rep["root_cause"]["message"] and "29999" in rep["root_cause"]["message"]
-    assert not command.nodes_never_met(str(tmp_path / "one"), ["--nnodes", "1"], opts, time.monotonic() - 999)
+    assert not stall_watch.nodes_never_met(str(tmp_path / "one"), ["--nnodes", "1"], opts, time.monotonic() - 999)

@@ -97,10 +97,10 @@ def test_a_one_node_rendezvous_failure_is_never_a_missing_node():
 def test_the_parent_never_waits_for_another_node_in_a_one_node_job(tmp_path):
     import time
 
-    from ddp_doctor.training.run import command
+    from ddp_doctor.training.run import stall_watch
     opts = SimpleNamespace(timeout=10.0)
-    long_ago = time.monotonic() - 10.0 - command.NODES_GRACE - 1
+    long_ago = time.monotonic() - 10.0 - stall_watch.NODES_GRACE - 1
     for nnodes in ("1", "1:1"):
-        assert not command.nodes_never_met(str(tmp_path), ["--nnodes", nnodes], opts, long_ago)
+        assert not stall_watch.nodes_never_met(str(tmp_path), ["--nnodes", nnodes], opts, long_ago)
     assert not (tmp_path / "preflight").exists()
-    assert command.nodes_never_met(str(tmp_path), ["--nnodes", "1:2", "--master-port", "29999"], opts, long_ago)
+    assert stall_watch.nodes_never_met(str(tmp_path), ["--nnodes", "1:2", "--master-port", "29999"], opts, long_ago)

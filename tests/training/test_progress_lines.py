@@ -1,4 +1,4 @@
-"""Progress lines while ddp-doctor waits (training/run/progress.py, preflight_run/progress.py,
+"""Progress lines while ddp-doctor waits (training/run/hang_lines.py, preflight_ranks/stage_lines.py,
 processes/progress.py): when a line is due and what it says, on heartbeat dicts and a clock the test
 gives."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ import io
 
 import pytest
 
-from ddp_doctor.preflight_run.progress import StageLines
+from ddp_doctor.preflight_ranks.stage_lines import StageLines
 from ddp_doctor.processes.launch_dir import note_stage, read_stages
 from ddp_doctor.processes.progress import enabled, say
 from ddp_doctor.training.run.hang_bound import FLOOR, SLOW_RANK_LIMIT, HangBound
-from ddp_doctor.training.run.progress import HangLines, place
+from ddp_doctor.training.run.hang_lines import HangLines, place
 
 T0 = 10_000.0
 
@@ -139,7 +139,7 @@ def test_ranks_in_one_stage_share_it():
 
 def test_the_options_are_the_parents_own():
     from ddp_doctor.cli.launch import rank_argv
-    from ddp_doctor.training.run.command import run_options, split_argv
+    from ddp_doctor.cli.run_argv import run_options, split_argv
     assert rank_argv(["--progress", "--timeout", "5", "--no-progress"]) == ["--timeout", "5"]
     torchrun, doctor, target = split_argv(["--nproc-per-node", "2", "--progress", "train.py", "--progress"])
     assert doctor == ["--progress"] and target.args == ["--progress"]  # the script's own stays its own
@@ -159,7 +159,7 @@ def test_under_run_only_the_ranks_seen_are_named_with_the_per_wait_bound():
 def test_a_rank_notes_each_stage_it_enters(tmp_path):
     from types import SimpleNamespace
 
-    from ddp_doctor.preflight_run.rank import RankPreflight
+    from ddp_doctor.preflight_ranks.one_rank import RankPreflight
     rank = SimpleNamespace(launch_dir=str(tmp_path), rank=3, timeline=[])
     with RankPreflight._stage(rank, "rendezvous"):
         assert read_stages(str(tmp_path))[3]["stage"] == "rendezvous"
@@ -179,18 +179,18 @@ def test_the_parent_says_the_preflight_stage_then_the_stall_from_the_run_directo
     import time
 
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.command import _say_progress
+    from ddp_doctor.training.run.stall_watch import say_progress
     run_dir = str(tmp_path)
     now = time.time()
     stages = StageLines(now - 6, None, None, per_wait=60.0)
     lines = HangLines(HangBound(5.0))
     records.write_heartbeat(run_dir, 0, {"time": now, "last_progress": now - 4, "phase": "preflight"})
-    (tmp_path / "preflight").mkdir()  # made by each rank before its preflight (training/run/rank.py)
+    (tmp_path / "preflight").mkdir()  # made by each rank before its preflight (training/run/watched_rank.py)
     note_stage(str(tmp_path / "preflight"), 0, "rendezvous", now - 4)
-    _say_progress(lines, run_dir, stages)
+    say_progress(lines, run_dir, stages)
     records.write_heartbeat(run_dir, 0, {"time": now, "last_progress": now - 2, "phase": "training",
                                          "where": "/w/train.py:5 in main", "in_collective": False})
-    _say_progress(lines, run_dir, stages)
+    say_progress(lines, run_dir, stages)
     out = capsys.readouterr()
     said = out.err.splitlines()
     assert out.out == "" and len(said) == 2, said

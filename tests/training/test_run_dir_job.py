@@ -12,7 +12,7 @@ import pytest
 
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger, run_dir
-from ddp_doctor.training.run.rank import run_dir_for
+from ddp_doctor.training.run.watched_rank import run_dir_for
 
 
 @pytest.fixture(autouse=True)

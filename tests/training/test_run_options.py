@@ -1,5 +1,5 @@
 """`ddp-doctor run` as a torchrun prefix: its command line is split with torch's own launcher
-parser (training/run/torchrun_options.py, command.py split_argv), its help lists both kinds of
+parser (cli/torchrun_options.py, cli/run_argv.py split_argv), its help lists both kinds of
 options, and an uncaught exception is shown through the script's sys.excepthook (target.py)."""
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from ddp_doctor.training.run import command, torchrun_options
-from ddp_doctor.training.run.command import (
+from ddp_doctor.cli import run_argv, torchrun_options
+from ddp_doctor.cli.run import main as run_main
+from ddp_doctor.cli.run_argv import (
     DOCTOR_OPTIONS,
     RunHelpAsked,
     RunUsageError,
     split_argv,
 )
+from ddp_doctor.training.run.agent import torchrun_value
 from ddp_doctor.training.run.target import Target, run_target
 
 torch_run = pytest.importorskip("torch.distributed.run")
@@ -39,14 +41,14 @@ def test_every_spelling_of_torchs_parser_is_taken_with_its_values():
         for spelling in action.option_strings:
             if action.nargs == 0:
                 argv = [spelling, "train.py", "--lr", "1"]
-                if spelling in command.NO_PYTHON_NAMES:
+                if spelling in run_argv.NO_PYTHON_NAMES:
                     with pytest.raises(RunUsageError, match="use torchrun"):
                         split_argv(argv)
                     continue
                 torchrun, doctor, target = split_argv(argv)
-                if spelling in command.MODULE_NAMES:
+                if spelling in run_argv.MODULE_NAMES:
                     assert (torchrun, target) == ([], Target(None, "train.py", ["--lr", "1"])), spelling
-                elif spelling in command.RUN_PATH_NAMES:  # what the ranks do anyway: not passed on
+                elif spelling in run_argv.RUN_PATH_NAMES:  # what the ranks do anyway: not passed on
                     assert (torchrun, target) == ([], Target("train.py", None, ["--lr", "1"])), spelling
                 else:
                     assert torchrun == [spelling] and target == Target("train.py", None, ["--lr", "1"]), spelling
@@ -83,7 +85,7 @@ def test_ddp_doctor_options_and_torchruns_mix_before_the_script():
 def test_a_unique_prefix_is_written_out_in_full_and_an_ambiguous_one_is_refused():
     torchrun, doctor, _ = split_argv(["--nproc-per", "2", "--hang", "5", "--stand", "x.py"])
     assert torchrun == ["--nproc-per-node", "2", "--standalone"] and doctor == ["--hang-timeout", "5"]
-    assert command.torchrun_value(torchrun, "--nproc-per-node") == "2"  # what the parent reads
+    assert torchrun_value(torchrun, "--nproc-per-node") == "2"  # what the parent reads
     with pytest.raises(RunUsageError, match="ambiguous option '--r'.*--redirects.*--report"):
         split_argv(["--r", "x", "x.py"])
 
@@ -156,7 +158,7 @@ def test_torchs_help_is_shortened_to_one_line(text, line):
 
 @pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--nproc-per-node", "2", "--help"]])
 def test_help_lists_ddp_doctors_options_and_torchruns_one_line_each(argv, capsys):
-    assert command.main(argv) == 0
+    assert run_main(argv) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].startswith("usage: ddp-doctor run [torchrun options]")

@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers.procs import DDP, clean_env, load_json, run
 
-from ddp_doctor.report import trace as tracelib
+from ddp_doctor.report import chrome_trace as tracelib
 
 pytestmark = pytest.mark.slow
 STAGES = {"local_checks", "rendezvous", "init_process_group", "group_checks", "teardown"}

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "run_scripts"
 START_BOUND = 180.0  # interpreters importing torch on a loaded 2-core machine
-PREFIX = "ddp_doctor/preflight/0/"  # the preflight's keys of hand-launched ranks (preflight_run/rank.py)
+PREFIX = "ddp_doctor/preflight/0/"  # the preflight's keys of hand-launched ranks (preflight_ranks/one_rank.py)
 
 
 def _torchrun(port: int, report: str, script: str) -> list[str]:

@@ -13,8 +13,8 @@ import time
 from typing import Any, Callable
 
 from ddp_doctor.processes.tree import die_with_parent
-from ddp_doctor.pytest_plugin.rank_pool.rank import rank_main
 from ddp_doctor.pytest_plugin.rank_pool.wire import JUDGE, PRELOAD, PRELOAD_ENV, Reader, send
+from ddp_doctor.pytest_plugin.rank_pool.worker import rank_main
 
 
 def judge_child(inputs: dict, server: int) -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 import ddp_doctor.pytest_plugin.rank_pool.forkserver as _forkserver
 import ddp_doctor.pytest_plugin.rank_pool.ledgers as _ledgers
-import ddp_doctor.pytest_plugin.rank_pool.rank as _rank
+import ddp_doctor.pytest_plugin.rank_pool.worker as _rank
 import ddp_doctor.time_limit
 import ddp_doctor.training.probes.collective_sites as _collective_sites
 from ddp_doctor.pytest_plugin.rank_pool.ledgers import LEFT
 from ddp_doctor.pytest_plugin.rank_pool.pool import PEER_GRACE_S
-from ddp_doctor.pytest_plugin.rank_pool.rank import DESTROY_BOUND_S
 from ddp_doctor.pytest_plugin.rank_pool.results import POOL_LOST, RankEnd, RunResult, leftover_notes
+from ddp_doctor.pytest_plugin.rank_pool.worker import DESTROY_BOUND_S
 
 # A failure with one of these messages is a consequence of a peer that went away first.
 PEER_LOSS = ("closed by peer", "reset by peer", "remote worker", "remote process", "broken pipe",

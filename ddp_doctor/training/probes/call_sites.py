@@ -8,16 +8,15 @@ import sys
 import sysconfig
 import traceback
 
-from ddp_doctor.facts.frames import TOOL_DIR, not_user_code_dirs
+from ddp_doctor.facts.frames import TOOL_DIR, is_user_file
 
 
 def user_site() -> str | None:
     """file:line of the innermost frame outside ddp-doctor, torch and the standard library: where
     the script (or the library it called) did what is recorded."""
-    skip = not_user_code_dirs()
     frames = [(f.f_code.co_filename, line) for f, line in traceback.walk_stack(sys._getframe(1))]
     for name, line in frames:
-        if not name.startswith(skip) and not name.startswith("<"):
+        if is_user_file(name):
             return f"{name}:{line}"
     # a training package installed in site-packages: its innermost frame outside torch and us
     torch_mod = sys.modules.get("torch")

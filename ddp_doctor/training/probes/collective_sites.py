@@ -18,7 +18,7 @@ import time
 import types
 from typing import Any, Callable
 
-from ddp_doctor.facts.frames import not_user_code_dirs
+from ddp_doctor.facts.frames import is_user_file
 
 # torch.distributed's collective entry points that scripts call (the object variants issue
 # several collectives inside one call: they all get the call's site).
@@ -47,7 +47,7 @@ def _is_user_file(name: str) -> bool:
     if user is None:
         if len(_user_files) > 4096:  # bounded, whatever the script compiles
             _user_files.clear()
-        user = _user_files[name] = not name.startswith(not_user_code_dirs()) and not name.startswith("<")
+        user = _user_files[name] = is_user_file(name)
     return user
 
 

@@ -15,7 +15,7 @@ from ddp_doctor.training.probes import (
     children,
     collective_sites,
     dist_wrappers,
-    init_arguments,
+    init_calls,
     loader_wrappers,
     recorder,
 )
@@ -62,14 +62,14 @@ def _patch_torch() -> None:
     from torch.utils.data.distributed import DistributedSampler
 
     # One wrapper for both names of each function: dist.X and c10d.X are the same object.
-    init = init_arguments.init_arguments_wrapper(_out_dir)(
+    init = init_calls.init_arguments_wrapper(_out_dir)(
         dist_wrappers.init_process_group_wrapper(c10d.init_process_group))
     for owner in (dist, c10d):
         wrap_in_place(owner, "init_process_group", lambda orig: init)
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")  # mp.spawn calls its start_processes
     if spawn_module is not None and hasattr(spawn_module, "start_processes"):
         original = spawn_module.start_processes
-        start = init_arguments.spawn_wrapper(original)
+        start = init_calls.spawn_wrapper(original)
         for owner in (spawn_module, torch.multiprocessing):
             if getattr(owner, "start_processes", None) is original:
                 wrap_in_place(owner, "start_processes", lambda orig, start=start: start)

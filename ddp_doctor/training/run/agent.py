@@ -8,26 +8,30 @@ ddp-doctor's parent process owns the diagnosis, so the launcher stays quiet abou
 It owns the stops too: a SIGTERM, SIGINT or SIGHUP sent to the launcher is passed on to the
 parent (hand_stops_to_parent), which takes the ranks' stacks and ledgers before it ends the job and
 reports it as stopped; the launcher ends its ranks itself only when the parent ends it, is gone,
-or a second stop comes. Its ranks die with it (rank.py, AGENT_PID_ENV): a launcher killed outright
+or a second stop comes. Its ranks die with it (watched_rank.py, AGENT_PID_ENV): a launcher killed outright
 (SIGKILL) leaves no rank training.
 When the launcher's own rendezvous fails (its store cannot listen on a port another process
 holds; a node that never arrives, a master node that does not answer: bounded by the
-`--rdzv-conf timeout=/join_timeout=` the parent passes, command.py agent_command), no rank ever
+`--rdzv-conf timeout=/join_timeout=` the parent passes, agent_command), no rank ever
 starts; the agent then leaves the finding where the parent reads the preflight (write_node_report)
 and exits with status 3, as a failed preflight does.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_doctor.processes.stop_signals import STOP_SIGNALS
 
+if TYPE_CHECKING:
+    from ddp_doctor.training.run.target import Target
+
 RESULT_ENV = "DDP_DOCTOR_AGENT_RESULT"
-AGENT_PID_ENV = "DDP_DOCTOR_AGENT_PID"  # this launcher's pid, for its ranks to die with it (rank.py)
+AGENT_PID_ENV = "DDP_DOCTOR_AGENT_PID"  # this launcher's pid, for its ranks to die with it (watched_rank.py)
 PARENT_ENDS_FILE = "agent-end"  # in the run directory: the parent ends the launcher (no passing back)
 STOPPED_FILE = "agent-stopped.json"  # in the run directory: the stop signal the launcher acted on itself
 
@@ -237,7 +241,7 @@ def _unreachable_finding(args: Any, text: str, within: str, evidence: dict[str, 
     (node 0's) launcher, or in a one-node job its own store. Why, as the preflight's ranks tell it."""
     from ddp_doctor.checks import rendezvous as ev
     from ddp_doctor.checks.internal import event_finding
-    from ddp_doctor.preflight_run import rendezvous
+    from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
     nnodes, node, _ = nodes_of(args)
     host, port = master_of(args)
     reach = rendezvous.reach_master(host, port, 2.0, attempt_timeout=1.0)
@@ -304,7 +308,7 @@ def port_in_use_finding(args: Any, error_text: str, evidence: dict[str, Any] | N
 
 
 def write_node_report(run_dir: str, finding: Any) -> None:
-    """Leave `finding` where the parent (command.py finish) reads a self-launched preflight:
+    """Leave `finding` where the parent (parent_report.py finish) reads a self-launched preflight:
     the merged report of this node, and a final record for its first local rank (none started)."""
     from ddp_doctor.processes.launch_dir import rank_path, report_path
     from ddp_doctor.report import build as reportlib
@@ -322,6 +326,46 @@ def write_node_report(run_dir: str, finding: Any) -> None:
             records.write_json(path, data)
     except OSError:
         pass
+
+
+# ---------------------------------------------------------------- the launcher's command line
+
+def torchrun_value(torchrun: list[str], *names: str) -> str | None:
+    """The value of the first of `names` in a list of options as given (`--name V` or `--name=V`);
+    None when it is not there."""
+    for i, a in enumerate(torchrun):
+        key, _, val = a.partition("=")
+        if key in names:
+            return val if val else (torchrun[i + 1] if i + 1 < len(torchrun) else None)
+    return None
+
+
+def agent_command(torchrun: list[str], doctor: list[str], target: Target) -> list[str]:
+    """This launcher's command line, as the parent starts it (parent.py): torchrun's options (no
+    restarts unless asked, --standalone for one node without a given address, the rendezvous of
+    several nodes bounded by --timeout), then each rank as `python -m ddp_doctor run` with the
+    ddp-doctor options and the target, which the rank reads again (cli/run_argv.py)."""
+    args = list(torchrun)
+    if torchrun_value(args, "--max-restarts", "--max_restarts") is None:
+        args += ["--max-restarts", "0"]
+    nnodes = torchrun_value(args, "--nnodes") or "1"
+    given = any(torchrun_value(args, n) for n in ("--master-addr", "--master_addr", "--rdzv-endpoint",
+                                                   "--rdzv_endpoint", "--master-port", "--master_port"))
+    if nnodes == "1" and not given and "--standalone" not in args:
+        args.append("--standalone")  # a free port for the store: no collisions between jobs
+    # Several nodes: the launcher's own rendezvous waits for the others 900 s by default (static:
+    # timeout, c10d: join_timeout): bound it by --timeout, as the preflight bounds the ranks' meeting.
+    bound = str(max(1, math.ceil(float(torchrun_value(doctor, "--timeout") or 60))))
+    conf = torchrun_value(args, "--rdzv-conf", "--rdzv_conf")
+    keys = {kv.split("=", 1)[0].strip() for kv in (conf or "").split(",") if "=" in kv}
+    more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys] if nnodes != "1" else []
+    if more:
+        args = [a for i, a in enumerate(args) if a.split("=", 1)[0] not in ("--rdzv-conf", "--rdzv_conf")
+                and not (i and args[i - 1] in ("--rdzv-conf", "--rdzv_conf"))]
+        args.append("--rdzv-conf=" + ",".join(([conf] if conf else []) + more))
+    tail = ["-m", target.module] if target.module else [str(target.path)]
+    return [sys.executable, "-m", "ddp_doctor.training.run.agent", *args, "-m", "ddp_doctor", "run",
+            *doctor, *tail, *target.args]
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def ending_of(run_dir: str, rank: int) -> dict[str, Any]:
                 probe = json.load(f)
     except (OSError, ValueError):
         pass
-    # redacted as the rank views are (preflight_run/rank_view.py): the store has no authentication
+    # redacted as the rank views are (preflight_ranks/rank_view.py): the store has no authentication
     # and other nodes keep a copy in their run directory
     return redact_obj({"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger,
                        "probe": probe if isinstance(probe, dict) else None})

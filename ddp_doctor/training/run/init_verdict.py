@@ -1,5 +1,5 @@
 """What the processes passed to init_process_group, brought to the report wherever `ddp-doctor run`
-runs: the parent of launched ranks (command.py), and the one process of `ddp-doctor run script.py`
+runs: the parent of launched ranks (stall_watch.py), and the one process of `ddp-doctor run script.py`
 whose script starts its own ranks (torch.multiprocessing.spawn, multiprocessing), where
 `InitWatch` ends processes that wait in init with arguments that cannot work instead of letting
 them wait for torch's timeout (30 minutes). The rules are in checks/init_arguments.py.

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ddp_doctor.checks.signatures import classify
-from ddp_doctor.facts.frames import not_user_code_dirs
+from ddp_doctor.facts.frames import is_user_file
 from ddp_doctor.facts.own_env import set_own
 from ddp_doctor.training import records
 from ddp_doctor.training.probes import collective_sites
@@ -197,8 +197,7 @@ def from_exception(exc: dict[str, Any] | None) -> tuple[bool, str | None]:
     sig = classify(f"{exc.get('type')}: {exc.get('message')}")
     in_collective = (any(os.path.basename(f) in COLLECTIVE_FILES for f, _, _ in frames)
                      or (sig is not None and sig.entry.id in COLLECTIVE_FAILURES))
-    skip = not_user_code_dirs()
-    user = [f for f in frames if not f[0].startswith(skip) and not f[0].startswith("<")]
+    user = [f for f in frames if is_user_file(f[0])]
     where = f"{user[-1][0]}:{user[-1][1]} in {user[-1][2]}" if user else None
     return in_collective, where
 

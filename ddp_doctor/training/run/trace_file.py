@@ -1,5 +1,5 @@
 """`ddp-doctor run --trace PATH`: the parent turns what the ranks left in the run directory into one
-Chrome trace (report/trace.py draws it, sinks.write_trace_file writes it), once the run ended.
+Chrome trace (report/chrome_trace.py draws it, sinks.write_trace_file writes it), once the run ended.
 
     run directory                          lane of rank N (one track each)
     preflight/rank-N.json  timeline   ->   preflight: stages (rendezvous, init_process_group, each
@@ -29,7 +29,7 @@ TRACE_IN_RUN_DIR = "trace.json"  # with --run-dir, the kept run directory gets t
 def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     """rank -> {"host", "records"} from a run directory and the run's report."""
     from ddp_doctor.processes.launch_dir import launch_timelines
-    from ddp_doctor.report import trace as tracelib
+    from ddp_doctor.report import chrome_trace as tracelib
     timelines, hosts = launch_timelines(records.preflight_dir(run_dir))
     heartbeats = records.read_heartbeats(run_dir)
     outcomes = records.read_outcomes(run_dir)
@@ -77,8 +77,8 @@ def write_trace_if_asked(opts: Any, run_dir: str, rep: dict[str, Any] | None) ->
     path = getattr(opts, "trace_path", None)
     if not path:
         return
+    from ddp_doctor.report import chrome_trace as tracelib
     from ddp_doctor.report import sinks
-    from ddp_doctor.report import trace as tracelib
     from ddp_doctor.report.publish import warn
     try:
         trace = tracelib.chrome_trace(rank_lanes(run_dir, rep))

@@ -9,7 +9,7 @@ ledger: the main thread may be blocked inside a collective and cannot.
 
 Under an outside launcher (no ddp-doctor parent), a rank that sees no progress for the hang
 timeout ends itself after dumping its stacks, so the launcher ends the job; with progress lines
-asked for (training/run/progress.py), the node's lowest live rank says the stall before that.
+asked for (training/run/hang_lines.py), the node's lowest live rank says the stall before that.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from ddp_doctor.facts.frames import not_user_code_dirs
+from ddp_doctor.facts.frames import is_user_file
 from ddp_doctor.report.private_files import keep_dir, let_go
 from ddp_doctor.training import records
 from ddp_doctor.training.run import endings, ledger
@@ -56,8 +56,7 @@ def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
 
 def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
     """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
-    skip = not_user_code_dirs()
-    user = next((f for f in reversed(stack) if not f[0].startswith(skip) and not f[0].startswith("<")), None)
+    user = next((f for f in reversed(stack) if is_user_file(f[0])), None)
     inner = stack[-1] if stack else None
     return {
         "where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
@@ -92,7 +91,7 @@ class ProgressWatch:
         self._stop_seen: int | None = None  # a stop signal read from the pipe while waiting
         self._ours: set[int] = set()
         self.on_hang, self.interval = on_hang, interval
-        self.progress: Any = None  # outside launcher, --progress: training/run/progress.HangLines
+        self.progress: Any = None  # outside launcher, --progress: training/run/hang_lines.HangLines
         self.steps = 0
         self.step_times: deque[float] = deque(maxlen=STEP_TIMES)
         self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
@@ -288,7 +287,7 @@ class ProgressWatch:
 
     def _node_beats(self) -> dict[int, dict[str, Any]]:
         """This node's training ranks that have not ended, this rank as it is now."""
-        from ddp_doctor.training.run.progress import training_beats
+        from ddp_doctor.training.run.hang_lines import training_beats
         hbs = training_beats(self.run_dir, self.job_since)
         hbs[self.rank] = {**hbs.get(self.rank, {}), "last_progress": self.last_progress, "steps": self.steps,
                           "slowest_step": self.slowest_step, "in_collective": self.in_collective,

@@ -60,7 +60,7 @@ def run_dir_for(env: Any) -> str:
 def preflight(opts: RunOptions, run_dir: str, records_note: str | None = None) -> tuple[dict[str, Any], int]:
     """The preflight of this rank; `records_note`: why the records are not where asked (DDP813)."""
     from ddp_doctor.context import current_context
-    from ddp_doctor.preflight_run.rank import PreflightOptions, RankPreflight
+    from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight
     under_parent = bool(os.environ.get(PARENT_ENV))
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, running_if_pass=True)
     pf_opts = PreflightOptions(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
@@ -119,7 +119,7 @@ def run_training_rank(opts: RunOptions) -> int:
                          on_hang=None if under_parent else lambda w: _end_hung_rank(w, started, opts)).start()
     if not under_parent:  # no parent to say it: this rank's watchdog says the stall (one line per node)
         from ddp_doctor.processes.progress import enabled
-        from ddp_doctor.training.run.progress import HangLines
+        from ddp_doctor.training.run.hang_lines import HangLines
         watch.progress = HangLines(watch.hang_bound) if enabled(opts.progress) else None
     if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
         watch.watch_stop_signals(lambda w, sig: _end_stopped_rank(w, sig, started, opts))
@@ -145,7 +145,7 @@ def run_training_rank(opts: RunOptions) -> int:
     from ddp_doctor.checks.launcher_env import script_env_exports
     os.environ.update(script_env_exports(info, os.environ))
     probe = _install_probes(run_dir)
-    from ddp_doctor.training.probes.init_arguments import remember_launcher
+    from ddp_doctor.training.probes.init_calls import remember_launcher
     remember_launcher(info.rank, info.world_size)
     init_watch = None
     if own_dir:  # no launcher: the processes the script starts are judged at init (they may wait there)

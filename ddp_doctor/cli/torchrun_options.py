@@ -1,7 +1,7 @@
 """torchrun's options, as the installed torch's own launcher parser declares them
 (`torch.distributed.run.get_args_parser`): every spelling (`--nproc-per-node`, `--nproc_per_node`,
 `-t`), how many values each takes (0 for a flag), and its help shortened to one line. `ddp-doctor
-run` splits its command line with this table (command.py split_argv) and prints it in its help, so
+run` splits its command line with this table (run_argv.py split_argv) and prints it in its help, so
 it takes whatever torchrun of this torch takes.
 
 Importing torch takes a second or more, and the parent of `ddp-doctor run` needs no torch

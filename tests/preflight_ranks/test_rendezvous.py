@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from ddp_doctor.preflight_run import rendezvous
-from ddp_doctor.preflight_run.rendezvous import Meeting, Reach
+from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
+from ddp_doctor.preflight_ranks.bounded_rendezvous import Meeting, Reach
 from ddp_doctor.processes.store import prefixed, read_json_keys
 
 
@@ -156,7 +156,7 @@ def _drop_rule(port: int) -> str | None:
 
 PROBE_SCRIPT = """
 import json, sys, time
-from ddp_doctor.preflight_run import rendezvous
+from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 host, port, bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 p = rendezvous.reach_master(host, port, bound, attempt_timeout=0.4)
 f = rendezvous.reach_finding(p, host, port, 1, bound)

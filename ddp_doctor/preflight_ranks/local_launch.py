@@ -45,7 +45,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
                  trace_path: str | None = None, fail_on: FailOn | None = None, progress: bool | None = None) -> int:
     """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
     (and the Chrome trace of the ranks' stages with `trace_path`). `fail_on`: --fail-on, applied to
-    the exit status the report gives. `progress`: --progress / --no-progress (progress.py): a
+    the exit status the report gives. `progress`: --progress / --no-progress (stage_lines.py): a
     line on stderr, at growing steps, naming the stage each rank is in."""
     # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N; blocked from here to the exit
     with SignalCatcher(hold=True) as stop, tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
@@ -60,7 +60,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         bound = 3 * timeout + 60  # probe, meet and group stages each have `timeout`; plus start-up
         timed_out = False
         deadline = time.monotonic() + bound
-        from ddp_doctor.preflight_run.progress import StageLines
+        from ddp_doctor.preflight_ranks.stage_lines import StageLines
         from ddp_doctor.processes.launch_dir import read_stages
         from ddp_doctor.processes.progress import enabled, say
         lines = StageLines(launched, bound, nproc) if enabled(progress) else None
@@ -113,7 +113,7 @@ def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out:
 
 def write_launch_trace(tmp: str, rep: dict[str, Any], path: str) -> None:
     """The Chrome trace of a self-launched preflight: every rank's stages and checks."""
-    from ddp_doctor.preflight_run.rank import write_trace
+    from ddp_doctor.preflight_ranks.one_rank import write_trace
     timelines, hosts = launch_timelines(tmp)
     for r in rep.get("ranks") or []:
         if r.get("rank") is not None:

@@ -11,7 +11,7 @@ import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 
 import ddp_doctor
-from ddp_doctor.preflight_run.rank_view import collect_view, comm_env, script_digest, versions
+from ddp_doctor.preflight_ranks.rank_view import collect_view, comm_env, script_digest, versions
 from ddp_doctor.report.redact import MASK
 
 KEYS = {"rank", "local_rank", "node_rank", "world_size", "local_world_size", "launcher", "backend",
@@ -71,7 +71,7 @@ def test_versions_use_metadata_and_none_for_missing() -> None:
 
 
 def test_collect_view_does_not_import_heavy_libraries() -> None:
-    code = ("import sys; from ddp_doctor.preflight_run.rank_view import collect_view; "
+    code = ("import sys; from ddp_doctor.preflight_ranks.rank_view import collect_view; "
             "from ddp_doctor.context import current_context; collect_view(current_context()); "
             "print(sorted(m for m in ('transformers', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

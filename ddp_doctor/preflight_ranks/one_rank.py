@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Iterator
 
-from ddp_doctor import runner
+from ddp_doctor import check_runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.findings import Finding
-from ddp_doctor.preflight_run import rank_view as views
-from ddp_doctor.preflight_run import rendezvous
+from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
+from ddp_doctor.preflight_ranks import rank_view as views
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
 from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
 from ddp_doctor.report import build as reportlib
@@ -74,7 +74,7 @@ class RankPreflight:
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
         start = time.time()
-        note_stage(self.launch_dir, self.rank, name, start)  # the parent's progress line (progress.py)
+        note_stage(self.launch_dir, self.rank, name, start)  # the parent's progress line (stage_lines.py)
         try:
             yield
         finally:
@@ -120,7 +120,7 @@ class RankPreflight:
     def _run(self) -> dict[str, Any]:
         ctx, opts = self.ctx, self.opts
         with self._stage("local_checks"):
-            self.findings += runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip,
+            self.findings += check_runner.run_stage("local", (ctx,), ctx.rank, select=opts.select, skip=opts.skip,
                                               timings=self.timeline)
         with self._stage("view"):
             self.view = views.collect_view(ctx)
@@ -269,7 +269,7 @@ class RankPreflight:
         group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
         try:
             with self._stage("group_checks"):
-                self.findings += runner.run_stage("group", (ctx, group), self.rank, select=opts.select,
+                self.findings += check_runner.run_stage("group", (ctx, group), self.rank, select=opts.select,
                                                   skip=opts.skip, timings=self.timeline)
             self.measurements = group.measurements
         finally:
@@ -299,7 +299,7 @@ class RankPreflight:
             findings += [Finding.from_dict(d) for d in final.get("findings", [])]
             merge_measurements(measurements, final.get("measurements") or {})
         with self._stage("cross_rank_checks"):
-            findings += runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
+            findings += check_runner.run_stage("cross_rank", (ctx, views_by_rank), self.rank,
                                          select=opts.select, skip=opts.skip, timings=self.timeline)
         # the latest moment before the verdict: every process that met here by now is counted
         findings += self._crowded(store, ctx.world_size or 1, keep=False)
@@ -418,8 +418,8 @@ def write_trace(path: str, timelines: dict[int, list[dict[str, Any]]], hosts: di
                 rep: dict[str, Any] | None) -> None:
     """The preflight's Chrome trace (one lane per rank: its stages and checks, its errors) to
     `path`; a trace that cannot be written is a warning, never a failure."""
+    from ddp_doctor.report import chrome_trace as tracelib
     from ddp_doctor.report import sinks
-    from ddp_doctor.report import trace as tracelib
     from ddp_doctor.report.publish import warn
     try:
         found = tracelib.finding_records(rep)

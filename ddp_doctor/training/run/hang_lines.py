@@ -11,7 +11,7 @@ and the line names every rank past a fifth of its bound. Once the ranks move, it
 that wait inside a collective for a rank that still works (a slow rank, not a hang, while the
 bound adapts) are ended only at hang_bound.SLOW_RANK_LIMIT: the line says that bound.
 
-Printed by the parent of local ranks (training/run/command.py), and under an outside launcher by
+Printed by the parent of local ranks (training/run/stall_watch.py), and under an outside launcher by
 one rank per node (watchdog.py): the lowest live rank of the node, the stuck one included.
 Pure rule (`HangLines.due`) over heartbeat dicts and a clock the caller gives.
 """

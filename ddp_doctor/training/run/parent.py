@@ -1,0 +1,115 @@
+"""The parent of local ranks (`ddp-doctor run --nproc-per-node N ...`, start.py): it starts the
+ranks through torch's elastic launcher (agent.py), polls the run directory for what stall_watch.py
+looks for, ends the launch on a hang, a bad init or a stop, and writes the report (parent_report.py).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ddp_doctor.training.run.target import Target
+
+
+def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) -> int:
+    """Start the ranks through torch's elastic launcher (agent.py), watch them, and write the report.
+    Stop signals stay blocked until the report is written and published: each stop is reported
+    once, whatever its timing, and the exit status is then 128 + the first one's number. A stop
+    sent to the launcher comes here (agent.py passes it on); a launcher killed outright takes its
+    ranks with it (watched_rank.py), and this parent, their adopter, ends any it left (DDP810)."""
+    from ddp_doctor.processes.stop_signals import SignalCatcher, note_later
+    from ddp_doctor.processes.tree import adopting, launcher_preexec
+    from ddp_doctor.report.private_files import keep_dir, make_records_dir
+    from ddp_doctor.report.publish import warn
+    from ddp_doctor.training import records
+    from ddp_doctor.training.run import stall_watch
+    from ddp_doctor.training.run.agent import RESULT_ENV, agent_command, torchrun_value
+    from ddp_doctor.training.run.ledger import recorder_env
+    from ddp_doctor.training.run.parent_report import finish, sent_to_launcher
+    from ddp_doctor.training.run.watchdog import collect_stacks
+    from ddp_doctor.training.run.watched_rank import PARENT_ENV, RECORDS_NOTE_ENV, RUN_DIR_ENV
+
+    keep_in = opts.run_dir  # --run-dir: the run directory is made inside it and kept
+    # 0700, with room for the records; a full or read-only place (TMPDIR, --run-dir) moves them, with
+    # a warning here and in the report (DDP813), never the job's exit status
+    run_dir, note = make_records_dir(parent=keep_in)
+    keep_dir(run_dir)  # removed while the job runs: made again
+    if note:
+        warn(note)
+    if keep_in:
+        sys.stderr.write(f"ddp-doctor: run directory (records, ledgers, stacks): {run_dir}\n")
+    env = dict(os.environ)
+    from ddp_doctor.facts.own_env import quiet_missing_numpy
+    quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
+    env.update({RUN_DIR_ENV: run_dir, PARENT_ENV: "1", RESULT_ENV: records.agent_result_path(run_dir)})
+    if note:
+        env[RECORDS_NOTE_ENV] = note
+    env.setdefault("OMP_NUM_THREADS", "1")
+    recorder_env(env, run_dir)  # ledgers of collectives, NCCL's dumps on timeout; never the user's values
+    hang = None
+    stuck_in_init = False
+    slow: dict[str, Any] = {}  # the longest wait for a slow rank, not (yet) a hang
+    lines = stall_watch.progress_lines(opts)  # --progress: a line as the ranks' stall nears the bound
+    from ddp_doctor.preflight_ranks.stage_lines import StageLines
+    stages = StageLines(time.time(), None, None, per_wait=float(opts.timeout))  # the preflight's, until training
+    with SignalCatcher(hold=True) as stop:  # SIGTERM/SIGINT/SIGHUP: where the ranks were, then a report
+        with adopting() as since:
+            proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=launcher_preexec)
+            launched = time.monotonic()
+            try:
+                while proc.poll() is None and stop.wait(0.5) is None:
+                    stall_watch.end_stuck_at_exit(run_dir, stall_watch.TEARDOWN_BOUND)
+                    hang = stall_watch.detect_hang(run_dir, opts.hang_timeout, slow)
+                    if lines is not None and hang is None:
+                        stall_watch.say_progress(lines, run_dir, stages)
+                    stuck_in_init = stall_watch.detect_bad_init(run_dir)
+                    if hang is not None or stuck_in_init:
+                        break
+                    if stall_watch.nodes_never_met(run_dir, torchrun, opts, launched):
+                        break  # the agent is ended below; finish reports the missing node
+                stop.caught = sent_to_launcher(stop.caught, proc.pid)
+                ended_here = proc.poll() is None  # this parent ends the launcher (else it ended on its own)
+                if stop.caught is not None and proc.poll() is None:
+                    sys.stderr.write(f"ddp-doctor: {stop.caught.describe()}: taking the ranks' stacks and ledgers, "
+                                     f"then stopping them\n")
+                    hang = collect_stacks(run_dir, records.read_heartbeats(run_dir), reason="interrupted")
+                    end_launcher(run_dir, proc, since)
+                elif hang is not None:
+                    nnodes = torchrun_value(torchrun, "--nnodes") or "1"
+                    hang = collect_stacks(run_dir, hang, across=nnodes not in ("1", "1:1"))
+                    end_launcher(run_dir, proc, since)
+                else:
+                    end_launcher(run_dir, proc, since, grace=0.5)  # nothing may outlive the launcher
+            except BaseException:  # Ctrl-C or a bug in the loop: the launcher is still ended, then it goes on up
+                end_launcher(run_dir, proc, since)
+                raise
+        try:
+            code = finish(run_dir, proc.returncode, hang, opts, torchrun, stuck_in_init=stuck_in_init,
+                          slow=slow, signals=stop, launcher_pid=proc.pid, ended_here=ended_here)
+        finally:
+            from ddp_doctor.report.private_files import tighten_tree
+            from ddp_doctor.training.run.nccl_dumps import dump_files
+            if keep_in:  # the user's --run-dir: everything stays
+                tighten_tree(run_dir)  # NCCL's dumps and log, written with the umask: 0600 as ours are
+            elif dump_files(run_dir):  # NCCL's dumps are the evidence the report points to: keep them
+                tighten_tree(run_dir)
+                sys.stderr.write(f"ddp-doctor: NCCL flight recorder dumps kept in {run_dir}\n")
+            else:
+                import shutil
+                shutil.rmtree(run_dir, ignore_errors=True)
+        note_later([sent_to_launcher(s, proc.pid) for s in stop.drain()],
+                   "while the report was written; it was written first")
+    first = stop.first()  # the exit status a stop signal asks for, whenever it came
+    return first.exit_code if first is not None else code
+
+
+def end_launcher(run_dir: str, proc: subprocess.Popen[Any], since: float, grace: float = 5.0) -> None:
+    """End the launcher and every process of the launch; the launcher is told first that this
+    parent ends it, so it ends its ranks instead of passing the signal back here (agent.py)."""
+    from ddp_doctor.processes.tree import terminate_tree
+    from ddp_doctor.training.run.agent import parent_ends
+    if proc.poll() is None:
+        parent_ends(run_dir)
+    terminate_tree(proc, grace=grace, since=since)

@@ -1,0 +1,139 @@
+"""The end of a job the parent of local ranks watched (parent.py): what the ranks, the launcher and
+any stop signal left is merged into the job's report, published, and turned into the exit status.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def sent_to_launcher(stop: Any, launcher_pid: int) -> Any:
+    """A stop signal the launcher passed on (agent.py) is one sent to the launcher: say so, and not
+    that the launcher sent it."""
+    if stop is None or stop.sender_pid != launcher_pid:
+        return stop
+    from dataclasses import replace
+    return replace(stop, sender_pid=None, sender=None, to=f"the launcher (torch's elastic agent, pid {launcher_pid})")
+
+
+def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
+           torchrun: list[str], *, stuck_in_init: bool = False, interrupted: Any = None,
+           slow: dict[str, Any] | None = None, signals: Any = None, launcher_pid: int | None = None,
+           ended_here: bool = True) -> int:
+    """Merge what the ranks left into the job's report, publish it, and return the exit status.
+    `signals`: the parent's SignalCatcher, still blocking the stop signals: those pending now join
+    the stop (or, after the job's own end, are noted: DDP811). `launcher_pid`: the launcher's pid;
+    `ended_here`: this parent ended it. When it ended on its own, a stop it was sent (agent.py's
+    record) is the job's stop, and a launcher killed or failed before its ranks ended is DDP810."""
+    from ddp_doctor.checks.job import JobEvidence
+    from ddp_doctor.checks.stops import late_stop_finding
+    from ddp_doctor.exit_codes import EXIT_FAILED
+    from ddp_doctor.processes.launch_dir import merge_launch_dir
+    from ddp_doctor.report import build as reportlib
+    from ddp_doctor.report.publish import Output, platform_sinks, publish
+    from ddp_doctor.training import records
+    from ddp_doctor.training.job_report import job_report
+    from ddp_doctor.training.run.endings import remote_hung
+    from ddp_doctor.training.run.run_dir import read_run
+
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True)
+    pf_dir = records.preflight_dir(run_dir)
+    run = read_run(run_dir)
+    heartbeats = run.heartbeats
+    late: list[Any] = []
+    if signals is not None:
+        taken = [sent_to_launcher(x, launcher_pid or -1) for x in signals.drain()]
+        signals.later[len(signals.later) - len(taken):] = taken
+        interrupted = signals.stopped() or interrupted
+        late = [] if signals.caught is not None else list(signals.later)
+        from ddp_doctor.processes.stop_signals import note_later
+        note_later(taken, "after the ranks had ended; noted in the report (DDP811)" if late
+                   else "while the ranks were being stopped; noted in the report")
+    if interrupted is None and launcher_pid is not None and not ended_here:
+        interrupted = launcher_stop(run_dir, launcher_pid)  # torch's own handler took it (agent.py)
+        if interrupted is not None and hang is None:
+            hang = dict(heartbeats)  # where the ranks were: their last heartbeats
+    ended = (launcher_ended(run_dir, agent_code, launcher_pid, run)
+             if interrupted is None and hang is None and not stuck_in_init and not ended_here else None)
+    nproc = len(heartbeats) or 1
+    pf = (merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0, expected=sorted(heartbeats) or None)
+          if os.path.isdir(pf_dir) else None)
+    if pf is not None and pf["status"] == "fail" and not run.outcomes:
+        rep, code = pf, EXIT_FAILED
+        if ended is not None:
+            rep = _with_findings(rep, ended)
+        if interrupted is not None:
+            rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
+    else:
+        try:
+            with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
+                exits = {int(k): int(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError):
+            exits = {}
+        ranks = sorted(set(heartbeats) | set(run.outcomes) | set(exits))
+        stopped_at = dict(hang or {})
+        if hang is not None and interrupted is None:
+            stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
+            ranks = sorted(set(ranks) | set(stopped_at))
+        ev = JobEvidence(
+            ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
+            crashes=run.crashes, ledgers=run.ledgers, init_calls=run.init_calls, probes=run.probes,
+            stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
+            hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
+            slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
+            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True)
+        rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
+                               ranks=(pf or {}).get("ranks") or [],
+                               earlier=[*(reportlib.findings_of(pf) if pf else []), *([ended] if ended else [])],
+                               measurements=(pf or {}).get("measurements") or {})
+    if interrupted is not None:
+        code = interrupted.exit_code
+    elif ended is not None:
+        code = 128 - agent_code if agent_code is not None and agent_code < 0 else (agent_code or EXIT_FAILED)
+    if late and interrupted is None:  # the job had ended: its verdict stands, the signal is noted
+        rep = _with_findings(rep, late_stop_finding(late[0]))
+    from ddp_doctor.training.run.trace_file import write_trace_if_asked
+    write_trace_if_asked(opts, run_dir, rep)
+    publish(rep, out)
+    if rep.get("status") in ("fail", "interrupted"):
+        from ddp_doctor.context import current_context
+        platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
+    from ddp_doctor.report.publish import apply_fail_on
+    return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
+
+
+def _with_findings(rep: dict[str, Any], *more: Any) -> dict[str, Any]:
+    """`rep` rebuilt with `more` findings (status and root cause judged again); the keys the
+    builder does not make (a training report's "preflight_status") are kept."""
+    from ddp_doctor.report import build as reportlib
+    new = reportlib.build_report(world=rep.get("world") or {}, ranks=rep.get("ranks") or [],
+                                 findings=[*reportlib.findings_of(rep), *more],
+                                 measurements=rep.get("measurements") or {}, phase=rep.get("phase") or "preflight")
+    return {**rep, **new}
+
+
+def launcher_stop(run_dir: str, launcher_pid: int) -> Any:
+    """The stop signal the launcher recorded when it ended its ranks itself (agent.py: torch's own
+    handler took the signal, or a second one came before this parent acted), as a stop of the job."""
+    from ddp_doctor.processes.stop_signals import Interrupt
+    from ddp_doctor.training.run.agent import read_stop
+    signo = read_stop(run_dir)
+    if signo is None:
+        return None
+    return Interrupt(signo, to=f"the launcher (torch's elastic agent, pid {launcher_pid})")
+
+
+def launcher_ended(run_dir: str, agent_code: int | None, launcher_pid: int | None, run: Any) -> Any:
+    """DDP810 when the launcher ended on its own before its ranks did: killed by a signal (it has
+    no exit status to give for them), or exited with an error without recording any rank's failure
+    (agent.json) while started ranks had no ending. None otherwise."""
+    from ddp_doctor.checks.stops import launcher_ended_finding
+    from ddp_doctor.training import records
+    if launcher_pid is None or not agent_code:
+        return None
+    unended = {r: hb for r, hb in run.heartbeats.items() if r not in run.outcomes}
+    if agent_code > 0 and (os.path.exists(records.agent_result_path(run_dir)) or not unended):
+        return None  # the launcher's failure is its ranks' (agent.json), or it failed before any started
+    phase = "training" if run.heartbeats else "preflight"
+    return launcher_ended_finding(agent_code, launcher_pid, unended, phase=phase)
