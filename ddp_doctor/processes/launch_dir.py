@@ -22,11 +22,12 @@ from typing import Any
 from ddp_doctor.checks import internal as events
 from ddp_doctor.findings import Finding
 from ddp_doctor.report import build as reportlib
+from ddp_doctor.report.sinks import LAUNCH_REPORT_FILE
 
 LAUNCH_DIR_ENV = "DDP_DOCTOR_LAUNCH_DIR"
 LAUNCHED_AT_ENV = "DDP_DOCTOR_LAUNCHED_AT"  # Unix time a ddp-doctor parent started the launcher
 RANK_FILE = "rank-{}.json"  # {} is the rank
-REPORT_FILE = "report.json"
+REPORT_FILE = LAUNCH_REPORT_FILE
 STAGE_FILE = "stage-{}.json"
 
 

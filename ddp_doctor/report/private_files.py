@@ -30,7 +30,8 @@ def _warn(message: str) -> None:
         pass
 
 
-SUBDIRS = ("preflight",)  # the only directories ddp-doctor makes inside a run directory
+PREFLIGHT_SUBDIR = "preflight"  # a run directory's preflight records (training/records.py PREFLIGHT_DIR)
+SUBDIRS = (PREFLIGHT_SUBDIR,)  # the only directories ddp-doctor makes inside a run directory
 
 
 def tighten_tree(path: str) -> None:

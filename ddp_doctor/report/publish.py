@@ -140,7 +140,7 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
     if launch_dir:
         # Self-launched: the parent merges and prints; ranks only leave files.
         if reporter:
-            err = sinks.write_report_file(rep, os.path.join(launch_dir, "report.json"), private=True)
+            err = sinks.write_report_file(rep, os.path.join(launch_dir, sinks.LAUNCH_REPORT_FILE), private=True)
             if err:
                 warn(err)
         return

@@ -17,6 +17,7 @@ from ddp_doctor.report.private_files import write_atomically
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.report.schema import TEST_ERRORS_ENV, record_if_invalid
 
+LAUNCH_REPORT_FILE = "report.json"  # the reporting rank's report in a launch directory (processes/launch_dir.py)
 EXCEPTION_NAME = "DDPDoctorPreflightError"
 EXCEPTION_NAMES = {"preflight": EXCEPTION_NAME, "training": "DDPDoctorTrainingError",
                    "teardown": "DDPDoctorTeardownError"}

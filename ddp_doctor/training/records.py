@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from ddp_doctor.report.private_files import make_private_dir, open_private, write_private
+from ddp_doctor.report.private_files import PREFLIGHT_SUBDIR, make_private_dir, open_private, write_private
 from ddp_doctor.report.redact import redact_obj
 
 __all__ = ["make_private_dir", "open_private"]  # run directories and the files faulthandler writes into
@@ -84,7 +84,7 @@ INIT_CALL_FILE = "init-{}.json"
 PREFLIGHT_RECORD_FILE = "preflight-{}.json"  # a rank's preflight report, kept for its final report
 GONE_FILE = "gone-{}.json"  # another node's rank whose process ended without an ending
 HANG_SHARED_FILE = "hang-shared-{}.json"  # a rank copied the other nodes' stacks at a hang
-PREFLIGHT_DIR = "preflight"  # (report/private_files.py SUBDIRS makes it private too)
+PREFLIGHT_DIR = PREFLIGHT_SUBDIR  # named where report/private_files.py makes it private
 AGENT_RESULT_FILE = "agent.json"
 
 
