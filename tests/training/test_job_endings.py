@@ -74,3 +74,59 @@ def test_the_wait_is_bounded_and_read_from_the_environment():
     assert endings.job_end_wait({endings.JOB_END_WAIT_ENV: "2.5"}) == 2.5
     assert endings.job_end_wait({endings.JOB_END_WAIT_ENV: "1e308"}) == 3600.0
     assert endings.job_end_wait({endings.JOB_END_WAIT_ENV: "soon"}) == endings.JOB_END_WAIT
+
+
+def test_a_hang_shared_across_nodes_survives_a_first_connection_that_fails(tmp_path, store_env, monkeypatch):
+    """At a hang each node's rank posts its ending and copies the other node's. A first connection
+    to the store that fails (a loaded host past the store's 1 s bound) is tried again within the
+    share's bound, so the node's report still gets the other node's rank and its stack."""
+    import threading
+
+    env = {**store_env, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    node0, node1 = str(tmp_path / "node0"), str(tmp_path / "node1")
+    for d, r in ((node0, 0), (node1, 1)):
+        os.makedirs(d)
+        records.write_heartbeat(d, r, {"time": 1.0, "phase": "training"})
+    # rank 0's ledger as its watchdog leaves it at a hang: waiting in all_reduce
+    records.write_ledger(node0, 0, {"position": "hung", "steps": 3, "where": "train.py:14 in <module>",
+                                    "entries": [{"profiling_name": "gloo:all_reduce", "retired": False}]})
+    real, failed = endings._connect, []
+
+    def first_fails(e, timeout):
+        if e.get("FAIL_FIRST") and not failed:
+            failed.append(1)
+            raise endings_store_timeout()
+        return real(e, timeout)
+
+    monkeypatch.setattr(endings, "_connect", first_fails)
+    waiting = endings.HangExchange(node0, 0, env=env)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(waiting.share("train.py:14 in <module>", "in all_reduce")))
+    t.start()
+    blocked = endings.HangExchange(node1, 1, env={**env, "FAIL_FIRST": "1"})
+    assert blocked.share("train.py:12 in <module>", "batches.get()") == [0] and failed == [1]
+    assert "StoreTimeout" in (blocked.last_error or "")
+    t.join(endings.HANG_SHARE_WAIT + 5)
+    assert out == [[1]]
+    hung = endings.remote_hung(node1)
+    assert list(hung) == [0] and hung[0]["where"] == "train.py:14 in <module>" and hung[0]["in_collective"]
+    with open(records.stack_path(node1, 0), encoding="utf-8") as f:
+        assert f.read() == "in all_reduce"
+
+
+def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_path, capsys):
+    """No store answers (the master node is gone): the share gives up at its bound, copies
+    nothing, says so on stderr, and still writes the file its node's parent waits for."""
+    from helpers.procs import free_port
+    node1 = str(tmp_path / "node1")
+    os.makedirs(node1)
+    records.write_heartbeat(node1, 1, {"time": 1.0, "phase": "training"})
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    assert endings.HangExchange(node1, 1, env=env).share("train.py:12", "stack") == []
+    assert "could not read the other nodes' ranks" in capsys.readouterr().err
+    assert os.path.exists(records.hang_shared_path(node1, 1))
+
+
+def endings_store_timeout():
+    from ddp_doctor.processes.store import StoreTimeout
+    return StoreTimeout("no store answered within 3 s (injected)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,6 +248,7 @@ class HangExchange:
         self._store: Any = None
         self._last_look = 0.0
         self.done = False
+        self.last_error: str | None = None  # the last store call that failed while sharing
 
     def _client(self) -> Any:
         if self._store is None:
@@ -272,19 +274,21 @@ class HangExchange:
         out = call_with_time_limit(lambda: self._share(where, stack), HANG_SHARE_WAIT + 3.0,
                                    name="ddp-doctor-hang-share")
         copied = list(out.value or []) if out.finished and out.error is None else []
+        if not copied and self.last_error:
+            sys.stderr.write(f"ddp-doctor: rank {self.rank} could not read the other nodes' ranks from the job's "
+                             f"store at the hang ({self.last_error}): this node's report names its own ranks only\n")
         records.write_json(records.hang_shared_path(self.run_dir, self.rank), {"time": time.time(), "copied": copied})
         return copied
 
     def _share(self, where: str | None, stack: str) -> list[int]:
-        store = self._client()
-        if store is None:
-            return []
+        """Post this rank's ending, then copy the other nodes' as they appear, until all are here or
+        HANG_SHARE_WAIT passed. A failed connection or store call (a loaded host, the store's own
+        1 s bound) is tried again within that bound: one slow answer must not leave this node's
+        report without the other nodes' ranks."""
         prefix = f"{_prefix(self.env)}/hang"
         ending = ending_of(self.run_dir, self.rank)
         ending.update(redact_obj({"where": where, "stack": stack[-20000:]}))
-        store.set(f"{prefix}/{self.rank}", json.dumps(ending, default=str))
-        store.append(f"{prefix}/hung", f"{self.rank},")
-        store.set(f"{prefix}/asked", "1")
+        posted = json.dumps(ending, default=str)
         local = set(records.read_heartbeats(self.run_dir))
         try:
             world = int(self.env.get("WORLD_SIZE") or 0)
@@ -292,16 +296,29 @@ class HangExchange:
             world = 0
         wanted = {r for r in range(min(world, MAX_FETCH)) if r not in local}
         copied: list[int] = []
+        told = False
         deadline = time.monotonic() + HANG_SHARE_WAIT
         while True:
-            listed = {int(x) for x in store.get(f"{prefix}/hung").decode().split(",") if x.strip().isdigit()}
-            for r in sorted((listed & wanted) - set(copied)):
-                d = json.loads(store.get(f"{prefix}/{r}"))
-                _keep(self.run_dir, r, d)
-                if d.get("stack"):
-                    with records.open_private(records.stack_path(self.run_dir, r)) as f:
-                        f.write(str(d["stack"]))
-                copied.append(r)
+            try:
+                store = self._client()
+                if store is None:  # no MASTER_ADDR/MASTER_PORT: no store to meet at
+                    return copied
+                if not told:
+                    store.set(f"{prefix}/{self.rank}", posted)
+                    store.append(f"{prefix}/hung", f"{self.rank},")
+                    store.set(f"{prefix}/asked", "1")
+                    told = True
+                listed = {int(x) for x in store.get(f"{prefix}/hung").decode().split(",") if x.strip().isdigit()}
+                for r in sorted((listed & wanted) - set(copied)):
+                    d = json.loads(store.get(f"{prefix}/{r}"))
+                    _keep(self.run_dir, r, d)
+                    if d.get("stack"):
+                        with records.open_private(records.stack_path(self.run_dir, r)) as f:
+                            f.write(str(d["stack"]))
+                    copied.append(r)
+            except (RuntimeError, OSError, ValueError) as e:  # StoreTimeout is an OSError
+                self._store = None  # a new connection on the next try
+                self.last_error = f"{type(e).__name__}: {e}"
             if wanted <= set(copied) or time.monotonic() >= deadline:
                 return copied
             time.sleep(0.2)
