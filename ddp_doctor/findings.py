@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 CATEGORIES = (
     "launcher_env", "topology", "network", "communication", "gpu", "host", "consistency",
-    "sampler", "init_order", "teardown", "training_failure", "sagemaker_job", "internal",
+    "sampler", "init_order", "teardown", "training_failure", "sagemaker_job", "post_mortem", "internal",
 )
 SEVERITIES = ("error", "warning", "info")
 PHASES = ("preflight", "training", "teardown")

@@ -136,7 +136,7 @@ LAYERS = [
     ["checks"],
     ["check_runner", "processes"],
     ["api", "job_check", "preflight_ranks", "testing"],
-    ["training", "pytest_plugin"],
+    ["training", "pytest_plugin", "postmortem"],
     ["cli", "__main__"],
 ]
 

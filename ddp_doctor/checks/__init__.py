@@ -36,6 +36,7 @@ def load_catalogue() -> dict[str, Check]:
         leftovers,
         nccl_versions,
         network,
+        post_mortem,
         probe_records,
         rank_endings,
         rendezvous,

@@ -65,6 +65,9 @@ class JobEvidence:
     # rank -> its last heartbeat, for ranks whose process is gone without an ending (no outcome, no
     # exit status seen: killed by SIGKILL under an outside launcher)
     vanished: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # ranks whose output the evidence lacks (a post-mortem without their log): an exit status
+    # without a recorded error then says the error is unknown, never that there was none
+    unlogged: set[int] = field(default_factory=set)
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -81,7 +84,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
         code = EXIT_HANG
         findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
     else:
-        more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes)
+        more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes, unlogged=ev.unlogged)
         findings += more + [vanished_finding(r, hb) for r, hb in sorted(ev.vanished.items())]
         if code == 0 and ev.launcher_code and not ev.outcomes:
             code = ev.launcher_code  # the launcher itself failed

@@ -208,12 +208,14 @@ def native_crash_finding(rank: int, code: int, dump: str, when: float | None = N
 
 
 def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int],
-                      crashes: dict[int, tuple[str, float]] | None = None) -> tuple[list[Finding], int]:
+                      crashes: dict[int, tuple[str, float]] | None = None,
+                      unlogged: set[int] | frozenset[int] = frozenset()) -> tuple[list[Finding], int]:
     """Findings and the job's exit code (the root-cause rank's own code; 0 when all ended well).
 
     `outcomes`: rank -> record written by the rank when the script ended; `exits`: rank -> exit
     status the launcher saw (negative: killed by that signal), for ranks that did not end with 0;
-    `crashes`: rank -> (faulthandler's dump, its time) for ranks that took a fatal signal."""
+    `crashes`: rank -> (faulthandler's dump, its time) for ranks that took a fatal signal;
+    `unlogged`: ranks whose output the evidence lacks (their error, if any, is unknown)."""
     crashes = crashes or {}
     findings: list[Finding] = []
     failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
@@ -284,6 +286,13 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
             findings.append(event_finding(
                 failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
                 f"error", rank=r, evidence={"exit_status": code}, phase="training"))
+        elif o is None and r in unlogged:
+            findings.append(event_finding(
+                failures.RANK_KILLED, f"rank {r} exited with status {code}; its output is not among the "
+                f"evidence, so whether it raised, and what, is unknown", rank=r,
+                hint="Add this rank's output (its log file, its host's stream) and analyze again: its "
+                     "error is the likely cause.", evidence={"exit_status": code, "output": "missing"},
+                phase="training"))
         elif o is None:
             # 128+N is how a shell or mpirun reports death by signal N: a native crash keeps its own
             # hint (DDP803's is about the OOM killer's SIGKILL)

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable, NamedTuple
 
-from ddp_doctor.cli import bench_comm, catalogue, env, preflight, run, schema
+from ddp_doctor.cli import analyze, bench_comm, catalogue, env, preflight, run, schema
 from ddp_doctor.cli.options import UsageError
 from ddp_doctor.exit_codes import EXIT_USAGE
 from ddp_doctor.version import __version__
@@ -43,6 +43,7 @@ COMMANDS: dict[str, Command] = {
                                _sagemaker_add_parser, _sagemaker_command),
     "bench-comm": Command(bench_comm.HELP, bench_comm.add_parser, bench_comm.command),
     "schema": Command(schema.HELP, schema.add_parser, schema.command),
+    "analyze": Command(analyze.HELP, analyze.add_parser, analyze.command),
 }
 
 

@@ -195,7 +195,8 @@ def test_closed_stdout_and_stderr_a_correct_job_passes(runs, name):
 @pytest.mark.parametrize("name", ["closed_own_fails", "closed_torchrun_fails"])
 def test_closed_stdout_and_stderr_a_failing_job_names_the_error_it_raised(runs, name):
     res = launched(runs, name)
-    assert res.rc == 1, res.output
+    path = runs["base"] / name / "r.json"
+    assert res.rc == 1, (res.output, path.read_text() if path.exists() else "no report")  # stdout is closed
     rep = report(runs, name)  # was: DDP803 "no Python error" (own launch), "running" (torchrun)
     assert rep["status"] == "fail" and rep["root_cause"]["ranks"] == [1], rep
     cause = next(f for f in rep["findings"] if f["id"] == "DDP800")

@@ -1,0 +1,104 @@
+"""What a post-mortem (`ddp-doctor analyze`) says of its own evidence (DDP950-DDP953): a rank whose
+output is missing, artifacts it could not read, logs in which no failure shows, and ranks whose
+logs end while they still ran. The job's verdict itself is the same judgement as `ddp-doctor
+run`'s (checks/job.py); these findings say what it had to go on, never a silent guess.
+Pure functions over plain values."""
+from __future__ import annotations
+
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.registry import declare
+
+LOG_MISSING = declare(
+    "DDP950", category="post_mortem", severity="warning", title="A rank's output is missing",
+    severities=("warning", "info"),
+    doc="""
+    What: The artifacts name a rank (the launcher's summary, the world size, a flight-recorder
+    dump, torchrun's log tree) whose output is not among them, or is empty.
+    Why: The rank that failed first is often the one whose log is missing (its node was lost, its
+    stream was not collected): the verdict can only judge the ranks it has, and a missing rank may
+    be the cause.
+    Fix: Collect every rank's output (torchrun --log-dir and --tee 3, each SageMaker host's
+    CloudWatch stream, srun --label into one file) and run ddp-doctor analyze again.
+    Severity: info when the launcher's summary says how each such rank ended: by a signal (a rank
+    killed by SIGKILL or crashed without faulthandler prints nothing) or well (absent from
+    torchrun's summary of failed ranks); warning otherwise.
+    """)
+
+UNREAD_INPUT = declare(
+    "DDP951", category="post_mortem", severity="info", title="An input was not read",
+    doc="""
+    What: A file among the inputs is none of what ddp-doctor analyze reads (a binary file, a
+    truncated or refused flight-recorder dump, a file it may not open); it was skipped.
+    Why: What a file holds decides how it is read, never its name; a file that is none of the
+    known artifacts is left out rather than guessed at.
+    Fix: Nothing, if the file is not an artifact of the job; else pass the file as the job left it
+    (not truncated, not compressed).
+    """)
+
+NO_FAILURE_FOUND = declare(
+    "DDP952", category="post_mortem", severity="warning", title="No failure found in the artifacts",
+    doc="""
+    What: No rank's output ends in an error, a crash or a kill, and no launcher summary reports a
+    failed rank.
+    Why: A job whose logs show no failure either succeeded or failed where its logs do not reach
+    (the logs were cut before the end, a node's output is missing); a post-mortem cannot tell
+    which, so it says so instead of "pass".
+    Fix: If the job failed, add the artifacts that show it: every rank's output to the end, the
+    launcher's own output (torchrun's summary), the error files, the flight-recorder dumps.
+    """)
+
+STILL_RUNNING = declare(
+    "DDP953", category="post_mortem", severity="warning", title="A rank's log ends while it still ran",
+    doc="""
+    What: A rank's output stops without an error, a crash or a kill while the job failed, and no
+    launcher reports how it ended; the finding quotes its last line.
+    Why: A rank that stopped printing while the others failed is often where the job hung (blocked
+    outside a collective the others wait in), or its output was cut.
+    Fix: Look at what the rank was doing at its last line; to know where it was blocked, collect
+    stacks (py-spy dump, faulthandler with PYTHONFAULTHANDLER=1 and a signal) or run the job under
+    ddp-doctor run, which records each rank's collectives and stacks.
+    """)
+
+
+def log_missing_finding(ranks: list[int], known_from: dict[int, str], empty: list[int], *,
+                        ending_known: bool = False) -> Finding:
+    """Ranks known to the artifacts but without output (`empty`: their file is there, empty).
+    `ending_known`: the launcher said how each of them ended (a killed rank prints nothing): info."""
+    absent = [r for r in ranks if r not in empty]
+    parts = []
+    if absent:
+        parts.append(f"no output of rank(s) {format_ranks(absent)} is among the inputs")
+    if empty:
+        parts.append(f"the output of rank(s) {format_ranks(empty)} is empty")
+    sources = sorted({known_from[r] for r in ranks if r in known_from})
+    why = ("; how each ended is known from the launcher" if ending_known else
+           ": the verdict judges the other ranks only, and a rank without output may be the cause")
+    return event_finding(
+        LOG_MISSING, "; ".join(parts) + (f" (known from {', '.join(sources)})" if sources else "") + why,
+        rank=None, ranks=ranks, phase="training", severity="info" if ending_known else None,
+        evidence={"missing": absent, "empty": empty, "known_from": {str(r): known_from.get(r) for r in ranks}})
+
+
+def unread_input_finding(skipped: list[tuple[str, str]]) -> Finding:
+    shown = "; ".join(f"{p}: {why}" for p, why in skipped[:10]) + (
+        f"; and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+    return event_finding(UNREAD_INPUT, f"{len(skipped)} input(s) not read: {shown}", rank=None, phase="training",
+                         evidence={"skipped": [{"path": p, "why": why} for p, why in skipped[:100]]})
+
+
+def no_failure_finding(ranks: list[int], files: int) -> Finding:
+    return event_finding(
+        NO_FAILURE_FOUND, f"no failure found in {files} file(s) holding the output of "
+        f"{len(ranks)} rank(s){' (' + format_ranks(ranks) + ')' if ranks else ''}: no error, crash or kill, "
+        f"and no launcher summary of a failed rank; whether the job ended well the artifacts cannot say",
+        rank=None, ranks=ranks, phase="training", evidence={"ranks": ranks, "files": files})
+
+
+def still_running_finding(rank: int, last_line: str | None, time: float | None) -> Finding:
+    quoted = f": its last line is {last_line!r}" if last_line else ""
+    return event_finding(
+        STILL_RUNNING, f"rank {rank}'s output ends without an error, a crash or a kill while the job "
+        f"failed{quoted}", rank=rank, phase="training", time=time,
+        evidence={"last_line": last_line})
+

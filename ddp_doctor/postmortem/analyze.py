@@ -1,0 +1,37 @@
+"""`ddp-doctor analyze`: the verdict of a job that already ended, from what it left. The artifacts
+are read (inputs.py), turned into the evidence the live path gathers (evidence.py), and judged by
+the one builder of a training report (training/job_report.py): the same rules, root cause,
+consequences and verdict text as `ddp-doctor run`."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ddp_doctor.postmortem.evidence import PostMortem, build
+from ddp_doctor.postmortem.inputs import read_all
+from ddp_doctor.training.job_report import job_report
+
+
+def analyze(paths: Iterable[str]) -> tuple[dict[str, Any], PostMortem]:
+    """(the report, what it was made from)."""
+    art = read_all(paths)
+    pm = build(art)
+    read = {"inputs_read": len(art.read), "inputs_skipped": len(art.skipped),
+            "ranks": {str(r): v for r, v in sorted(pm.ranks.items())}, "unplaced": pm.unplaced}
+    rep, _ = job_report(pm.evidence, world=pm.world, more=pm.findings, measurements={"post_mortem": read})
+    return rep, pm
+
+
+def trace(pm: PostMortem, rep: dict[str, Any]) -> dict[str, Any]:
+    """The job as a Chrome trace, drawn as `ddp-doctor run --trace` draws it, from what the
+    artifacts hold: each rank's collectives (its flight-recorder dump), how it ended, the findings."""
+    from ddp_doctor.report import chrome_trace as tracelib
+    ev = pm.evidence
+    found = tracelib.finding_records(rep)
+    lanes: dict[int, dict[str, Any]] = {}
+    for r in sorted(set(ev.ranks) | set(found)):
+        outcome = ev.outcomes.get(r)
+        recs = tracelib.ledger_records(ev.ledgers.get(r))
+        recs += tracelib.outcome_records(outcome, ev.crashes[r][1] if r in ev.crashes else None)
+        recs += found.get(r, [])
+        lanes[r] = {"host": (pm.ranks.get(r) or {}).get("host"), "records": recs}
+    return tracelib.chrome_trace(lanes)

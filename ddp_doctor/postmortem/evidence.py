@@ -1,0 +1,196 @@
+"""The artifacts read (postmortem/inputs.py) as the evidence `ddp-doctor run` gathers live
+(checks/job.JobEvidence): each rank's ending as an outcome record (its last traceback), the exit
+statuses the launcher's summary gives, faulthandler's dumps as crashes, flight-recorder dumps as
+ledgers; and the post-mortem's own findings on what was missing (checks/post_mortem.py).
+
+Which rank is which comes from the artifacts only: torch's `[rankN]` prefix, the launcher's
+summary (rank and local rank), a rank's file; torchrun's local rank stands for the rank only when
+the artifacts hold a single node's output. Times: torchelastic's error file has the moment a rank
+raised; otherwise the order of the lines in the console that interleaves them, from the earliest
+time the artifacts give (the launcher's summary, else the files' modification times).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_doctor.checks import post_mortem
+from ddp_doctor.checks.job import JobEvidence
+from ddp_doctor.findings import Finding
+from ddp_doctor.postmortem.inputs import Artifacts
+from ddp_doctor.postmortem.launcher_text import RankExit
+from ddp_doctor.postmortem.rank_text import RankText
+
+ORDER_STEP = 1e-3  # seconds between two lines of the console: their order, on the artifacts' clock
+
+
+@dataclass
+class PostMortem:
+    evidence: JobEvidence
+    findings: list[Finding] = field(default_factory=list)
+    world: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: how it ended, from what
+    unplaced: list[dict[str, Any]] = field(default_factory=list)  # output whose global rank is unknown
+
+
+def _merge(into: RankText, other: RankText) -> None:
+    """One rank's output read from several places (torchrun's tee into the console and its log
+    tree, stdout and stderr): the newer ending and dump, all lines counted."""
+    into.lines += other.lines
+    into.sources |= other.sources
+    into.hosts |= other.hosts
+    if other.first_seq is not None:
+        into.first_seq = other.first_seq if into.first_seq is None else min(into.first_seq, other.first_seq)
+    if other.last_seq is not None and (into.last_seq is None or other.last_seq > into.last_seq):
+        into.last_seq = other.last_seq
+        into.tail = other.tail
+    if other.ending is not None and (into.ending is None or other.ending[1] > into.ending[1]):
+        into.ending = other.ending
+    if other.dump is not None and (into.dump is None or other.dump[1] > into.dump[1]):
+        into.dump = other.dump
+
+
+def _resolve_local(art: Artifacts) -> tuple[list[tuple[str, int]], bool]:
+    """Output known by torchrun's local rank only, given its global rank: from a line that carried
+    both, from the launcher's summary (a single node), or the local rank itself when the artifacts
+    hold one node's. Returns the outputs left without a rank, and whether the artifacts are one node's."""
+    by_local = {e.local_rank: e.rank for e in art.launcher.exits.values() if e.local_rank is not None}
+    # one node unless the artifacts say otherwise: the summary names several hosts, or one local
+    # rank is two ranks (a console and a log tree of one node are two sources, one node)
+    hosts = {e.host for e in art.launcher.exits.values() if e.host}
+    seen: dict[int, set[int]] = {}
+    for (_, local), rank in art.local_to_rank.items():
+        seen.setdefault(local, set()).add(rank)
+    one_node = len(hosts) <= 1 and all(len(r) == 1 for r in seen.values())
+    by_local = {**{local: next(iter(r)) for local, r in seen.items()}, **by_local} if one_node else by_local
+    left = []
+    for (node, local), text in art.local_texts.items():
+        rank = art.local_to_rank.get((node, local))
+        if rank is None and one_node:
+            rank = by_local.get(local, local)
+        if rank is None:
+            left.append((node, local))
+            continue
+        _merge(art.rank_text(rank), text)
+    for key in list(art.error_files):
+        if isinstance(key, tuple):
+            rank = art.local_to_rank.get(key)
+            if rank is None and one_node:
+                rank = by_local.get(key[1], key[1])
+            art.error_files[rank if rank is not None else key] = art.error_files.pop(key)
+    for e in art.launcher.exits.values():  # the summary names each failed rank's error file
+        for key in [k for k, ef in art.error_files.items() if e.error_file and ef.path == e.error_file]:
+            art.error_files[e.rank] = art.error_files.pop(key)
+    return left, one_node
+
+
+def _position(ev: JobEvidence, rank: int) -> str:
+    """Where a rank's dump leaves it, as the live ledger says it: "failed" (it raised),
+    "finished" (its script ended well), else "hung" (stopped by a signal, or its ending unknown:
+    the dump is its last record)."""
+    o = ev.outcomes.get(rank)
+    if o is not None and o.get("exception"):
+        return "failed"
+    if o is not None and o.get("exit_code") == 0:
+        return "finished"
+    return "hung"
+
+
+def build(art: Artifacts) -> PostMortem:
+    unplaced, one_node = _resolve_local(art)
+    exits: dict[int, RankExit] = dict(art.launcher.exits)
+    texts = art.texts
+    known_from: dict[int, str] = {}
+    for r in exits:
+        known_from[r] = "the launcher's summary"
+    for r in art.ledgers:
+        known_from.setdefault(r, "a flight-recorder dump")
+    for r in texts:
+        known_from.setdefault(r, "its output")
+    world = max([*known_from, *[n - 1 for n in art.launcher.world_sizes]], default=-1) + 1
+    for r in range(world):
+        known_from.setdefault(r, f"the world size ({world})")
+    ranks = sorted(known_from)
+    base = min([e.time for e in exits.values() if e.time is not None], default=None)
+    if base is None:
+        base = min(art.mtimes.values(), default=0.0)
+
+    def when(rank: int, seq: int | None) -> float:
+        ef = art.error_files.get(rank)
+        if ef is not None and ef.time is not None:
+            return ef.time
+        return base + (seq or 0) * ORDER_STEP
+
+    ev = JobEvidence(ranks=ranks, world_size=world or None, started=bool(texts), ledgers=dict(art.ledgers))
+    per_rank: dict[int, dict[str, Any]] = {}
+    for r in ranks:
+        text = texts.get(r)
+        ex = exits.get(r)
+        exc = text.exception() if text is not None else None
+        seq = text.ending[1] if text is not None and text.ending is not None else None
+        if exc is None and r in art.error_files:
+            from ddp_doctor.checks.wrapped_errors import parse_traceback
+            err = parse_traceback(art.error_files[r].text)
+            if err is not None:
+                exc = {"type": err.type, "message": err.message, "traceback": art.error_files[r].text}
+        host = (ex.host if ex else None) or (sorted(text.hosts)[0] if text is not None and text.hosts else None)
+        local = ex.local_rank if ex else None
+        if exc is not None:
+            t = when(r, seq)
+            code = ex.exit_code if ex is not None and ex.exit_code and ex.exit_code > 0 else 1
+            ev.outcomes[r] = {"exit_code": code, "exception": {**exc, "time": t}, "time": t, "host": host,
+                              "local_rank": local, "phase": "training"}
+            per_rank[r] = {"ended": "raised", "error": f"{exc['type']}: {str(exc['message'])[:200]}"}
+        elif text is not None and text.dump is not None:
+            dump, dseq, status = text.dump
+            code = ex.exit_code if ex is not None and ex.exit_code is not None else status
+            ev.exits[r] = code
+            ev.crashes[r] = (dump, when(r, dseq))
+            per_rank[r] = {"ended": "crashed", "exit_status": code}
+        elif ex is not None and ex.exit_code is not None:
+            ev.exits[r] = ex.exit_code
+            per_rank[r] = {"ended": "killed" if ex.exit_code < 0 else "exited", "exit_status": ex.exit_code}
+        elif one_node and art.launcher.summaries and (text is not None or r in art.ledgers):
+            # torchrun's summary lists every rank of its node that did not exit 0, the ones it
+            # stopped included: a rank of that node absent from it ended well, before the others
+            ev.outcomes[r] = {"exit_code": 0, "exception": None, "time": when(r, text.last_seq if text else None),
+                              "host": host, "local_rank": local, "phase": "training"}
+            per_rank[r] = {"ended": "exited", "exit_status": 0, "from": "absent from the launcher's summary"}
+        else:
+            per_rank[r] = {"ended": "unknown"}
+        per_rank[r].update(host=host, lines=text.lines if text is not None else 0,
+                           last_line=(text.tail[-1] if text is not None and text.tail else None))
+    for r, led in ev.ledgers.items():
+        led["position"] = _position(ev, r)
+        if led["position"] == "failed":
+            from ddp_doctor.training.run.ledger import from_exception
+            if from_exception(ev.outcomes[r].get("exception"))[0] and led.get("entries"):
+                max(led["entries"], key=lambda e: int(e.get("time_created_ns") or 0))["failed_here"] = True
+    ev.unlogged = {r for r in ranks if texts.get(r) is None or not texts[r].lines}
+    found: list[Finding] = []
+    failed = bool(ev.outcomes or any(c for c in ev.exits.values()) or ev.crashes)
+    missing = sorted(ev.unlogged)
+    if missing:
+        empty = [r for r in missing if texts.get(r) is not None]
+        # a rank that printed nothing but whose ending the launcher gives (killed, crashed without
+        # faulthandler, or ended well) is said so, but its ending is known: no warning
+        unknown = [r for r in missing if per_rank[r]["ended"] not in ("killed", "crashed")
+                   and per_rank[r].get("exit_status") != 0]
+        found.append(post_mortem.log_missing_finding(missing, known_from, empty, ending_known=not unknown))
+    if failed:
+        for r in ranks:
+            if per_rank[r]["ended"] == "unknown" and r not in ev.unlogged:
+                text = texts[r]
+                found.append(post_mortem.still_running_finding(r, per_rank[r]["last_line"],
+                                                               when(r, text.last_seq)))
+    elif ranks or art.read:
+        found.append(post_mortem.no_failure_finding(ranks, len(art.read)))
+    if art.skipped:
+        found.append(post_mortem.unread_input_finding(art.skipped))
+    hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
+    world_info = {"launcher": "torchrun" if exits or art.local_texts else None, "backend": art.backend(),
+                  "world_size": world or None,
+                  "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem"}
+    return PostMortem(evidence=ev, findings=found, world=world_info, ranks=per_rank,
+                      unplaced=[{"output": node, "local_rank": local} for node, local in unplaced])
+

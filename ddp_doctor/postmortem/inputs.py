@@ -1,0 +1,190 @@
+"""The artifacts a job left, found by content: directories are walked, each file is read once,
+line by line (a log of any size in bounded memory), and sorted into what it is:
+
+- a flight-recorder dump (torch's pickle, or its JSON form): read with the restricted unpickler
+  of training/run/nccl_dumps.py, never a plain pickle.load; the rank is the file name's number;
+- torchelastic's error file (`error.json`): the rank from torchrun's tree
+  (`attempt_N/<local rank>/error.json`) or from the summary that names the file;
+- text: each line's rank prefix says whose it is (postmortem/log_lines.py); a line without one is
+  the rank's whose file it is (torchrun's `attempt_N/<local rank>/stdout.log|stderr.log`, a file
+  named `rank3.log`), else the launcher's (a console);
+- anything else (binary, unreadable): skipped, and said so.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Iterator
+
+from ddp_doctor.postmortem.launcher_text import ErrorFile, LauncherText, read_error_file
+from ddp_doctor.postmortem.log_lines import has_rank_prefix, split_prefix, srun_labelled
+from ddp_doctor.postmortem.rank_text import RankText
+
+SNIFF = 8192
+MAX_FILES = 100_000  # a walk past this many files stops, and says so
+_TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d+)[/\\](?P<local>\d+)[/\\]"
+                   r"(?P<name>stdout\.log|stderr\.log|error\.json)$")
+_RANK_NAME = re.compile(r"(?:^|[^A-Za-z0-9])rank[_-]?(?P<n>\d{1,7})(?:[^0-9]|$)", re.I)
+_DUMP_NAME = re.compile(r"(?P<n>\d{1,7})(?:\.json|\.pkl|\.pickle)?$")
+
+
+@dataclass
+class Artifacts:
+    """Everything read. `texts`: global rank -> its output; `local_texts`: (node, local rank) ->
+    output whose global rank no line named yet; `local_to_rank`: what the lines with both
+    prefixes said; `error_files` by global rank or by (node, local rank)."""
+
+    texts: dict[int, RankText] = field(default_factory=dict)
+    local_texts: dict[tuple[str, int], RankText] = field(default_factory=dict)
+    local_to_rank: dict[tuple[str, int], int] = field(default_factory=dict)
+    launcher: LauncherText = field(default_factory=LauncherText)
+    error_files: dict[object, ErrorFile] = field(default_factory=dict)
+    ledgers: dict[int, dict] = field(default_factory=dict)
+    read: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    mtimes: dict[str, float] = field(default_factory=dict)
+    seq: int = 0
+    backends: dict[str, int] = field(default_factory=dict)  # "nccl"/"gloo" -> ranks' lines that name it
+
+    def backend(self) -> str | None:
+        """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""
+        return max(self.backends, key=lambda b: self.backends[b]) if self.backends else None
+
+    def rank_text(self, rank: int) -> RankText:
+        return self.texts.setdefault(rank, RankText())
+
+
+def walk(paths: Iterable[str]) -> Iterator[str]:
+    """Files under each path, in a stable order ("-" is stdin)."""
+    count = 0
+    for p in paths:
+        if p == "-" or not os.path.isdir(p):
+            yield p
+            continue
+        for root, dirs, files in os.walk(p):
+            dirs.sort()
+            for name in sorted(files):
+                count += 1
+                if count > MAX_FILES:
+                    return
+                yield os.path.join(root, name)
+
+
+def read_all(paths: Iterable[str]) -> Artifacts:
+    art = Artifacts()
+    for path in walk(paths):
+        read_one(art, path)
+    for t in list(art.texts.values()) + list(art.local_texts.values()):
+        t.finish()
+    art.launcher.finish()
+    return art
+
+
+def read_one(art: Artifacts, path: str) -> None:
+    if path == "-":
+        _read_text(art, "<stdin>", sys.stdin.buffer, kind="console")
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF)
+            art.mtimes[path] = os.fstat(f.fileno()).st_mtime
+            tree = _TREE.search(path)
+            if head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and b'"entries"' in head):
+                _read_dump(art, path)
+                return
+            if head.lstrip()[:1] == b"{" and b'"message"' in head:
+                if _read_error_file(art, path, tree):
+                    return
+            if b"\x00" in head:
+                art.skipped.append((path, "binary, not a log, an error file or a flight-recorder dump"))
+                return
+            f.seek(0)
+            kind = "local" if tree else "rank" if _RANK_NAME.search(os.path.basename(path)) else "console"
+            _read_text(art, path, f, kind=kind, tree=tree)
+    except OSError as e:
+        art.skipped.append((path, f"unreadable: {e.strerror or e}"))
+
+
+def _read_dump(art: Artifacts, path: str) -> None:
+    from ddp_doctor.training.run.nccl_dumps import as_ledger, load
+    data = load(path)
+    m = _DUMP_NAME.search(os.path.basename(path))
+    if data is None:
+        art.skipped.append((path, "not a readable flight-recorder dump (truncated, another format, or refused)"))
+    elif m is None:
+        art.skipped.append((path, "a flight-recorder dump whose file name carries no rank number"))
+    else:
+        art.ledgers[int(m.group("n"))] = as_ledger(path, data, int(m.group("n")))
+        art.read.append(path)
+
+
+def _read_error_file(art: Artifacts, path: str, tree: re.Match[str] | None) -> bool:
+    from ddp_doctor.facts.env_values import bounded_json
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            data = bounded_json(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    ef = read_error_file(path, data)
+    if ef is None:
+        return False
+    key: object = (_node(path, tree), int(tree.group("local"))) if tree else path
+    art.error_files[key] = ef
+    art.read.append(path)
+    return True
+
+
+def _node(path: str, tree: re.Match[str] | None) -> str:
+    """torchrun's run directory (one agent, one node, one run) for a file of its tree."""
+    return path[: tree.start("node") + len(tree.group("node"))] if tree else path
+
+
+def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.Match[str] | None = None) -> None:
+    node = _node(path, tree) if tree else path
+    own_local = int(tree.group("local")) if tree else None
+    sample = []  # srun's labels, and whether lines carry ranks, are known from a file's first lines
+    while len(sample) < 50 and (raw := f.readline()):
+        sample.append(raw.decode("utf-8", errors="replace"))
+    labelled = srun_labelled(sample)
+    if kind == "rank" and (labelled or any(has_rank_prefix(s) for s in sample)):
+        kind = "console"  # a console whose name holds "rank3": its lines say whose they are
+    named = _RANK_NAME.search(os.path.basename(path))
+    own_rank = int(named.group("n")) if kind == "rank" and named else None
+    if own_local is not None:  # the rank's file is here, even empty (it printed nothing)
+        art.local_texts.setdefault((node, own_local), RankText()).sources.add(node)
+    elif own_rank is not None:
+        art.rank_text(own_rank).sources.add(path)
+    for text in sample:
+        _feed(art, text, node, own_local, own_rank, labelled, kind)
+    for raw in f:
+        _feed(art, raw.decode("utf-8", errors="replace"), node, own_local, own_rank, labelled, kind)
+    art.read.append(path)
+
+
+def _feed(art: Artifacts, raw: str, node: str, own_local: int | None, own_rank: int | None,
+          labelled: bool, kind: str) -> None:
+    art.seq += 1
+    line = split_prefix(raw, srun_labelled=labelled)
+    local = line.local_rank if line.local_rank is not None else own_local
+    if line.rank is not None:
+        if local is not None:
+            art.local_to_rank[(node, local)] = line.rank
+        t = art.rank_text(line.rank)
+    elif local is not None:
+        t = art.local_texts.setdefault((node, local), RankText())
+    elif own_rank is not None:
+        t = art.rank_text(own_rank)
+    else:
+        if kind == "console":
+            art.launcher.feed(line.text)
+        return
+    if "NCCL" in line.text:
+        art.backends["nccl"] = art.backends.get("nccl", 0) + 1
+    elif "gloo" in line.text:
+        art.backends["gloo"] = art.backends.get("gloo", 0) + 1
+    if line.host:
+        t.hosts.add(line.host)
+    t.sources.add(node)
+    t.feed(line.text, art.seq)

@@ -1,0 +1,130 @@
+"""What a launcher printed about the ranks: torchrun's ChildFailedError summary, one block per
+failed rank,
+
+    [0]:
+      time      : 2026-11-24_21:20:12
+      host      : algo-2
+      rank      : 1 (local_rank: 1)
+      exitcode  : -11 (pid: 561)
+      error_file: /tmp/torchelastic_x/.../attempt_0/1/error.json
+      traceback : Signal 11 (SIGSEGV) received by PID 561
+
+(its time is the agent's local clock, to the second), torchelastic's error files
+(`{"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}`, written by a
+child whose entrypoint uses torch's @record), and the world size some launchers log. Read line by
+line; nothing here opens a file.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_doctor.checks.wrapped_errors import error_file_text
+
+_BLOCK = re.compile(r"^\s*\[\d+\]:\s*$")
+_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*?)\s*$")
+_RANK = re.compile(r"^(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
+_EXIT = re.compile(r"^(?P<code>-?\d+)")
+_FAILED = re.compile(r"\bFAILED\s*$")
+_WORLD = re.compile(r"\b(?:WORLD_SIZE|world_size)\s*[=:]\s*(?P<n>\d{1,7})\b")
+
+
+@dataclass
+class RankExit:
+    """One rank as the launcher's summary gives it."""
+
+    rank: int
+    local_rank: int | None = None
+    host: str | None = None
+    exit_code: int | None = None  # negative: the signal
+    time: float | None = None
+    error_file: str | None = None
+    root_cause: bool = False
+
+
+@dataclass
+class LauncherText:
+    """The launcher's lines of a job, read as they come."""
+
+    exits: dict[int, RankExit] = field(default_factory=dict)
+    summaries: int = 0  # ChildFailedError summaries seen (one per failed attempt)
+    world_sizes: set[int] = field(default_factory=set)
+    _current: dict[str, str] | None = None
+    _root: bool = False
+
+    def feed(self, text: str) -> None:
+        if _FAILED.search(text) or "ChildFailedError" in text:
+            self.summaries += text.rstrip().endswith("FAILED")
+        if text.startswith("Root Cause"):
+            self._close()
+            self._root = True
+            return
+        if text.startswith("Failures:"):
+            self._close()
+            self._root = False
+            return
+        if _BLOCK.match(text):
+            self._close()
+            self._current = {}
+            return
+        m = _FIELD.match(text)
+        if m and self._current is not None:
+            self._current[m.group("key")] = m.group("value")
+            if m.group("key") == "traceback":
+                self._close()
+            return
+        w = _WORLD.search(text)
+        if w:
+            self.world_sizes.add(int(w.group("n")))
+        if self._current is not None and text.strip() and not m:
+            self._close()
+
+    def _close(self) -> None:
+        block, self._current = self._current, None
+        if not block or "rank" not in block:
+            return
+        r = _RANK.match(block["rank"])
+        if not r:
+            return
+        code = _EXIT.match(block.get("exitcode", ""))
+        rank = int(r.group("rank"))
+        self.exits[rank] = RankExit(
+            rank=rank, local_rank=int(r.group("local")) if r.group("local") else None,
+            host=block.get("host") or None, exit_code=int(code.group("code")) if code else None,
+            time=summary_time(block.get("time", "")),
+            error_file=None if block.get("error_file", "<N/A>") in ("<N/A>", "") else block["error_file"],
+            root_cause=self._root)
+
+    def finish(self) -> None:
+        self._close()
+
+
+def summary_time(text: str) -> float | None:
+    """torchrun's "2026-11-24_21:20:12" (the agent's local clock) as a Unix time, or None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+@dataclass
+class ErrorFile:
+    """torchelastic's error file of one rank: its traceback text and when it was written."""
+
+    path: str
+    text: str
+    time: float | None
+
+
+def read_error_file(path: str, data: Any) -> ErrorFile | None:
+    """An error file's content (parsed JSON), or None when the JSON has another shape."""
+    if not isinstance(data, dict) or not isinstance(data.get("message"), dict):
+        return None
+    extra = data["message"].get("extraInfo") or {}
+    try:
+        when: float | None = float(extra.get("timestamp")) if isinstance(extra, dict) else None
+    except (TypeError, ValueError):
+        when = None
+    return ErrorFile(path=path, text=error_file_text(data), time=when)

@@ -1,0 +1,157 @@
+"""What one rank's output says of how it ended, read line by line in bounded memory: its last
+Python traceback (with the chain Python prints before it), a faulthandler dump, and where its
+output stopped.
+
+A traceback is the rank's ending only when little of its own output follows it: a traceback a
+library logged and the training survived (logging.exception) is followed by the training's lines.
+"""
+from __future__ import annotations
+
+import collections
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_doctor.checks.wrapped_errors import parse_traceback
+
+HEADER = "Traceback (most recent call last):"
+_CHAIN = ("The above exception was the direct cause of the following exception:",
+          "During handling of the above exception, another exception occurred:")
+_FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
+_FATAL_SIGNALS = {"Segmentation fault": -11, "Bus error": -7, "Illegal instruction": -4,
+                  "Floating-point exception": -8, "Floating point exception": -8, "Aborted": -6}
+# a logger's or torch's own line (glog "W1124 21:20:12.8 ...", "[W1124 ...]", an ISO timestamp):
+# never the next line of an exception's message
+_LOG_LINE = re.compile(r"^(\[?[WIEFD]\d{4} |\[[WIEF] |\d{4}-\d\d-\d\d[ T_])")
+AFTER_ENDING = 30  # lines of its own a rank may print after the traceback that ended it (its teardown)
+MAX_BLOCK = 400  # lines kept of one traceback chain (its head and its tail)
+MAX_DUMP = 200  # lines kept of one faulthandler dump
+TAIL = 5  # last lines kept, to say where a rank's output stopped
+
+
+@dataclass
+class RankText:
+    """One rank's output as it is read. `seq`: the position of a line in the reading order of
+    its source (an interleaved console orders the ranks' lines against each other)."""
+
+    lines: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL))
+    hosts: set[str] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)
+    _block: list[str] | None = None
+    _block_seq: int = 0
+    _exc_seen: bool = False
+    _after_exc: int = 0
+    _blank_after_exc: bool = False
+    ending: tuple[str, int] | None = None  # (the chain's text, its first line's seq)
+    _since_ending: int = 0
+    _dump: list[str] | None = None
+    dump: tuple[str, int, int] | None = None  # (faulthandler's text, its seq, the signal as an exit status)
+
+    def feed(self, text: str, seq: int) -> None:
+        self.lines += 1
+        self.first_seq = seq if self.first_seq is None else self.first_seq
+        self.last_seq = seq
+        if text.strip():
+            self.tail.append(text[:500])
+        if self._dump is not None:
+            self._feed_dump(text)
+            return
+        m = _FATAL.match(text)
+        if m:
+            self._close_block()
+            self._dump = [text]
+            self.dump = None
+            self._dump_seq, self._dump_status = seq, _FATAL_SIGNALS.get(m.group("what"), -6)
+            return
+        if self._block is not None:
+            self._feed_block(text, seq)
+            return
+        if text.strip() == HEADER:
+            self._open_block(text, seq)
+            return
+        if self.ending is not None and text.strip():
+            self._since_ending += 1
+            if self._since_ending > AFTER_ENDING:
+                self.ending = None  # the training went on: a traceback someone logged, not its end
+
+    def _open_block(self, text: str, seq: int) -> None:
+        self._block, self._block_seq = [text.strip()], seq
+        self._exc_seen, self._after_exc, self._blank_after_exc = False, 0, False
+
+    def _feed_block(self, text: str, seq: int) -> None:
+        block = self._block
+        assert block is not None
+        stripped = text.strip()
+        if self._exc_seen:
+            if stripped in _CHAIN or stripped == HEADER:
+                self._exc_seen, self._after_exc, self._blank_after_exc = False, 0, False  # the chain goes on
+                self._append(text)
+                return
+            if not stripped:
+                self._blank_after_exc = True
+                self._append(text)
+                return
+            if self._blank_after_exc or self._after_exc >= 60 or _LOG_LINE.match(stripped):
+                self._close_block()
+                self.feed_after_block(text, seq)
+                return
+            self._after_exc += 1  # the message's next line
+            self._append(text)
+            return
+        self._append(text)
+        if stripped and not text[:1].isspace() and stripped != HEADER and stripped not in _CHAIN \
+                and not stripped.startswith("File "):
+            self._exc_seen = True
+
+    def feed_after_block(self, text: str, seq: int) -> None:
+        """The first line after a chain: counted against it, or a new chain's header."""
+        if text.strip() == HEADER:
+            self._open_block(text, seq)
+        elif text.strip():
+            self._since_ending += 1
+
+    def _append(self, text: str) -> None:
+        block = self._block
+        assert block is not None
+        block.append(text.rstrip())
+        if len(block) > MAX_BLOCK:
+            del block[MAX_BLOCK // 4]  # keep the head (the first frames) and the newest lines
+
+    def _close_block(self) -> None:
+        if self._block is not None and self._exc_seen:
+            while self._block and not self._block[-1].strip():
+                self._block.pop()
+            self.ending, self._since_ending = ("\n".join(self._block) + "\n", self._block_seq), 0
+        self._block = None
+
+    def _feed_dump(self, text: str) -> None:
+        dump = self._dump
+        assert dump is not None
+        dump.append(text.rstrip())
+        if len(dump) >= MAX_DUMP or (not text.strip() and len(dump) > 3 and not dump[-2].strip()):
+            self._close_dump()
+
+    def _close_dump(self) -> None:
+        if self._dump is not None:
+            self.dump = ("\n".join(self._dump).strip() + "\n", self._dump_seq, self._dump_status)
+        self._dump = None
+
+    def finish(self) -> None:
+        """The end of the rank's output: a chain or a dump still open is complete as it is."""
+        self._close_block()
+        self._close_dump()
+
+    def exception(self) -> dict[str, Any] | None:
+        """The traceback that ended the rank, in the shape of a rank's outcome record (type,
+        message, traceback: the whole chain), or None."""
+        if self.ending is None:
+            return None
+        text = self.ending[0]
+        last = text.rfind(HEADER)
+        err = parse_traceback(text[last:] if last >= 0 else text)
+        if err is None:
+            return None
+        return {"type": err.type, "message": err.message, "traceback": text}
