@@ -21,10 +21,12 @@ def not_user_code_dirs() -> tuple[str, ...]:
             p = sysconfig.get_paths().get(key)
             if p:
                 dirs.append(p)
-        try:
-            import torch
-            dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
-        except Exception:  # noqa: BLE001 - torch missing or broken: its frames are not there to tell apart
+        try:  # found, not imported: importing torch costs seconds and 200 MB (a post-mortem needs neither)
+            import importlib.util
+            spec = importlib.util.find_spec("torch")
+            if spec is not None and spec.origin:
+                dirs.append(os.path.dirname(os.path.abspath(spec.origin)))
+        except (ImportError, ValueError):  # a broken torch: its frames are not there to tell apart
             pass
         _NOT_USER_CODE = tuple(dirs)
     return _NOT_USER_CODE

@@ -6,11 +6,13 @@ ledgers; and the post-mortem's own findings on what was missing (checks/post_mor
 Which rank is which comes from the artifacts only: torch's `[rankN]` prefix, the launcher's
 summary (rank and local rank), a rank's file; torchrun's local rank stands for the rank only when
 the artifacts hold a single node's output. Times: torchelastic's error file has the moment a rank
-raised; otherwise the order of the lines in the console that interleaves them, from the earliest
-time the artifacts give (the launcher's summary, else the files' modification times).
+raised; otherwise the order of their lines in the console that interleaves them (a line's
+position in its source), from the earliest time the artifacts give (the launcher's summary, else
+the files' modification times).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +21,8 @@ from ddp_doctor.checks.job import JobEvidence
 from ddp_doctor.findings import Finding
 from ddp_doctor.postmortem.inputs import Artifacts
 from ddp_doctor.postmortem.launcher_text import RankExit
-from ddp_doctor.postmortem.rank_text import RankText
 
-ORDER_STEP = 1e-3  # seconds between two lines of the console: their order, on the artifacts' clock
+ORDER_STEP = 1e-3  # seconds between two ranks' endings: their order, on the artifacts' clock
 
 
 @dataclass
@@ -31,23 +32,6 @@ class PostMortem:
     world: dict[str, Any] = field(default_factory=dict)
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: how it ended, from what
     unplaced: list[dict[str, Any]] = field(default_factory=list)  # output whose global rank is unknown
-
-
-def _merge(into: RankText, other: RankText) -> None:
-    """One rank's output read from several places (torchrun's tee into the console and its log
-    tree, stdout and stderr): the newer ending and dump, all lines counted."""
-    into.lines += other.lines
-    into.sources |= other.sources
-    into.hosts |= other.hosts
-    if other.first_seq is not None:
-        into.first_seq = other.first_seq if into.first_seq is None else min(into.first_seq, other.first_seq)
-    if other.last_seq is not None and (into.last_seq is None or other.last_seq > into.last_seq):
-        into.last_seq = other.last_seq
-        into.tail = other.tail
-    if other.ending is not None and (into.ending is None or other.ending[1] > into.ending[1]):
-        into.ending = other.ending
-    if other.dump is not None and (into.dump is None or other.dump[1] > into.dump[1]):
-        into.dump = other.dump
 
 
 def _resolve_local(art: Artifacts) -> tuple[list[tuple[str, int]], bool]:
@@ -71,7 +55,7 @@ def _resolve_local(art: Artifacts) -> tuple[list[tuple[str, int]], bool]:
         if rank is None:
             left.append((node, local))
             continue
-        _merge(art.rank_text(rank), text)
+        art.rank_text(rank).merge(text)
     for key in list(art.error_files):
         if isinstance(key, tuple):
             rank = art.local_to_rank.get(key)
@@ -115,11 +99,16 @@ def build(art: Artifacts) -> PostMortem:
     if base is None:
         base = min(art.mtimes.values(), default=0.0)
 
+    # positions (a line's place in its source) order the ranks' endings; on the clock they are
+    # ORDER_STEP apart, in that order
+    order = sorted({p for t in texts.values() for p in (t.ending and t.ending[1], t.dump and t.dump[1], t.last_seq)
+                    if p is not None})
+
     def when(rank: int, seq: int | None) -> float:
         ef = art.error_files.get(rank)
         if ef is not None and ef.time is not None:
             return ef.time
-        return base + (seq or 0) * ORDER_STEP
+        return base + bisect.bisect_left(order, seq or 0) * ORDER_STEP
 
     ev = JobEvidence(ranks=ranks, world_size=world or None, started=bool(texts), ledgers=dict(art.ledgers))
     per_rank: dict[int, dict[str, Any]] = {}

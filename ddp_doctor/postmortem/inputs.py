@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator
 
 from ddp_doctor.postmortem.launcher_text import ErrorFile, LauncherText, read_error_file
-from ddp_doctor.postmortem.log_lines import has_rank_prefix, split_prefix, srun_labelled
+from ddp_doctor.postmortem.log_lines import Line, has_rank_prefix, split_prefix, srun_labelled
 from ddp_doctor.postmortem.rank_text import RankText
 
 SNIFF = 8192
+SMALL_FILE = 4 << 20  # read line by line whole; a larger file is scanned (postmortem/large_text.py)
 MAX_FILES = 100_000  # a walk past this many files stops, and says so
 _TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d+)[/\\](?P<local>\d+)[/\\]"
                    r"(?P<name>stdout\.log|stderr\.log|error\.json)$")
@@ -76,8 +77,6 @@ def read_all(paths: Iterable[str]) -> Artifacts:
     art = Artifacts()
     for path in walk(paths):
         read_one(art, path)
-    for t in list(art.texts.values()) + list(art.local_texts.values()):
-        t.finish()
     art.launcher.finish()
     return art
 
@@ -102,7 +101,7 @@ def read_one(art: Artifacts, path: str) -> None:
                 return
             f.seek(0)
             kind = "local" if tree else "rank" if _RANK_NAME.search(os.path.basename(path)) else "console"
-            _read_text(art, path, f, kind=kind, tree=tree)
+            _read_text(art, path, f, kind=kind, tree=tree, size=os.fstat(f.fileno()).st_size)
     except OSError as e:
         art.skipped.append((path, f"unreadable: {e.strerror or e}"))
 
@@ -141,50 +140,85 @@ def _node(path: str, tree: re.Match[str] | None) -> str:
     return path[: tree.start("node") + len(tree.group("node"))] if tree else path
 
 
-def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.Match[str] | None = None) -> None:
-    node = _node(path, tree) if tree else path
-    own_local = int(tree.group("local")) if tree else None
+@dataclass
+class Source:
+    """One text file as it is read: whose lines without a rank prefix are."""
+
+    path: str
+    node: str  # torchrun's run directory for a file of its tree, else the file
+    kind: str  # "local" (torchrun's tree), "rank" (a rank's own file), "console"
+    own_local: int | None = None
+    own_rank: int | None = None
+    labelled: bool = False
+    texts: dict[tuple, RankText] = field(default_factory=dict)  # this file's share of each rank's output
+
+    def text(self, key: tuple) -> RankText:
+        return self.texts.setdefault(key, RankText())
+
+
+def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.Match[str] | None = None,
+               size: int | None = None) -> None:
+    src = Source(path=path, node=_node(path, tree) if tree else path, kind=kind,
+                 own_local=int(tree.group("local")) if tree else None)
     sample = []  # srun's labels, and whether lines carry ranks, are known from a file's first lines
     while len(sample) < 50 and (raw := f.readline()):
         sample.append(raw.decode("utf-8", errors="replace"))
-    labelled = srun_labelled(sample)
-    if kind == "rank" and (labelled or any(has_rank_prefix(s) for s in sample)):
-        kind = "console"  # a console whose name holds "rank3": its lines say whose they are
+    src.labelled = srun_labelled(sample)
+    if kind == "rank" and (src.labelled or any(has_rank_prefix(s) for s in sample)):
+        src.kind = "console"  # a console whose name holds "rank3": its lines say whose they are
     named = _RANK_NAME.search(os.path.basename(path))
-    own_rank = int(named.group("n")) if kind == "rank" and named else None
-    if own_local is not None:  # the rank's file is here, even empty (it printed nothing)
-        art.local_texts.setdefault((node, own_local), RankText()).sources.add(node)
-    elif own_rank is not None:
-        art.rank_text(own_rank).sources.add(path)
-    for text in sample:
-        _feed(art, text, node, own_local, own_rank, labelled, kind)
-    for raw in f:
-        _feed(art, raw.decode("utf-8", errors="replace"), node, own_local, own_rank, labelled, kind)
+    src.own_rank = int(named.group("n")) if src.kind == "rank" and named else None
+    if src.own_local is not None:  # the rank's file is here, even empty (it printed nothing)
+        src.text(("local", src.node, src.own_local))
+    elif src.own_rank is not None:
+        src.text(("rank", src.own_rank))
+    if size is not None and size > SMALL_FILE:
+        from ddp_doctor.postmortem.large_text import scan_large
+        scan_large(art, src, f, size)
+    else:
+        for text in sample:
+            art.seq += 1
+            feed(art, src, text, art.seq)
+        for raw in f:
+            art.seq += 1
+            feed(art, src, raw.decode("utf-8", errors="replace"), art.seq)
+        for t in src.texts.values():
+            t.finish()
+    for key, t in src.texts.items():
+        t.sources.add(src.node)
+        target = art.rank_text(key[1]) if key[0] == "rank" else art.local_texts.setdefault((key[1], key[2]), RankText())
+        target.merge(t)
     art.read.append(path)
 
 
-def _feed(art: Artifacts, raw: str, node: str, own_local: int | None, own_rank: int | None,
-          labelled: bool, kind: str) -> None:
-    art.seq += 1
-    line = split_prefix(raw, srun_labelled=labelled)
-    local = line.local_rank if line.local_rank is not None else own_local
+def route(art: Artifacts, src: Source, raw: str) -> tuple[tuple | None, Line]:
+    """Whose line it is: ("rank", R), ("local", node, L), or None for the launcher's own line."""
+    line = split_prefix(raw, srun_labelled=src.labelled)
+    local = line.local_rank if line.local_rank is not None else src.own_local
     if line.rank is not None:
         if local is not None:
-            art.local_to_rank[(node, local)] = line.rank
-        t = art.rank_text(line.rank)
-    elif local is not None:
-        t = art.local_texts.setdefault((node, local), RankText())
-    elif own_rank is not None:
-        t = art.rank_text(own_rank)
-    else:
-        if kind == "console":
-            art.launcher.feed(line.text)
-        return
+            art.local_to_rank[(src.node, local)] = line.rank
+        return ("rank", line.rank), line
+    if local is not None:
+        return ("local", src.node, local), line
+    if src.own_rank is not None:
+        return ("rank", src.own_rank), line
+    return None, line
+
+
+def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
+    """One line read in order: to its rank's output, or to the launcher's lines of a console."""
+    key, line = route(art, src, raw)
     if "NCCL" in line.text:
         art.backends["nccl"] = art.backends.get("nccl", 0) + 1
     elif "gloo" in line.text:
         art.backends["gloo"] = art.backends.get("gloo", 0) + 1
+    if key is None:
+        if src.kind == "console":
+            art.launcher.feed(line.text)
+        return None
+    t = src.text(key)
     if line.host:
         t.hosts.add(line.host)
-    t.sources.add(node)
-    t.feed(line.text, art.seq)
+    t.feed(line.text, seq)
+    return key

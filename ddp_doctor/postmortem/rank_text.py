@@ -144,6 +144,23 @@ class RankText:
         self._close_block()
         self._close_dump()
 
+    def merge(self, other: "RankText") -> None:
+        """One rank's output read from several places (torchrun's tee into the console and its log
+        tree, stdout and stderr, the regions of a large file): the newer ending and dump, all
+        lines counted."""
+        self.lines += other.lines
+        self.sources |= other.sources
+        self.hosts |= other.hosts
+        if other.first_seq is not None:
+            self.first_seq = other.first_seq if self.first_seq is None else min(self.first_seq, other.first_seq)
+        if other.last_seq is not None and (self.last_seq is None or other.last_seq > self.last_seq):
+            self.last_seq = other.last_seq
+            self.tail = other.tail
+        if other.ending is not None and (self.ending is None or other.ending[1] > self.ending[1]):
+            self.ending = other.ending
+        if other.dump is not None and (self.dump is None or other.dump[1] > self.dump[1]):
+            self.dump = other.dump
+
     def exception(self) -> dict[str, Any] | None:
         """The traceback that ended the rank, in the shape of a rank's outcome record (type,
         message, traceback: the whole chain), or None."""

@@ -1,0 +1,147 @@
+"""A large log read at the speed of its bytes: a job of 256 ranks with 100 MB of output each is an
+ordinary input, and reading it line by line in Python would take minutes.
+
+What a verdict needs from a log is small: how each rank ended (its last traceback and what
+follows it, a faulthandler dump), the launcher's summary, which ranks printed, and each rank's
+last lines. So a large file is read in three ways:
+
+- every byte once, by a substring search on the memory-mapped file (mmap.find, no copy): where
+  each "Traceback (most recent call last):" starts and whose line it is (its byte offset orders
+  the ranks' endings); faulthandler's "Fatal Python error:" and torchrun's summary are looked for
+  in the last 4 MiB only (a dump ends its process and a summary its launcher: a log goes on
+  little after them; one further back is missed, and the launcher's exit status still says how
+  the rank ended);
+- its first and last 8 KiB line by line (a console's last 256 KiB): the ranks that print, each
+  rank's last lines, the launcher's lines (its summary ends the console);
+- around each rank's last traceback and dump (a window of bounded lines from where the chain
+  starts): the ending itself, read by the same RankText as a small file, which also sees whether
+  the training went on after it.
+
+Memory stays bounded by the head, the tail and the windows, whatever the size of the file (the
+mapped file is the page cache's, not the process's).
+"""
+from __future__ import annotations
+
+from typing import IO, TYPE_CHECKING
+
+from ddp_doctor.postmortem.rank_text import HEADER, RankText
+
+if TYPE_CHECKING:
+    from ddp_doctor.postmortem.inputs import Artifacts, Source
+
+HEAD = 8 << 10  # read line by line: who prints
+TAIL = 8 << 10  # read line by line: each rank's last lines; a console's: the launcher's summary too
+CONSOLE_TAIL = 256 << 10
+WINDOW_LINES = 50_000  # lines read after a rank's last traceback (other ranks' interleaved)
+WINDOW_BYTES = 16 << 20
+CHAIN_GAP = 400  # lines between two tracebacks of one rank that are one chain
+CHAIN_BYTES = 1 << 20  # and at most this far apart
+LATE = 4 << 20  # faulthandler's dumps and launcher summaries are looked for in the last 4 MiB
+SUMMARY_LINES = 20_000  # lines of a launcher summary read where it is found before the tail
+_MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"))
+_SUMMARY = b"Failures:"
+
+
+def scan_large(art: "Artifacts", src: "Source", f: IO[bytes], size: int) -> None:
+    """Read a large text file into `src` (its ranks' outputs) and the launcher's lines. Positions
+    (the order of the ranks' endings) are byte offsets from art.seq on."""
+    import mmap
+
+    from ddp_doctor.postmortem.inputs import feed, route
+    seq0 = art.seq
+    tracebacks: dict[tuple, list[int]] = {}  # key -> offsets of its newest tracebacks, the newest last
+    fatals: dict[tuple, int] = {}
+    summaries: list[int] = []
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        # every byte once per marker, at the speed of a substring search: where each starts, whose it is
+        tail_size = CONSOLE_TAIL if src.kind == "console" else TAIL
+        markers = [*_MARKERS, *([(_SUMMARY, "summary")] if src.kind == "console" else [])]
+        for marker, what in markers:
+            # a dump ends its process, a summary its launcher: both are near the end of a log
+            pos = mm.find(marker, 0 if what == "traceback" else max(0, size - LATE))
+            while pos >= 0:
+                start = mm.rfind(b"\n", 0, pos) + 1
+                end = mm.find(b"\n", pos)
+                raw = mm[start:end if end >= 0 else size].decode("utf-8", errors="replace")
+                key, line = route(art, src, raw)
+                if what == "summary" and key is None and start < size - tail_size:
+                    summaries.append(start)  # before the tail (a job that restarted): read where it is
+                elif key is not None and what == "traceback" and line.text.strip() == HEADER:
+                    tracebacks.setdefault(key, []).append(start)
+                    del tracebacks[key][:-16]
+                elif key is not None and what == "fatal" and line.text.startswith("Fatal Python error:"):
+                    fatals[key] = max(start, fatals.get(key, -1))
+                pos = mm.find(marker, pos + len(marker))
+        # the head and the tail, line by line: who prints, the last lines, the launcher's summary
+        head = mm[:HEAD]
+        head = head[: head.rfind(b"\n") + 1]
+        at = 0
+        for raw in head.splitlines(keepends=True):
+            feed(art, src, raw.decode("utf-8", errors="replace"), seq0 + at)
+            at += len(raw)
+        tail_from = max(size - tail_size, len(head))
+        tail = mm[tail_from:]
+        if tail_from > len(head):  # start at a line's start
+            cut = tail.find(b"\n") + 1
+            tail_from, tail = tail_from + cut, tail[cut:]
+        at = tail_from
+        for raw in tail.splitlines(keepends=True):
+            feed(art, src, raw.decode("utf-8", errors="replace"), seq0 + at)
+            at += len(raw)
+    finally:
+        mm.close()
+    for start in summaries:
+        _window(art, src, f, start, None, SUMMARY_LINES, seq0)
+    # the endings come from the windows only: the head and the tail see parts of them
+    for t in src.texts.values():
+        t.finish()
+        t.ending = t.dump = None
+    for key, marks in tracebacks.items():
+        first = _chain_start(f, marks)
+        src.text(key).ending = _window(art, src, f, first, key, WINDOW_LINES, seq0 + first).ending
+    for key, start in fatals.items():
+        src.text(key).dump = _window(art, src, f, start, key, WINDOW_LINES, seq0 + start).dump
+    art.seq = seq0 + size
+
+
+def _chain_start(f: IO[bytes], marks: list[int]) -> int:
+    """Where the chain that ends with the newest traceback starts: Python prints the causes
+    before it ("The above exception was the direct cause ..."), each a traceback of its own, a few
+    lines apart; a traceback further back is an earlier, separate one."""
+    first = marks[-1]
+    for prev in reversed(marks[:-1]):
+        if first - prev > CHAIN_BYTES:
+            break
+        f.seek(prev)
+        if f.read(first - prev).count(b"\n") > CHAIN_GAP:
+            break
+        first = prev
+    return first
+
+
+def _window(art: "Artifacts", src: "Source", f: IO[bytes], offset: int, key: tuple | None, limit: int,
+            seq: int) -> RankText:
+    """Lines from `offset` on: `key`'s into a RankText of their own (the launcher's into its
+    summary when `key` is None), until enough of them, `limit` lines, or WINDOW_BYTES."""
+    from ddp_doctor.postmortem.inputs import route
+    from ddp_doctor.postmortem.rank_text import AFTER_ENDING, MAX_BLOCK
+    w = RankText()
+    f.seek(offset)
+    read = mine = 0
+    for raw in f:
+        read += len(raw)
+        k, line = route(art, src, raw.decode("utf-8", errors="replace"))
+        if key is None:
+            if k is None:
+                art.launcher.feed(line.text)
+        elif k == key:
+            w.feed(line.text, seq + mine)
+            mine += 1
+            if mine > MAX_BLOCK + AFTER_ENDING + 2:
+                break
+        limit -= 1
+        if limit <= 0 or read > WINDOW_BYTES:
+            break
+    w.finish()
+    return w
