@@ -60,6 +60,26 @@ STILL_RUNNING = declare(
     ddp-doctor run, which records each rank's collectives and stacks.
     """)
 
+SEVERAL_JOBS = declare(
+    "DDP954", category="post_mortem", severity="warning", title="The inputs hold several jobs",
+    doc="""
+    What: The inputs hold torchrun log trees of several jobs (several run ids: each `torchrun
+    --log-dir` run makes `<run id>_<random>/` there). The report is about the newest of them; the
+    others were not read, and are named.
+    Why: Ranks of different jobs judged together make a verdict about no job: one job's failed
+    rank would be taken for the cause of another's.
+    Fix: Analyze each job's artifacts on their own (one run id's directories, its console, its
+    dumps), or pass the job's own directory.
+    """)
+
+
+def several_jobs_finding(read: str, left: list[str]) -> Finding:
+    return event_finding(
+        SEVERAL_JOBS, f"the inputs hold torchrun log trees of {len(left) + 1} jobs: this report is about run id "
+        f"{read!r} (the newest); not read: {', '.join(repr(r) for r in left[:10])}"
+        + (f" and {len(left) - 10} more" if len(left) > 10 else ""), rank=None, phase="training",
+        evidence={"read": read, "not_read": left[:100]})
+
 
 def log_missing_finding(ranks: list[int], known_from: dict[int, str], empty: list[int], *,
                         ending_known: bool = False) -> Finding:

@@ -19,7 +19,7 @@ from typing import Any
 from ddp_doctor.checks import post_mortem
 from ddp_doctor.checks.job import JobEvidence
 from ddp_doctor.findings import Finding
-from ddp_doctor.postmortem.inputs import Artifacts
+from ddp_doctor.postmortem.artifacts import Artifacts
 from ddp_doctor.postmortem.launcher_text import RankExit
 
 ORDER_STEP = 1e-3  # seconds between two ranks' endings: their order, on the artifacts' clock
@@ -176,10 +176,13 @@ def build(art: Artifacts) -> PostMortem:
         found.append(post_mortem.no_failure_finding(ranks, len(art.read)))
     if art.skipped:
         found.append(post_mortem.unread_input_finding(art.skipped))
+    if art.jobs_left and art.job is not None:
+        found.append(post_mortem.several_jobs_finding(art.job, art.jobs_left))
     hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
     world_info = {"launcher": "torchrun" if exits or art.local_texts else None, "backend": art.backend(),
                   "world_size": world or None,
-                  "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem"}
+                  "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem",
+                  **({"run_id": art.job, "attempts": art.attempts} if art.job is not None else {})}
     return PostMortem(evidence=ev, findings=found, world=world_info, ranks=per_rank,
                       unplaced=[{"output": node, "local_rank": local} for node, local in unplaced])
 

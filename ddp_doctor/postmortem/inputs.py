@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator
 
-from ddp_doctor.postmortem.launcher_text import ErrorFile, LauncherText, read_error_file
-from ddp_doctor.postmortem.log_lines import Line, has_rank_prefix, split_prefix, srun_labelled
+from ddp_doctor.postmortem.artifacts import Artifacts, Source, feed
+from ddp_doctor.postmortem.launcher_text import read_error_file
+from ddp_doctor.postmortem.log_lines import has_rank_prefix, srun_labelled
 from ddp_doctor.postmortem.rank_text import RankText
 
 SNIFF = 8192
@@ -31,30 +31,40 @@ _RANK_NAME = re.compile(r"(?:^|[^A-Za-z0-9])rank[_-]?(?P<n>\d{1,7})(?:[^0-9]|$)"
 _DUMP_NAME = re.compile(r"(?P<n>\d{1,7})(?:\.json|\.pkl|\.pickle)?$")
 
 
-@dataclass
-class Artifacts:
-    """Everything read. `texts`: global rank -> its output; `local_texts`: (node, local rank) ->
-    output whose global rank no line named yet; `local_to_rank`: what the lines with both
-    prefixes said; `error_files` by global rank or by (node, local rank)."""
+def _run_id(tree: re.Match[str]) -> str:
+    """torchrun's run directory is `<run id>_<random>`: one per node per job; the run id is the
+    job's (--rdzv-id, or a fresh uuid under --standalone), the same on every node."""
+    return tree.group("node").rsplit("_", 1)[0]
 
-    texts: dict[int, RankText] = field(default_factory=dict)
-    local_texts: dict[tuple[str, int], RankText] = field(default_factory=dict)
-    local_to_rank: dict[tuple[str, int], int] = field(default_factory=dict)
-    launcher: LauncherText = field(default_factory=LauncherText)
-    error_files: dict[object, ErrorFile] = field(default_factory=dict)
-    ledgers: dict[int, dict] = field(default_factory=dict)
-    read: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    mtimes: dict[str, float] = field(default_factory=dict)
-    seq: int = 0
-    backends: dict[str, int] = field(default_factory=dict)  # "nccl"/"gloo" -> ranks' lines that name it
 
-    def backend(self) -> str | None:
-        """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""
-        return max(self.backends, key=lambda b: self.backends[b]) if self.backends else None
+def one_job(art: Artifacts, files: list[str]) -> list[str]:
+    """The files of one job: torchrun's trees of several run ids are several jobs (the newest is
+    read, the others named in art.jobs_left); of a job's restarts, each node's latest attempt
+    (the one that ended the job; art.attempts says how many there were)."""
+    trees = {p: m for p in files if (m := _TREE.search(p)) is not None}
+    if not trees:
+        return files
+    newest: dict[str, float] = {}
+    for p, m in trees.items():
+        try:
+            newest[_run_id(m)] = max(newest.get(_run_id(m), 0.0), os.path.getmtime(p))
+        except OSError:
+            continue
+    job = max(newest, key=lambda r: newest[r]) if newest else None
+    art.jobs_left = sorted(r for r in newest if r != job)
+    last: dict[str, int] = {}
+    for m in trees.values():
+        if _run_id(m) == job:
+            node = _node_of(m)
+            last[node] = max(last.get(node, 0), int(m.group("attempt")))
+    art.attempts = max(last.values(), default=0) + 1
+    art.job = job
+    return [p for p in files if p not in trees or (_run_id(trees[p]) == job
+                                                    and int(trees[p].group("attempt")) == last.get(_node_of(trees[p])))]
 
-    def rank_text(self, rank: int) -> RankText:
-        return self.texts.setdefault(rank, RankText())
+
+def _node_of(tree: re.Match[str]) -> str:
+    return tree.string[: tree.start("node") + len(tree.group("node"))]
 
 
 def walk(paths: Iterable[str]) -> Iterator[str]:
@@ -75,7 +85,10 @@ def walk(paths: Iterable[str]) -> Iterator[str]:
 
 def read_all(paths: Iterable[str]) -> Artifacts:
     art = Artifacts()
-    for path in walk(paths):
+    files = list(walk(paths))
+    if len(files) >= MAX_FILES:
+        art.skipped.append(("(the walk)", f"stopped after {MAX_FILES} files"))
+    for path in one_job(art, files):
         read_one(art, path)
     art.launcher.finish()
     return art
@@ -137,23 +150,7 @@ def _read_error_file(art: Artifacts, path: str, tree: re.Match[str] | None) -> b
 
 def _node(path: str, tree: re.Match[str] | None) -> str:
     """torchrun's run directory (one agent, one node, one run) for a file of its tree."""
-    return path[: tree.start("node") + len(tree.group("node"))] if tree else path
-
-
-@dataclass
-class Source:
-    """One text file as it is read: whose lines without a rank prefix are."""
-
-    path: str
-    node: str  # torchrun's run directory for a file of its tree, else the file
-    kind: str  # "local" (torchrun's tree), "rank" (a rank's own file), "console"
-    own_local: int | None = None
-    own_rank: int | None = None
-    labelled: bool = False
-    texts: dict[tuple, RankText] = field(default_factory=dict)  # this file's share of each rank's output
-
-    def text(self, key: tuple) -> RankText:
-        return self.texts.setdefault(key, RankText())
+    return _node_of(tree) if tree else path
 
 
 def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.Match[str] | None = None,
@@ -189,36 +186,3 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
         target = art.rank_text(key[1]) if key[0] == "rank" else art.local_texts.setdefault((key[1], key[2]), RankText())
         target.merge(t)
     art.read.append(path)
-
-
-def route(art: Artifacts, src: Source, raw: str) -> tuple[tuple | None, Line]:
-    """Whose line it is: ("rank", R), ("local", node, L), or None for the launcher's own line."""
-    line = split_prefix(raw, srun_labelled=src.labelled)
-    local = line.local_rank if line.local_rank is not None else src.own_local
-    if line.rank is not None:
-        if local is not None:
-            art.local_to_rank[(src.node, local)] = line.rank
-        return ("rank", line.rank), line
-    if local is not None:
-        return ("local", src.node, local), line
-    if src.own_rank is not None:
-        return ("rank", src.own_rank), line
-    return None, line
-
-
-def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
-    """One line read in order: to its rank's output, or to the launcher's lines of a console."""
-    key, line = route(art, src, raw)
-    if "NCCL" in line.text:
-        art.backends["nccl"] = art.backends.get("nccl", 0) + 1
-    elif "gloo" in line.text:
-        art.backends["gloo"] = art.backends.get("gloo", 0) + 1
-    if key is None:
-        if src.kind == "console":
-            art.launcher.feed(line.text)
-        return None
-    t = src.text(key)
-    if line.host:
-        t.hosts.add(line.host)
-    t.feed(line.text, seq)
-    return key

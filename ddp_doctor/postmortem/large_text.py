@@ -22,12 +22,10 @@ mapped file is the page cache's, not the process's).
 """
 from __future__ import annotations
 
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from ddp_doctor.postmortem.artifacts import Artifacts, Source, feed, route
 from ddp_doctor.postmortem.rank_text import HEADER, RankText
-
-if TYPE_CHECKING:
-    from ddp_doctor.postmortem.inputs import Artifacts, Source
 
 HEAD = 8 << 10  # read line by line: who prints
 TAIL = 8 << 10  # read line by line: each rank's last lines; a console's: the launcher's summary too
@@ -42,12 +40,11 @@ _MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"))
 _SUMMARY = b"Failures:"
 
 
-def scan_large(art: "Artifacts", src: "Source", f: IO[bytes], size: int) -> None:
+def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
     """Read a large text file into `src` (its ranks' outputs) and the launcher's lines. Positions
     (the order of the ranks' endings) are byte offsets from art.seq on."""
     import mmap
 
-    from ddp_doctor.postmortem.inputs import feed, route
     seq0 = art.seq
     tracebacks: dict[tuple, list[int]] = {}  # key -> offsets of its newest tracebacks, the newest last
     fatals: dict[tuple, int] = {}
@@ -120,11 +117,10 @@ def _chain_start(f: IO[bytes], marks: list[int]) -> int:
     return first
 
 
-def _window(art: "Artifacts", src: "Source", f: IO[bytes], offset: int, key: tuple | None, limit: int,
+def _window(art: Artifacts, src: Source, f: IO[bytes], offset: int, key: tuple | None, limit: int,
             seq: int) -> RankText:
     """Lines from `offset` on: `key`'s into a RankText of their own (the launcher's into its
     summary when `key` is None), until enough of them, `limit` lines, or WINDOW_BYTES."""
-    from ddp_doctor.postmortem.inputs import route
     from ddp_doctor.postmortem.rank_text import AFTER_ENDING, MAX_BLOCK
     w = RankText()
     f.seek(offset)

@@ -197,7 +197,13 @@ def world_of(ctx: Any, *, world_size: int | None = None) -> dict[str, Any]:
 
 
 def rank_entry(view: dict[str, Any]) -> dict[str, Any]:
-    """The report's per-rank line from a rank's view (ddp_doctor.preflight_ranks.rank_view.collect_view)."""
-    return {"rank": view.get("rank"), "local_rank": view.get("local_rank"),
-            "node_rank": view.get("node_rank"), "host": view.get("hostname"),
-            "device": view.get("device")}
+    """The report's per-rank line from a rank's view (ddp_doctor.preflight_ranks.rank_view.collect_view):
+    where it ran, its library versions and its communication variables (NCCL_*, FI_*, GLOO_*, ...,
+    redacted in the view), what `ddp-doctor diff` compares between two runs."""
+    entry = {"rank": view.get("rank"), "local_rank": view.get("local_rank"),
+             "node_rank": view.get("node_rank"), "host": view.get("hostname"),
+             "device": view.get("device")}
+    for key in ("versions", "env"):
+        if isinstance(view.get(key), dict):
+            entry[key] = dict(view[key])
+    return entry

@@ -1,0 +1,313 @@
+"""`ddp-doctor diff` on report dicts (ddp_doctor.postmortem.run_diff) and its command on files: each
+kind of difference is found and ordered, noise between two runs of one job is left out, secrets are
+never shown, and a file that is not a report is a one-line usage error."""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from ddp_doctor import cli
+from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ddp_doctor.postmortem.run_diff import KINDS, diff_reports, render_text, report_problem, to_json, variable_kind
+from ddp_doctor.report.schema import validate_report
+
+SECRET = "hf_" + "Zq8" * 10  # a Hugging Face token's shape
+
+
+def _sweep(busbw_64m: float = 1.0) -> list[dict[str, Any]]:
+    return [{"bytes": size, "count": size // 4, "type": "float", "redop": "sum", "time_us": 100.0 + i,
+             "algbw_gbps": bw, "busbw_gbps": bw, "correct": True, "wrong": 0, "wrong_ranks": [], "iters": 5,
+             "group": "world", "nranks": 2}
+            for i, (size, bw) in enumerate(((1 << 20, busbw_64m / 4), (64 << 20, busbw_64m)))]
+
+
+def _rank(rank: int, host: str = "node-a") -> dict[str, Any]:
+    # the rank view's versions and env, as a report whose rank entries record them would hold them
+    return {"rank": rank, "local_rank": rank, "node_rank": 0, "host": host, "device": "cpu",
+            "versions": {"python": "3.11.9", "torch": "2.5.1", "cuda": None, "nccl": None, "numpy": "2.1.0",
+                         "ddp_doctor": "0.1.0"},
+            "env": {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "node-a", "MASTER_PORT": "29500", "WORLD_SIZE": "2",
+                    "RANK": str(rank), "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "run-1",
+                    "TORCHELASTIC_ERROR_FILE": f"/tmp/torchelastic_abc/attempt_0/{rank}/error.json",
+                    "NCCL_DEBUG_FILE": "/tmp/ddp-doctor-run-111/nccl.%h.%p"},
+            "pid": 1000 + rank, "time": 1763760000.0}
+
+
+def _finding(fid: str, severity: str = "error", title: str = "Ranks missing at rendezvous") -> dict[str, Any]:
+    return {"id": fid, "category": "network", "severity": severity, "title": title,
+            "message": "WORLD_SIZE=3 but only 2 rank(s) checked in within 3 s", "hint": "Launch them all.",
+            "ranks": [1], "evidence": {"arrived": [0]}, "phase": "preflight", "time": 1763760001.5, "caused_by": None}
+
+
+def report(**changes: Any) -> dict[str, Any]:
+    rep: dict[str, Any] = {
+        "schema": "ddp-doctor.report", "schema_version": 1, "tool_version": "0.1.0", "status": "pass",
+        "phase": "preflight",
+        "world": {"launcher": "torchrun", "backend": "gloo", "world_size": 2, "nnodes": 1, "nproc_per_node": 2,
+                  "master_addr": "node-a", "master_port": 29500, "platform": None},
+        "ranks": [_rank(0), _rank(1)],
+        "findings": [_finding("DDP500", "info", "GPU checks not applicable")],
+        "measurements": {"all_reduce": _sweep(), "stage_seconds": {"total": 0.9, "launch": 5.8},
+                         "check_seconds": {"DDP401": 0.54}},
+        "root_cause": None,
+    }
+    rep.update(changes)
+    return rep
+
+
+def set_env(rep: dict[str, Any], name: str, value: str | None, ranks: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
+    for entry in rep["ranks"]:
+        if entry["rank"] in ranks:
+            if value is None:
+                entry["env"].pop(name, None)
+            else:
+                entry["env"][name] = value
+    return rep
+
+
+def lines(good: dict[str, Any], bad: dict[str, Any], **kw: Any) -> list[str]:
+    return [f"{d.kind} {d.line()}" for d in diff_reports(good, bad, **kw).differences]
+
+
+def test_the_fixture_is_a_valid_report() -> None:
+    assert validate_report(report()) == []
+    assert report_problem(report()) is None
+
+
+def test_identical_reports_differ_in_nothing() -> None:
+    result = diff_reports(report(), report())
+    assert result.differences == [] and not result.matters
+    assert result.not_compared == []
+
+
+def test_noise_between_two_runs_of_one_job_is_left_out() -> None:
+    bad = report(world={**report()["world"], "master_port": 41234})
+    for i, entry in enumerate(bad["ranks"]):
+        entry["pid"], entry["time"] = 5000 + i, 1763769999.0
+        entry["env"].update({"MASTER_PORT": "41234", "TORCHELASTIC_RUN_ID": "run-2", "RANK": str(i),
+                             "TORCHELASTIC_ERROR_FILE": f"/tmp/torchelastic_zz9/attempt_0/{i}/error.json",
+                             "NCCL_DEBUG_FILE": "/tmp/ddp-doctor-run-222/nccl.%h.%p", "SLURM_JOB_ID": "99",
+                             "SLURM_TASK_PID": "4242"})
+    bad["findings"] = [{**_finding("DDP500", "info", "GPU checks not applicable"), "time": 1763769999.0,
+                        "message": "another wording"}, _finding("DDP590", "info", "Host facts")]
+    bad["measurements"] = {"all_reduce": _sweep(1.15), "stage_seconds": {"total": 3.1, "launch": 12.0},
+                           "check_seconds": {"DDP401": 2.5}}
+    for e in bad["measurements"]["all_reduce"]:
+        e["time_us"], e["iters"] = e["time_us"] * 3, 2
+    result = diff_reports(report(), bad)
+    assert result.differences == [], [d.line() for d in result.differences]
+
+
+def test_versions_come_first_and_name_the_library() -> None:
+    bad = report(tool_version="0.2.0")
+    for entry in bad["ranks"]:
+        entry["versions"]["torch"] = "2.6.0"
+    bad["ranks"][1]["versions"]["nccl"] = "2.21.5"
+    set_env(bad, "NCCL_SOCKET_IFNAME", "eth0")
+    bad["world"]["world_size"] = 4
+    got = lines(report(), bad)
+    assert got == ["versions torch: 2.5.1 -> 2.6.0",
+                   "versions NCCL: (none) -> (none) (rank 0); 2.21.5 (rank 1)",
+                   "versions ddp-doctor: 0.1.0 -> 0.2.0",
+                   "nccl_env NCCL_SOCKET_IFNAME: (unset) -> eth0",
+                   "world world_size: 2 -> 4"]
+
+
+def test_nccl_fi_and_launcher_variables_in_their_groups() -> None:
+    bad = set_env(report(), "NCCL_SOCKET_IFNAME", "lo")
+    set_env(bad, "FI_PROVIDER", "tcp")
+    set_env(bad, "NCCL_DEBUG", "INFO", ranks=(1,))
+    set_env(bad, "WORLD_SIZE", "4")
+    set_env(bad, "SM_HOSTS", '["algo-1","algo-2"]')
+    set_env(bad, "OMP_NUM_THREADS", None)
+    got = lines(report(), bad)
+    assert got == ["nccl_env FI_PROVIDER: (unset) -> tcp",
+                   "nccl_env NCCL_DEBUG: WARN -> WARN (rank 0); INFO (rank 1)",
+                   "nccl_env NCCL_SOCKET_IFNAME: (unset) -> lo",
+                   "launcher_env SM_HOSTS: (unset) -> [\"algo-1\",\"algo-2\"]",
+                   "launcher_env WORLD_SIZE: 2 -> 4",
+                   "other_env OMP_NUM_THREADS: 1 -> (unset)"]
+
+
+def test_variable_kinds() -> None:
+    assert variable_kind("NCCL_IB_HCA") == variable_kind("FI_EFA_USE_DEVICE_RDMA") == "nccl_env"
+    assert variable_kind("TORCH_NCCL_BLOCKING_WAIT") == variable_kind("GLOO_SOCKET_IFNAME") == "nccl_env"
+    for name in ("TORCHELASTIC_MAX_RESTARTS", "MASTER_ADDR", "SLURM_NNODES", "OMPI_COMM_WORLD_SIZE", "SM_HOSTS"):
+        assert variable_kind(name) == "launcher_env", name
+    for name in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_JOBID", "TORCHELASTIC_ERROR_FILE",
+                 "RANK", "LOCAL_RANK", "SLURM_PROCID", "SM_TRAINING_ENV", "SLURM_TASK_PID"):
+        assert variable_kind(name) is None, name
+
+
+def test_world_layout_instance_and_hosts() -> None:
+    bad = report(world={"launcher": "mpirun", "backend": "nccl", "world_size": 2, "nnodes": 2, "nproc_per_node": 1,
+                        "master_addr": "node-c", "master_port": 29500, "platform": "sagemaker",
+                        "instance_type": "ml.p4d.24xlarge"},
+                 ranks=[{**_rank(0, "node-c"), "device": "cuda:0"}, {**_rank(1, "node-a"), "device": "cuda:0"}])
+    got = lines(report(), bad)
+    assert got == ["world launcher: torchrun -> mpirun",
+                   "world backend: gloo -> nccl",
+                   "world nnodes: 1 -> 2",
+                   "world nproc_per_node: 2 -> 1",
+                   "world platform: (none) -> sagemaker",
+                   "world devices: cpu -> cuda",
+                   "instance instance type: (none) -> ml.p4d.24xlarge",
+                   "hosts hosts: node-a -> node-a, node-c (only BAD: node-c)",
+                   "hosts MASTER_ADDR: node-a -> node-c"]
+
+
+def test_bandwidth_beyond_the_tolerance_says_the_ratio() -> None:
+    result = diff_reports(report(), report(measurements={"all_reduce": _sweep(0.4)}))
+    [d] = result.differences
+    assert (d.kind, d.what, d.good, d.bad) == ("bandwidth", "all_reduce busbw at 64 MiB", "1 GB/s", "0.4 GB/s")
+    assert d.ratio == pytest.approx(0.4) and "BAD/GOOD 0.40" in d.line()
+    # within the tolerance (default 20%): nothing; a tolerance given is used
+    assert diff_reports(report(), report(measurements={"all_reduce": _sweep(0.85)})).differences == []
+    assert lines(report(), report(measurements={"all_reduce": _sweep(0.85)}), bw_tolerance=0.1) == [
+        "bandwidth all_reduce busbw at 64 MiB: 1 GB/s -> 0.85 GB/s (BAD/GOOD 0.85, beyond 10%)"]
+
+
+def test_bandwidth_is_compared_at_the_largest_size_both_measured() -> None:
+    bigger = _sweep(1.0) + [{**_sweep(1.0)[-1], "bytes": 256 << 20, "busbw_gbps": 9.0, "algbw_gbps": 9.0}]
+    assert diff_reports(report(measurements={"all_reduce": bigger}), report()).differences == []
+    inter = report(measurements={"all_reduce": _sweep(), "all_reduce_inter": _sweep(2.0)})
+    assert lines(inter, report()) == ["bandwidth all_reduce_inter busbw: 2 GB/s at 64 MiB -> (not measured)"]
+
+
+def test_wrong_results_are_a_difference() -> None:
+    sweep = _sweep()
+    sweep[0].update(correct=False, wrong=3, wrong_ranks=[1])
+    assert lines(report(), report(measurements={"all_reduce": sweep})) == [
+        "bandwidth all_reduce results: correct -> WRONG at 1 of 2 size(s) (rank 1)"]
+
+
+def test_verdicts_status_root_cause_and_findings() -> None:
+    cause = _finding("DDP320")
+    bad = report(status="fail", root_cause=cause,
+                 findings=[_finding("DDP500", "info", "GPU checks not applicable"), cause,
+                           _finding("DDP405", "warning", "a rank computes markedly slower than the others")])
+    got = lines(report(), bad)
+    assert got == ["verdict status: pass -> fail", "verdict root cause: (none) -> DDP320",
+                   "verdict finding DDP320 Ranks missing at rendezvous: (absent) -> error",
+                   "verdict finding DDP405 a rank computes markedly slower than the others: (absent) -> warning"]
+    running = report(status="running", phase="training", preflight_status="warn")
+    assert lines(report(), running) == ["verdict status: pass -> running (preflight warn)"]
+
+
+def test_kinds_are_listed_most_likely_first() -> None:
+    bad = report(status="fail", root_cause=_finding("DDP320"), findings=[_finding("DDP320")],
+                 measurements={"all_reduce": _sweep(0.1)}, tool_version="0.2.0")
+    bad["world"]["backend"] = "nccl"
+    set_env(bad, "NCCL_ALGO", "Tree")
+    set_env(bad, "MASTER_ADDR", "node-z")
+    kinds = [d.kind for d in diff_reports(report(), bad).differences]
+    order = [k for k, _ in KINDS]
+    assert kinds == sorted(kinds, key=order.index)
+    assert kinds[:3] == ["versions", "nccl_env", "launcher_env"] and kinds[-1] == "verdict"
+    text = render_text(diff_reports(report(), bad), "good.json", "bad.json")
+    headings = [x for x in text.splitlines() if not x.startswith(" ")][1:]
+    assert headings == ["versions:", "NCCL/FI variables:", "launcher variables:", "world layout:", "bus bandwidth:",
+                        "verdict:"]
+
+
+def test_parts_a_report_does_not_record_are_named_not_listed() -> None:
+    bare = report()
+    for entry in bare["ranks"]:
+        del entry["versions"], entry["env"]
+    result = diff_reports(bare, set_env(report(), "NCCL_SOCKET_IFNAME", "lo"))
+    assert result.differences == []
+    assert result.not_compared == [
+        "library versions (torch, NCCL, CUDA, python): the GOOD report does not record them",
+        "environment variables (NCCL_*, FI_*, launchers'): the GOOD report does not record them"]
+    assert "not compared:" in render_text(result, "a", "b")
+
+
+def test_secrets_are_never_shown() -> None:
+    # a hand-made or older report whose values were not redacted: the diff still shows none of them
+    good = set_env(report(), "HF_TOKEN", SECRET)
+    set_env(good, "WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    bad = set_env(report(), "HF_TOKEN", SECRET[::-1])
+    set_env(bad, "NCCL_NET_PLUGIN", f"https://user:{SECRET}@example.com/plugin")
+    bad["ranks"][0]["host"] = SECRET
+    result = diff_reports(good, bad)
+    text = render_text(result, "good.json", "bad.json") + json.dumps(to_json(result, "good.json", "bad.json"))
+    assert SECRET not in text and SECRET[::-1] not in text and "0123456789abcdef" not in text
+    got = {d.what: (d.good, d.bad) for d in result.differences}
+    assert got["WANDB_API_KEY"] == ("***", "(unset)")
+    assert "HF_TOKEN" not in got  # both values are masked: the diff cannot tell them apart, and says nothing
+    assert got["NCCL_NET_PLUGIN"][0] == "(unset)" and "***" in got["NCCL_NET_PLUGIN"][1]
+
+
+def test_json_form() -> None:
+    result = diff_reports(report(), report(measurements={"all_reduce": _sweep(0.5)}))
+    out = to_json(result, "g.json", "b.json")
+    assert out["schema"] == "ddp-doctor.diff" and out["matters"] is True
+    assert out["differences"] == [{"kind": "bandwidth", "what": "all_reduce busbw at 64 MiB", "good": "1 GB/s",
+                                   "bad": "0.5 GB/s", "note": "BAD/GOOD 0.50, beyond 20%", "ratio": 0.5}]
+
+
+@pytest.mark.parametrize("obj, says", [
+    ([1, 2], "not a ddp-doctor report"),
+    ({"schema": "something.else"}, "not a ddp-doctor report"),
+    ({"schema": "ddp-doctor.report"}, "no schema_version"),
+    ({**report(), "schema_version": 2}, "schema_version 2; this ddp-doctor reads 1"),
+    ({**report(), "ranks": "all of them"}, "not a valid ddp-doctor report: $.ranks"),
+])
+def test_what_is_not_a_report(obj: Any, says: str) -> None:
+    assert says in (report_problem(obj) or "")
+
+
+# -- the command, on files ------------------------------------------------------------------------
+
+def _write(tmp_path: Any, name: str, obj: Any) -> str:
+    path = tmp_path / name
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(path)
+
+
+def test_command_exit_status_and_text(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _write(tmp_path, "good.json", report())
+    same = _write(tmp_path, "same.json", report(world={**report()["world"], "master_port": 1}))
+    bad = _write(tmp_path, "bad.json", set_env(report(), "NCCL_SOCKET_IFNAME", "lo"))
+    assert cli.main(["diff", good, same]) == EXIT_OK
+    assert capsys.readouterr().out.startswith("ddp-doctor diff: nothing that matters differs")
+    assert cli.main(["diff", good, bad]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "NCCL/FI variables:\n  NCCL_SOCKET_IFNAME: (unset) -> lo\n" in out
+    assert cli.main(["diff", "--json", good, bad]) == EXIT_FAILED
+    assert [d["what"] for d in json.loads(capsys.readouterr().out)["differences"]] == ["NCCL_SOCKET_IFNAME"]
+    assert cli.main(["diff", "--bw-tolerance", "70%", good,
+                     _write(tmp_path, "slow.json", report(measurements={"all_reduce": _sweep(0.4)}))]) == EXIT_OK
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot read"),
+    ("", "not JSON"),
+    ("\x00\xff garbage", "not JSON"),
+    ('{"a": 1}', "not a ddp-doctor report"),
+    (json.dumps({**report(), "status": "great"}), "not a valid ddp-doctor report"),
+])
+def test_command_usage_errors_are_one_line(tmp_path: Any, capsys: pytest.CaptureFixture[str],
+                                           content: str | None, says: str) -> None:
+    good = _write(tmp_path, "good.json", report())
+    other = str(tmp_path / "other.json") if content is None else _write(tmp_path, "other.json", content)
+    assert cli.main(["diff", good, other]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith("ddp-doctor diff: error: ") and other in line and says in line
+
+
+def test_a_directory_is_a_usage_error(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["diff", str(tmp_path), str(tmp_path)]) == EXIT_USAGE
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_report_is_not_changed(tmp_path: Any) -> None:
+    good, bad = report(), set_env(report(), "NCCL_SOCKET_IFNAME", "lo")
+    before = copy.deepcopy((good, bad))
+    diff_reports(good, bad)
+    assert (good, bad) == before

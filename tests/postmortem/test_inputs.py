@@ -1,0 +1,75 @@
+"""What analyze reads, found by content (postmortem/inputs.py): several jobs' trees in one
+directory, a job's restarts, per-rank files, stdin, dumps of another torch version. Built from
+small artifacts shaped as torchrun and torch write them (tests/postmortem/test_analyze_e2e.py runs
+the real launchers)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ddp_doctor.postmortem.analyze import analyze
+
+RAISED = ["Traceback (most recent call last):", '  File "/job/train.py", line 7, in <module>',
+          "    raise ValueError('bad batch')", "ValueError: bad batch on rank {r}"]
+LOST = ["Traceback (most recent call last):", '  File "/job/train.py", line 9, in <module>',
+        "    dist.all_reduce(t)", "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:29500"]
+
+
+def _tree(root, run: str, attempt: int, lines: dict[int, list[str]], mtime: float) -> None:
+    for local, text in lines.items():
+        d = root / run / f"attempt_{attempt}" / str(local)
+        d.mkdir(parents=True)
+        (d / "stdout.log").write_text("")
+        (d / "stderr.log").write_text("".join(f"[rank{local}]: {ln.format(r=local)}\n" for ln in text))
+        for f in d.iterdir():
+            os.utime(f, (mtime, mtime))
+
+
+def _cause(rep: dict) -> tuple:
+    c = rep["root_cause"]
+    return (c["id"], c["ranks"]) if c else None
+
+
+def test_several_jobs_in_one_directory_the_newest_is_read_and_the_others_named(tmp_path):
+    _tree(tmp_path, "old-job_ab12", 0, {0: RAISED, 1: LOST}, 1_700_000_000)
+    _tree(tmp_path, "new-job_cd34", 0, {0: LOST, 1: RAISED}, 1_700_100_000)
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [1]), rep["findings"]
+    (several,) = [f for f in rep["findings"] if f["id"] == "DDP954"]
+    assert several["evidence"] == {"read": "new-job", "not_read": ["old-job"]}
+    assert rep["world"]["run_id"] == "new-job"
+
+
+def test_a_restarted_job_is_judged_by_its_last_attempt(tmp_path):
+    _tree(tmp_path, "job_ab12", 0, {0: RAISED, 1: LOST}, 1_700_000_000)
+    _tree(tmp_path, "job_ab12", 1, {0: LOST, 1: RAISED}, 1_700_000_100)
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [1]) and rep["world"]["attempts"] == 2, rep["findings"]
+    assert not [f for f in rep["findings"] if f["id"] == "DDP954"]
+
+
+def test_per_rank_files_and_stdin(tmp_path):
+    (tmp_path / "train_rank_0.log").write_text("\n".join(["step 1", *LOST]) + "\n")
+    (tmp_path / "train_rank_1.log").write_text("\n".join(["step 1", *(ln.format(r=1) for ln in RAISED)]) + "\n")
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [1]), rep["findings"]
+    console = "".join(f"[1,{r}]<stderr>:{ln.format(r=r)}\n" for r, text in ((1, RAISED), (0, LOST)) for ln in text)
+    out = subprocess.run([sys.executable, "-m", "ddp_doctor", "analyze", "-", "--json"], input=console,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and _cause(json.loads(out.stdout)) == ("DDP800", [1]), out.stderr
+
+
+def test_a_dump_of_another_torch_version_is_read_or_named_never_a_traceback(tmp_path):
+    """Entries with fields this torch does not write, others missing, an unknown version: the
+    verdict stands on what is there; a dump that is not a dict of entries is named as unread."""
+    (tmp_path / "console.log").write_text("".join(f"[rank1]: {ln.format(r=1)}\n" for ln in RAISED))
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps({"version": "9.9", "pg_config": "not a dict", "entries": [
+        {"record_id": 0, "profiling_name": "nccl:all_reduce", "future_field": [1, 2], "collective_seq_id": "x"},
+        {"frames": "not a list", "retired": None}, "not an entry"]}))
+    (tmp_path / "nccl_trace_rank_1").write_text(json.dumps({"entries": "not a list"}))
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [1]), rep["findings"]
+    (unread,) = [f for f in rep["findings"] if f["id"] == "DDP951"]
+    assert [os.path.basename(s["path"]) for s in unread["evidence"]["skipped"]] == ["nccl_trace_rank_1"]
