@@ -30,6 +30,7 @@ class Artifacts:
     job: str | None = None  # the run id of torchrun's trees read
     jobs_left: list[str] = field(default_factory=list)  # other run ids among the inputs, not read
     attempts: int = 1  # torchelastic's attempts of the job (restarts + 1); the last one was read
+    nccl_lines: list[str] = field(default_factory=list)  # NCCL's INFO/WARN lines (its set-up: the network)
 
     def backend(self) -> str | None:
         """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""
@@ -75,6 +76,7 @@ def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
     key, line = route(art, src, raw)
     if "NCCL" in line.text:
         art.backends["nccl"] = art.backends.get("nccl", 0) + 1
+        note_nccl_line(art, line.text)
     elif "gloo" in line.text:
         art.backends["gloo"] = art.backends.get("gloo", 0) + 1
     if key is None:
@@ -86,3 +88,12 @@ def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
         t.hosts.add(line.host)
     t.feed(line.text, seq)
     return key
+
+
+MAX_NCCL_LINES = 4000
+
+
+def note_nccl_line(art: Artifacts, text: str) -> None:
+    """Keep NCCL's own set-up lines (which network it chose, its plugin's warnings), bounded."""
+    if ("NCCL INFO" in text or "NCCL WARN" in text) and len(art.nccl_lines) < MAX_NCCL_LINES:
+        art.nccl_lines.append(text)

@@ -18,9 +18,12 @@ from typing import Any
 
 from ddp_doctor.checks import post_mortem
 from ddp_doctor.checks.job import JobEvidence
+from ddp_doctor.facts.efa import nccl_network
 from ddp_doctor.findings import Finding
 from ddp_doctor.postmortem.artifacts import Artifacts
 from ddp_doctor.postmortem.launcher_text import RankExit
+from ddp_doctor.postmortem.nccl_lines import op_name
+from ddp_doctor.postmortem.rank_text import RankText
 
 ORDER_STEP = 1e-3  # seconds between two ranks' endings: their order, on the artifacts' clock
 
@@ -80,6 +83,59 @@ def _position(ev: JobEvidence, rank: int) -> str:
     return "hung"
 
 
+def _entry(seq: int, pg: str, name: str | None, *, op: str | None = None, numel: int | None = None,
+           pending: bool = False, created_ns: int | None = None) -> dict[str, Any]:
+    """A collective as a flight-recorder entry (checks/collectives.py reads this shape)."""
+    e: dict[str, Any] = {"record_id": seq, "collective_seq_id": seq, "profiling_name": op,
+                         "process_group": [pg, name or ""], "retired": not pending, "is_p2p": False}
+    if numel is not None:
+        e.update(input_sizes=[[numel]], output_sizes=[[numel]])
+    if created_ns is not None:
+        e["time_created_ns"] = created_ns
+    return e
+
+
+def _watchdog_ledgers(texts: dict[int, RankText], ranks: list[int], when: Any, *,
+                      have: set[int]) -> dict[int, dict[str, Any]]:
+    """Ledgers from NCCL's watchdog lines (postmortem/nccl_lines.py), for ranks without a dump:
+    a rank that timed out waits in its collective, after the group's last completed one; a rank
+    of the job whose output shows no wait in that group completed the group's last completed
+    collective (a collective completes on every rank or none) and issued no later one its log
+    shows: where it is, its output's last line says."""
+    waiting: dict[int, tuple[str, str | None, dict[str, Any], int]] = {}
+    for r in ranks:
+        t = texts.get(r)
+        if t is None or r in have:
+            continue
+        waits = [w for w in t.waits if w["kind"] == "wait"]
+        if not waits:
+            continue
+        w = max(waits, key=lambda x: x["seq"])
+        p = next((x for x in t.waits if x["kind"] == "progress" and x["at"] == w["seq"]), None)
+        pg, name = (p["pg"], p["pg_name"]) if p else ("0", None)
+        waiting[r] = (pg, name, w, p["completed"] if p else w["seq"] - 1)
+    out: dict[int, dict[str, Any]] = {}
+    for r, (pg, name, w, done) in waiting.items():
+        issued = int((when(r, w["position"]) - w["ran_ms"] / 1000.0) * 1e9)  # the wait began then
+        entries = [_entry(done, pg, name)] if done > 0 else []
+        entries.append(_entry(w["seq"], pg, name, op=op_name(w["op"]), numel=w["numel"], pending=True,
+                              created_ns=issued))
+        out[r] = {"rank": r, "source": "nccl_log", "position": "hung", "steps": None, "where": None,
+                  "complete": False, "entries": entries, "pg_config": {}}
+    for pg in {v[0] for v in waiting.values()}:
+        done = min(v[3] for v in waiting.values() if v[0] == pg)
+        name = next((v[1] for v in waiting.values() if v[0] == pg and v[1]), None)
+        for r in ranks:
+            t = texts.get(r)
+            if r in waiting or r in have or t is None or not t.lines or done <= 0:
+                continue
+            last = t.tail[-1] if t.tail else None
+            out[r] = {"rank": r, "source": "nccl_log", "position": "hung", "steps": None, "inferred": True,
+                      "where": f"its output's last line: {last!r}" if last else None, "complete": False,
+                      "entries": [_entry(done, pg, name)], "pg_config": {}}
+    return out
+
+
 def build(art: Artifacts) -> PostMortem:
     unplaced, one_node = _resolve_local(art)
     exits: dict[int, RankExit] = dict(art.launcher.exits)
@@ -101,7 +157,7 @@ def build(art: Artifacts) -> PostMortem:
 
     # positions (a line's place in its source) order the ranks' endings; on the clock they are
     # ORDER_STEP apart, in that order
-    order = sorted({p for t in texts.values() for p in (t.ending and t.ending[1], t.dump and t.dump[1], t.last_seq)
+    order = sorted({p for t in texts.values() for p in (t.ending_position(), t.dump and t.dump[1], t.last_seq)
                     if p is not None})
 
     def when(rank: int, seq: int | None) -> float:
@@ -116,7 +172,7 @@ def build(art: Artifacts) -> PostMortem:
         text = texts.get(r)
         ex = exits.get(r)
         exc = text.exception() if text is not None else None
-        seq = text.ending[1] if text is not None and text.ending is not None else None
+        seq = text.ending_position() if text is not None else None
         if exc is None and r in art.error_files:
             from ddp_doctor.checks.wrapped_errors import parse_traceback
             err = parse_traceback(art.error_files[r].text)
@@ -149,7 +205,11 @@ def build(art: Artifacts) -> PostMortem:
             per_rank[r] = {"ended": "unknown"}
         per_rank[r].update(host=host, lines=text.lines if text is not None else 0,
                            last_line=(text.tail[-1] if text is not None and text.tail else None))
+    for r, led in _watchdog_ledgers(texts, ranks, when, have=set(ev.ledgers)).items():
+        ev.ledgers[r] = led
     for r, led in ev.ledgers.items():
+        if led.get("source") == "nccl_log":
+            continue  # where the watchdog left it: waiting, or past the group's last collective
         led["position"] = _position(ev, r)
         if led["position"] == "failed":
             from ddp_doctor.training.run.ledger import from_exception
@@ -179,7 +239,9 @@ def build(art: Artifacts) -> PostMortem:
     if art.jobs_left and art.job is not None:
         found.append(post_mortem.several_jobs_finding(art.job, art.jobs_left))
     hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
+    net = nccl_network(art.nccl_lines) if art.nccl_lines else None
     world_info = {"launcher": "torchrun" if exits or art.local_texts else None, "backend": art.backend(),
+                  **({"nccl_network": net.name} if net is not None and net.name else {}),
                   "world_size": world or None,
                   "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem",
                   **({"run_id": art.job, "attempts": art.attempts} if art.job is not None else {})}

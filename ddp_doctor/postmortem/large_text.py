@@ -7,10 +7,11 @@ last lines. So a large file is read in three ways:
 
 - every byte once, by a substring search on the memory-mapped file (mmap.find, no copy): where
   each "Traceback (most recent call last):" starts and whose line it is (its byte offset orders
-  the ranks' endings); faulthandler's "Fatal Python error:" and torchrun's summary are looked for
-  in the last 4 MiB only (a dump ends its process and a summary its launcher: a log goes on
-  little after them; one further back is missed, and the launcher's exit status still says how
-  the rank ended);
+  the ranks' endings); faulthandler's "Fatal Python error:", an uncaught C++ exception
+  ("terminate called after throwing"), NCCL's watchdog lines and torchrun's summary are looked
+  for in the last 4 MiB only (each ends its process or its launcher: a log goes on little after
+  them; one further back is missed, and the launcher's exit status still says how the rank
+  ended);
 - its first and last 8 KiB line by line (a console's last 256 KiB): the ranks that print, each
   rank's last lines, the launcher's lines (its summary ends the console);
 - around each rank's last traceback and dump (a window of bounded lines from where the chain
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 from typing import IO
 
-from ddp_doctor.postmortem.artifacts import Artifacts, Source, feed, route
+from ddp_doctor.postmortem.artifacts import MAX_NCCL_LINES, Artifacts, Source, feed, note_nccl_line, route
+from ddp_doctor.postmortem.nccl_lines import MARKERS as NCCL_MARKERS
 from ddp_doctor.postmortem.rank_text import HEADER, RankText
 
 HEAD = 8 << 10  # read line by line: who prints
@@ -36,7 +38,11 @@ CHAIN_GAP = 400  # lines between two tracebacks of one rank that are one chain
 CHAIN_BYTES = 1 << 20  # and at most this far apart
 LATE = 4 << 20  # faulthandler's dumps and launcher summaries are looked for in the last 4 MiB
 SUMMARY_LINES = 20_000  # lines of a launcher summary read where it is found before the tail
-_MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"))
+EARLY = 16 << 20  # NCCL's set-up lines are looked for in the first 16 MiB
+_NCCL_SETUP = (b"NCCL INFO Using network", b"NET/Socket : Using", b"NET/OFI", b"NCCL WARN NET/", b"No plugin found")
+_MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"),
+            (b"terminate called after throwing", "terminate"),
+            *((m.encode(), "watchdog") for m in NCCL_MARKERS))
 _SUMMARY = b"Failures:"
 
 
@@ -48,6 +54,8 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
     seq0 = art.seq
     tracebacks: dict[tuple, list[int]] = {}  # key -> offsets of its newest tracebacks, the newest last
     fatals: dict[tuple, int] = {}
+    terminates: dict[tuple, int] = {}
+    watchdog: list[tuple[tuple, str, int]] = []  # NCCL watchdog lines: (key, text, position)
     summaries: list[int] = []
     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
@@ -55,7 +63,8 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
         tail_size = CONSOLE_TAIL if src.kind == "console" else TAIL
         markers = [*_MARKERS, *([(_SUMMARY, "summary")] if src.kind == "console" else [])]
         for marker, what in markers:
-            # a dump ends its process, a summary its launcher: both are near the end of a log
+            # a dump or an uncaught C++ exception ends its process, a summary its launcher: each is
+            # near the end of a log
             pos = mm.find(marker, 0 if what == "traceback" else max(0, size - LATE))
             while pos >= 0:
                 start = mm.rfind(b"\n", 0, pos) + 1
@@ -69,7 +78,19 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
                     del tracebacks[key][:-16]
                 elif key is not None and what == "fatal" and line.text.startswith("Fatal Python error:"):
                     fatals[key] = max(start, fatals.get(key, -1))
+                elif key is not None and what == "terminate" and line.text.startswith("terminate called"):
+                    terminates[key] = max(start, terminates.get(key, -1))
+                elif key is not None and what == "watchdog":
+                    watchdog.append((key, line.text, seq0 + start))
                 pos = mm.find(marker, pos + len(marker))
+        # NCCL's set-up lines (the network it chose) come early in a log
+        for marker in _NCCL_SETUP:
+            pos = mm.find(marker, 0, min(size, EARLY))
+            while pos >= 0 and len(art.nccl_lines) < MAX_NCCL_LINES:
+                start = mm.rfind(b"\n", 0, pos) + 1
+                end = mm.find(b"\n", pos)
+                note_nccl_line(art, mm[start:end if end >= 0 else size].decode("utf-8", errors="replace"))
+                pos = mm.find(marker, (end if end >= 0 else size), min(size, EARLY))
         # the head and the tail, line by line: who prints, the last lines, the launcher's summary
         head = mm[:HEAD]
         head = head[: head.rfind(b"\n") + 1]
@@ -93,12 +114,18 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
     # the endings come from the windows only: the head and the tail see parts of them
     for t in src.texts.values():
         t.finish()
-        t.ending = t.dump = None
+        t.ending = t.dump = t.cpp = None
     for key, marks in tracebacks.items():
         first = _chain_start(f, marks)
         src.text(key).ending = _window(art, src, f, first, key, WINDOW_LINES, seq0 + first).ending
     for key, start in fatals.items():
         src.text(key).dump = _window(art, src, f, start, key, WINDOW_LINES, seq0 + start).dump
+    for key, start in terminates.items():
+        src.text(key).cpp = _window(art, src, f, start, key, WINDOW_LINES, seq0 + start).cpp
+    for t in src.texts.values():
+        t.waits = []  # the edges saw some of them: the search saw them all
+    for key, text, at in sorted(watchdog, key=lambda w: w[2]):
+        src.text(key)._note_watchdog(text, at)
     art.seq = seq0 + size
 
 

@@ -18,6 +18,11 @@ HEADER = "Traceback (most recent call last):"
 _CHAIN = ("The above exception was the direct cause of the following exception:",
           "During handling of the above exception, another exception occurred:")
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
+# a C++ exception nobody caught (NCCL's watchdog ending the process, a c10::Error in a thread):
+# libstdc++ prints these lines, then the process aborts (SIGABRT)
+_TERMINATE = re.compile(r"^terminate called after throwing an instance of '(?P<type>[^']+)'")
+_WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
+_CPP_END = re.compile(r"^(Exception raised from |frame #\d+:|Fatal Python error:|Traceback \(most recent)")
 _FATAL_SIGNALS = {"Segmentation fault": -11, "Bus error": -7, "Illegal instruction": -4,
                   "Floating-point exception": -8, "Floating point exception": -8, "Aborted": -6}
 # a logger's or torch's own line (glog "W1124 21:20:12.8 ...", "[W1124 ...]", an ISO timestamp):
@@ -27,6 +32,7 @@ AFTER_ENDING = 30  # lines of its own a rank may print after the traceback that 
 MAX_BLOCK = 400  # lines kept of one traceback chain (its head and its tail)
 MAX_DUMP = 200  # lines kept of one faulthandler dump
 TAIL = 5  # last lines kept, to say where a rank's output stopped
+MAX_WAITS = 64  # NCCL watchdog lines kept per rank
 
 
 @dataclass
@@ -49,6 +55,9 @@ class RankText:
     _since_ending: int = 0
     _dump: list[str] | None = None
     dump: tuple[str, int, int] | None = None  # (faulthandler's text, its seq, the signal as an exit status)
+    waits: list[dict[str, Any]] = field(default_factory=list)  # NCCL watchdog lines (postmortem/nccl_lines.py)
+    _cpp: list[str] | None = None
+    cpp: tuple[str, str, str, int] | None = None  # an uncaught C++ exception: (type, what(), its lines, seq)
 
     def feed(self, text: str, seq: int) -> None:
         self.lines += 1
@@ -56,8 +65,18 @@ class RankText:
         self.last_seq = seq
         if text.strip():
             self.tail.append(text[:500])
+        if "watchdog" in text:
+            self._note_watchdog(text, seq)
         if self._dump is not None:
             self._feed_dump(text)
+            return
+        if self._cpp is not None:
+            if self._feed_cpp(text):
+                return
+        m = _TERMINATE.match(text)
+        if m:
+            self._close_block()
+            self._cpp, self._cpp_seq = [text.rstrip()], seq
             return
         m = _FATAL.match(text)
         if m:
@@ -134,6 +153,37 @@ class RankText:
         if len(dump) >= MAX_DUMP or (not text.strip() and len(dump) > 3 and not dump[-2].strip()):
             self._close_dump()
 
+    def _note_watchdog(self, text: str, seq: int) -> None:
+        from ddp_doctor.postmortem.nccl_lines import progress_of, wait_of
+        found = wait_of(text)
+        kind = "wait"
+        if found is None:
+            found, kind = progress_of(text), "progress"
+        if found is not None and len(self.waits) < MAX_WAITS:
+            self.waits.append({"kind": kind, "position": seq, **found})
+
+    def _feed_cpp(self, text: str) -> bool:
+        """A line of an uncaught C++ exception's report; False when it ends it (the line is then
+        read as any other)."""
+        lines = self._cpp
+        assert lines is not None
+        if _CPP_END.match(text) or len(lines) >= 60 or (not text.strip() and len(lines) > 1):
+            self._close_cpp()
+            return False
+        lines.append(text.rstrip())
+        return True
+
+    def _close_cpp(self) -> None:
+        lines, self._cpp = self._cpp, None
+        if not lines:
+            return
+        m = _TERMINATE.match(lines[0])
+        what = next((i for i, ln in enumerate(lines) if _WHAT.match(ln)), None)
+        if m is None or what is None:
+            return
+        message = "\n".join([_WHAT.match(lines[what]).group("msg"), *(ln.strip() for ln in lines[what + 1:])]).strip()
+        self.cpp = (m.group("type"), message, "\n".join(lines) + "\n", self._cpp_seq)
+
     def _close_dump(self) -> None:
         if self._dump is not None:
             self.dump = ("\n".join(self._dump).strip() + "\n", self._dump_seq, self._dump_status)
@@ -143,6 +193,7 @@ class RankText:
         """The end of the rank's output: a chain or a dump still open is complete as it is."""
         self._close_block()
         self._close_dump()
+        self._close_cpp()
 
     def merge(self, other: "RankText") -> None:
         """One rank's output read from several places (torchrun's tee into the console and its log
@@ -160,10 +211,24 @@ class RankText:
             self.ending = other.ending
         if other.dump is not None and (self.dump is None or other.dump[1] > self.dump[1]):
             self.dump = other.dump
+        if other.cpp is not None and (self.cpp is None or other.cpp[3] > self.cpp[3]):
+            self.cpp = other.cpp
+        seen = {(w["kind"], w.get("seq", w.get("at")), w.get("pg")) for w in self.waits}
+        self.waits += [w for w in other.waits if (w["kind"], w.get("seq", w.get("at")), w.get("pg")) not in seen]
+
+    def ending_position(self) -> int | None:
+        """Where the error that ended the rank (exception()) starts in its source."""
+        if self.cpp is not None and (self.ending is None or self.cpp[3] > self.ending[1]):
+            return self.cpp[3]
+        return self.ending[1] if self.ending is not None else None
 
     def exception(self) -> dict[str, Any] | None:
-        """The traceback that ended the rank, in the shape of a rank's outcome record (type,
-        message, traceback: the whole chain), or None."""
+        """The error that ended the rank, in the shape of a rank's outcome record (type, message,
+        traceback: the whole chain), or None: its last Python traceback, or an uncaught C++
+        exception printed after it (`cpp`: its C++ type)."""
+        if self.cpp is not None and (self.ending is None or self.cpp[3] > self.ending[1]):
+            kind, message, text, _ = self.cpp
+            return {"type": kind.rsplit("::", 1)[-1], "message": message, "traceback": text, "cpp": kind}
         if self.ending is None:
             return None
         text = self.ending[0]
