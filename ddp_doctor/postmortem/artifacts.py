@@ -31,6 +31,7 @@ class Artifacts:
     jobs_left: list[str] = field(default_factory=list)  # other run ids among the inputs, not read
     attempts: int = 1  # torchelastic's attempts of the job (restarts + 1); the last one was read
     nccl_lines: list[str] = field(default_factory=list)  # NCCL's INFO/WARN lines (its set-up: the network)
+    scanned: list[tuple[str, bool]] = field(default_factory=list)  # large consoles scanned: (path, srun-labelled)
 
     def backend(self) -> str | None:
         """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""
@@ -38,6 +39,22 @@ class Artifacts:
 
     def rank_text(self, rank: int) -> RankText:
         return self.texts.setdefault(rank, RankText())
+
+    def printed_in_scanned(self, rank: int) -> bool:
+        """Whether a large console (scanned, not read line by line) holds a line of `rank`: the
+        scan sees only its edges and its errors, so a rank absent from them is looked for by its
+        prefixes before it is said to have printed nothing."""
+        import mmap
+        tokens = [f"[rank{rank}]:".encode(), f",{rank}]<std".encode(), f"mpirank:{rank},".encode()]
+        for path, labelled in self.scanned:
+            try:
+                with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    for token in tokens + ([f"\n{rank}: ".encode()] if labelled else []):
+                        if mm.find(token) >= 0:
+                            return True
+            except (OSError, ValueError):
+                continue
+        return False
 
 
 @dataclass

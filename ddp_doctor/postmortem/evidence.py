@@ -151,6 +151,9 @@ def build(art: Artifacts) -> PostMortem:
     for r in range(world):
         known_from.setdefault(r, f"the world size ({world})")
     ranks = sorted(known_from)
+    for r in ranks:
+        if (r not in texts or not texts[r].lines) and art.printed_in_scanned(r):
+            art.rank_text(r).lines += 1  # it printed, in the middle of a large console
     base = min([e.time for e in exits.values() if e.time is not None], default=None)
     if base is None:
         base = min(art.mtimes.values(), default=0.0)

@@ -52,6 +52,8 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
     import mmap
 
     seq0 = art.seq
+    if src.kind == "console":
+        art.scanned.append((src.path, src.labelled))
     tracebacks: dict[tuple, list[int]] = {}  # key -> offsets of its newest tracebacks, the newest last
     fatals: dict[tuple, int] = {}
     terminates: dict[tuple, int] = {}
