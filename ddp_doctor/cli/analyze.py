@@ -1,10 +1,15 @@
 """`ddp-doctor analyze PATH...`: the post-mortem of a job that ran without ddp-doctor, from the
 artifacts it left (logs, torchrun's log tree, error files, flight-recorder dumps): the report of
-`ddp-doctor run`, made afterwards. Exit status: 0 no error found, 3 errors found, 2 usage error."""
+`ddp-doctor run`, made afterwards. `--sagemaker-job NAME` adds what AWS kept of a SageMaker
+training job (its description, its hosts' CloudWatch streams: ddp_doctor.sagemaker.job_logs).
+Exit status: 0 no error found, 3 errors found, 2 usage error, 1 the job's logs could not be read."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
+from typing import Any
 
 from ddp_doctor.cli.options import UsageError
 
@@ -12,8 +17,12 @@ HELP = "diagnose a job that already ended from the artifacts it left (logs, torc
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", metavar="PATH", nargs="+",
+    p.add_argument("paths", metavar="PATH", nargs="*",
                    help="files or directories (walked) holding the job's artifacts, found by content; - is stdin")
+    p.add_argument("--sagemaker-job", metavar="NAME",
+                   help="a SageMaker training job: read its description and its hosts' CloudWatch logs "
+                        "(needs boto3: the aws extra); PATHs may add more artifacts")
+    p.add_argument("--region", metavar="REGION", help="the AWS region of --sagemaker-job (default: boto3's)")
     p.add_argument("--report", metavar="PATH", help="also write the JSON report here")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.add_argument("--trace", metavar="PATH", help="also write a Chrome trace (chrome://tracing, Perfetto) of the job")
@@ -24,12 +33,22 @@ def command(args: argparse.Namespace) -> int:
     from ddp_doctor.postmortem.analyze import analyze, trace
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, publish
+    if not args.paths and not args.sagemaker_job:
+        raise UsageError("give the job's artifacts (PATH...), --sagemaker-job NAME, or both")
+    if args.region and not args.sagemaker_job:
+        raise UsageError("--region goes with --sagemaker-job")
     missing = [p for p in args.paths if p != "-" and not os.path.exists(p)]
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
     if args.paths.count("-") > 1:
         raise UsageError("stdin (-) can be read once")
-    rep, pm = analyze(args.paths)
+    if args.sagemaker_job:
+        made = _sagemaker_job(args, analyze)
+        if isinstance(made, int):
+            return made
+        rep, pm = made
+    else:
+        rep, pm = analyze(args.paths)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="analyze")
     publish(rep, out, write=False)
     if args.trace:
@@ -39,3 +58,61 @@ def command(args: argparse.Namespace) -> int:
             from ddp_doctor.report.publish import warn
             warn(err)
     return reportlib.exit_code(rep)
+
+
+REASON_SHOWN = 300  # characters of the job's FailureReason in the line on stderr
+
+
+def _sagemaker_job(args: argparse.Namespace, analyze: Any) -> tuple[dict[str, Any], Any] | int:
+    """The report of the SageMaker job (and any PATHs), or the exit status when its logs could not
+    be read. Its streams go into a private temporary directory, removed once they are read."""
+    from ddp_doctor.exit_codes import EXIT_INTERNAL
+    from ddp_doctor.sagemaker.job_logs import JobLogsError, fetch_job_logs
+    with tempfile.TemporaryDirectory(prefix="ddp-doctor-sagemaker-") as tmp:  # mode 0700
+        try:
+            logs = fetch_job_logs(args.sagemaker_job, tmp, region=args.region)
+        except JobLogsError as e:
+            if e.usage:
+                raise UsageError(str(e)) from None
+            _say(f"ddp-doctor analyze: error: {e}")
+            return EXIT_INTERNAL
+        except OSError as e:  # the temporary directory: a full disk, a quota
+            _say(f"ddp-doctor analyze: error: could not write the job's logs to {tmp}: {e.strerror or e}")
+            return EXIT_INTERNAL
+        read = logs.read
+        ended = logs.status or "status unknown"
+        if logs.failure_reason:  # up to 1,024 characters: the report keeps it whole
+            reason = " ".join(logs.failure_reason.split())
+            ended += f": {reason if len(reason) <= REASON_SHOWN else reason[:REASON_SHOWN] + '...'}"
+        if not read and not args.paths:
+            # Nothing to judge: a report would say "pass" about a job that may have failed before it
+            # wrote a line (capacity, image, permissions), or whose logs expired.
+            _say(f"ddp-doctor analyze: error: SageMaker job {logs.job} ({ended}) has no log streams in "
+                 f"{logs.region} under /aws/sagemaker/TrainingJobs/{logs.job}/: nothing to analyze")
+            return EXIT_INTERNAL
+        cut = [s.name for s in logs.streams if s.truncated]
+        more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
+        _say(f"ddp-doctor analyze: SageMaker job {logs.job} in {logs.region} ({ended}): read {len(read)} "
+             f"stream(s), {sum(s.events for s in read)} event(s), {sum(s.bytes for s in read)} bytes"
+             + (f"; cut by a bound (the report says why): {', '.join(cut[:5])}{more}" if cut else ""))
+        rep, pm = analyze([*args.paths, tmp], world=logs.world(), extra={"sagemaker": logs.summary()})
+    return _named_streams(rep, tmp, {os.path.basename(s.file): s.name for s in read if s.file}), pm
+
+
+def _named_streams(value: Any, tmp: str, streams: dict[str, str]) -> Any:
+    """The report with the temporary files (removed by now) named as the streams they hold."""
+    if isinstance(value, dict):
+        return {k: _named_streams(v, tmp, streams) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_named_streams(v, tmp, streams) for v in value]
+    if isinstance(value, str) and tmp in value:
+        for file, stream in streams.items():
+            value = value.replace(os.path.join(tmp, file), f"cloudwatch:/aws/sagemaker/TrainingJobs/{stream}")
+        return value.replace(tmp, "cloudwatch:/aws/sagemaker/TrainingJobs")
+    return value
+
+
+def _say(line: str) -> None:
+    """One line of ddp-doctor's own on stderr, secrets removed (an AWS message may quote a request)."""
+    from ddp_doctor.report.redact import redact_text
+    sys.stderr.write(redact_text(line) + "\n")

@@ -11,13 +11,16 @@ from ddp_doctor.postmortem.inputs import read_all
 from ddp_doctor.training.job_report import job_report
 
 
-def analyze(paths: Iterable[str]) -> tuple[dict[str, Any], PostMortem]:
-    """(the report, what it was made from)."""
+def analyze(paths: Iterable[str], *, world: dict[str, Any] | None = None,
+            extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], PostMortem]:
+    """(the report, what it was made from). `world`: what the platform knows of the job, merged
+    into the report's world; `extra`: merged into measurements.post_mortem (e.g. `sagemaker`)."""
     art = read_all(paths)
     pm = build(art)
     read = {"inputs_read": len(art.read), "inputs_skipped": len(art.skipped),
             "ranks": {str(r): v for r, v in sorted(pm.ranks.items())}, "unplaced": pm.unplaced}
-    rep, _ = job_report(pm.evidence, world=pm.world, more=pm.findings, measurements={"post_mortem": read})
+    rep, _ = job_report(pm.evidence, world={**pm.world, **(world or {})}, more=pm.findings,
+                        measurements={"post_mortem": {**read, **(extra or {})}})
     return rep, pm
 
 

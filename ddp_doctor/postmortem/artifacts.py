@@ -67,6 +67,7 @@ class Source:
     own_local: int | None = None
     own_rank: int | None = None
     labelled: bool = False
+    host: str | None = None  # a file named after its host (a SageMaker host's stream: algo-2.log)
     texts: dict[tuple, RankText] = field(default_factory=dict)  # this file's share of each rank's output
 
     def text(self, key: tuple) -> RankText:
@@ -92,17 +93,19 @@ def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
     """One line read in order: to its rank's output, or to the launcher's lines of a console."""
     key, line = route(art, src, raw)
     if "NCCL" in line.text:
-        art.backends["nccl"] = art.backends.get("nccl", 0) + 1
         note_nccl_line(art, line.text)
-    elif "gloo" in line.text:
-        art.backends["gloo"] = art.backends.get("gloo", 0) + 1
+    if key is not None:  # the ranks' lines name their backend (a launcher's command line names any)
+        if "NCCL" in line.text:
+            art.backends["nccl"] = art.backends.get("nccl", 0) + 1
+        elif "gloo" in line.text:
+            art.backends["gloo"] = art.backends.get("gloo", 0) + 1
     if key is None:
         if src.kind == "console":
             art.launcher.feed(line.text)
         return None
     t = src.text(key)
-    if line.host:
-        t.hosts.add(line.host)
+    if line.host or src.host:
+        t.hosts.add(line.host or src.host)
     t.feed(line.text, seq)
     return key
 

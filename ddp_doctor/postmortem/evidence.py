@@ -18,6 +18,7 @@ from typing import Any
 
 from ddp_doctor.checks import post_mortem
 from ddp_doctor.checks.job import JobEvidence
+from ddp_doctor.checks.wrapped_errors import parse_traceback
 from ddp_doctor.facts.efa import nccl_network
 from ddp_doctor.findings import Finding
 from ddp_doctor.postmortem.artifacts import Artifacts
@@ -45,6 +46,7 @@ def _resolve_local(art: Artifacts) -> tuple[list[tuple[str, int]], bool]:
     # one node unless the artifacts say otherwise: the summary names several hosts, or one local
     # rank is two ranks (a console and a log tree of one node are two sources, one node)
     hosts = {e.host for e in art.launcher.exits.values() if e.host}
+    hosts |= {h for t in art.local_texts.values() for h in t.hosts}  # files named after their host
     seen: dict[int, set[int]] = {}
     for (_, local), rank in art.local_to_rank.items():
         seen.setdefault(local, set()).add(rank)
@@ -176,11 +178,12 @@ def build(art: Artifacts) -> PostMortem:
         ex = exits.get(r)
         exc = text.exception() if text is not None else None
         seq = text.ending_position() if text is not None else None
-        if exc is None and r in art.error_files:
-            from ddp_doctor.checks.wrapped_errors import parse_traceback
-            err = parse_traceback(art.error_files[r].text)
-            if err is not None:
-                exc = {"type": err.type, "message": err.message, "traceback": art.error_files[r].text}
+        quoted = [art.error_files[r].text] if r in art.error_files else []
+        quoted += [ex.traceback] if ex is not None and ex.traceback else []
+        for given in quoted:
+            if exc is None:  # the error file, or the summary that quotes it
+                err = parse_traceback(given)
+                exc = {"type": err.type, "message": err.message, "traceback": given} if err is not None else None
         host = (ex.host if ex else None) or (sorted(text.hosts)[0] if text is not None and text.hosts else None)
         local = ex.local_rank if ex else None
         if exc is not None:
@@ -243,7 +246,8 @@ def build(art: Artifacts) -> PostMortem:
         found.append(post_mortem.several_jobs_finding(art.job, art.jobs_left))
     hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
     net = nccl_network(art.nccl_lines) if art.nccl_lines else None
-    world_info = {"launcher": "torchrun" if exits or art.local_texts else None, "backend": art.backend(),
+    world_info = {"launcher": art.launcher.launcher or ("torchrun" if art.local_texts else None),
+                  "backend": art.backend(),
                   **({"nccl_network": net.name} if net is not None and net.name else {}),
                   "world_size": world or None,
                   "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem",

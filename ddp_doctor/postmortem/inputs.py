@@ -28,6 +28,8 @@ MAX_FILES = 100_000  # a walk past this many files stops, and says so
 _TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d+)[/\\](?P<local>\d+)[/\\]"
                    r"(?P<name>stdout\.log|stderr\.log|error\.json)$")
 _RANK_NAME = re.compile(r"(?:^|[^A-Za-z0-9])rank[_-]?(?P<n>\d{1,7})(?:[^0-9]|$)", re.I)
+# SageMaker's hosts are algo-1, algo-2, ...: a host's stream saved as algo-2.log is that host's
+_HOST_NAME = re.compile(r"(?P<host>algo-\d+)(?:[-_.][\w.-]*)?\.(?:log|txt)")
 _DUMP_NAME = re.compile(r"(?P<n>\d{1,7})(?:\.json|\.pkl|\.pickle)?$")
 
 
@@ -161,6 +163,8 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
     while len(sample) < 50 and (raw := f.readline()):
         sample.append(raw.decode("utf-8", errors="replace"))
     src.labelled = srun_labelled(sample)
+    named_host = _HOST_NAME.fullmatch(os.path.basename(path))
+    src.host = named_host.group("host") if named_host else None
     if kind == "rank" and (src.labelled or any(has_rank_prefix(s) for s in sample)):
         src.kind = "console"  # a console whose name holds "rank3": its lines say whose they are
     named = _RANK_NAME.search(os.path.basename(path))

@@ -9,7 +9,9 @@ failed rank,
       error_file: /tmp/torchelastic_x/.../attempt_0/1/error.json
       traceback : Signal 11 (SIGSEGV) received by PID 561
 
-(its time is the agent's local clock, to the second), torchelastic's error files
+(its time is the agent's local clock, to the second; its traceback, when the rank's @record error
+file held one, is the rank's own), Open MPI's summary of the first process to fail ("Process
+name: [[9479,1],1]", "Exit code: 1"), torchelastic's error files
 (`{"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}`, written by a
 child whose entrypoint uses torch's @record), and the world size some launchers log. Read line by
 line; nothing here opens a file.
@@ -28,6 +30,10 @@ _FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\
 _RANK = re.compile(r"^(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
 _EXIT = re.compile(r"^(?P<code>-?\d+)")
 _FAILED = re.compile(r"\bFAILED\s*$")
+_RULE = re.compile(r"^\s*(?:-{3,}|={3,})\s*$")
+_MPI_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(?P<code>-?\d+)")
+MAX_TRACEBACK_LINES = 400
 _WORLD = re.compile(r"\b(?:WORLD_SIZE|world_size)\s*[=:]\s*(?P<n>\d{1,7})\b")
 
 
@@ -42,6 +48,7 @@ class RankExit:
     time: float | None = None
     error_file: str | None = None
     root_cause: bool = False
+    traceback: str | None = None  # the rank's traceback as its error file gave it to the summary
 
 
 @dataclass
@@ -51,10 +58,20 @@ class LauncherText:
     exits: dict[int, RankExit] = field(default_factory=dict)
     summaries: int = 0  # ChildFailedError summaries seen (one per failed attempt)
     world_sizes: set[int] = field(default_factory=set)
+    launcher: str | None = None  # whose summary it was: "torchrun", "mpirun"
     _current: dict[str, str] | None = None
     _root: bool = False
+    _tb: list[str] | None = None
+    _mpi_rank: int | None = None
 
     def feed(self, text: str) -> None:
+        if self._tb is not None:  # the traceback field goes on, indented, to the block's end
+            if text.startswith("  ") and not _RULE.match(text):
+                if len(self._tb) < MAX_TRACEBACK_LINES:
+                    self._tb.append(text[2:])
+                return
+            self._close()
+        self._mpirun(text)
         if _FAILED.search(text) or "ChildFailedError" in text:
             self.summaries += text.rstrip().endswith("FAILED")
         if text.startswith("Root Cause"):
@@ -73,7 +90,7 @@ class LauncherText:
         if m and self._current is not None:
             self._current[m.group("key")] = m.group("value")
             if m.group("key") == "traceback":
-                self._close()
+                self._tb = [m.group("value")]  # the rank's own, when its error file held one
             return
         w = _WORLD.search(text)
         if w:
@@ -81,7 +98,21 @@ class LauncherText:
         if self._current is not None and text.strip() and not m:
             self._close()
 
+    def _mpirun(self, text: str) -> None:
+        """Open MPI's summary of the first process that failed: "Process name: [[9479,1],1]" then
+        "Exit code: 1" (the rank is the last number of the name)."""
+        m = _MPI_PROCESS.search(text)
+        if m:
+            self._mpi_rank = int(m.group("rank"))
+            self.launcher = "mpirun"
+            return
+        m = _MPI_EXIT.search(text)
+        if m and self._mpi_rank is not None:
+            rank, self._mpi_rank = self._mpi_rank, None
+            self.exits.setdefault(rank, RankExit(rank=rank, exit_code=int(m.group("code")), root_cause=True))
+
     def _close(self) -> None:
+        tb, self._tb = self._tb, None
         block, self._current = self._current, None
         if not block or "rank" not in block:
             return
@@ -95,7 +126,8 @@ class LauncherText:
             host=block.get("host") or None, exit_code=int(code.group("code")) if code else None,
             time=summary_time(block.get("time", "")),
             error_file=None if block.get("error_file", "<N/A>") in ("<N/A>", "") else block["error_file"],
-            root_cause=self._root)
+            root_cause=self._root, traceback="\n".join(tb) + "\n" if tb and tb[0].startswith("Traceback") else None)
+        self.launcher = "torchrun"
 
     def finish(self) -> None:
         self._close()

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Launch, clean_env, load_json, result_of, run, run_all
+from helpers.procs import DDP, Launch, clean_env, free_port, load_json, result_of, run, run_all
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 FR_DUMPING = Path(__file__).resolve().parent / "scripts" / "fr_dumping.py"
+RECORDED = Path(__file__).resolve().parent / "scripts" / "recorded.py"
+MPI_ENV = Path(__file__).resolve().parent / "scripts" / "mpi_env.py"
 
 # name -> (script, extra environment, `run`'s extra options)
 SHAPES = {
@@ -54,6 +56,20 @@ def shapes(tmp_path_factory):
         # one stream, as a terminal or a job's log has it: the ranks' lines and the agent's summary interleaved
         launches[f"torchrun-{name}"] = Launch(["sh", "-c", '"$@" > console.log 2>&1', "sh", *torchrun], env,
                                               str(_mkdir(base / name)))
+    # "raises" under other launches: torchrun --redirects 3 (no tee: the ranks' output only in the
+    # tree) with an entrypoint under torch's @record (each rank's error.json, quoted by the summary);
+    # plain mpirun --tag-output, the script's environment set as a team's launch script does
+    raises = str(SCRIPTS / SHAPES["raises"][0])
+    launches["torchrun-raises_recorded"] = Launch(
+        ["sh", "-c", '"$@" > console.log 2>&1', "sh", sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc-per-node", "2", "--log-dir", str(base / "raises_recorded-logs"), "--redirects", "3",
+         str(RECORDED), raises], clean_env(), str(_mkdir(base / "raises_recorded")))
+    if shutil.which("mpirun") is not None:
+        launches["torchrun-raises_mpirun"] = Launch(
+            ["sh", "-c", '"$@" > console.log 2>&1', "sh", "mpirun", "-np", "2", "--oversubscribe", "--tag-output",
+             "-x", "MASTER_PORT", sys.executable, str(MPI_ENV), raises],
+            clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", MASTER_PORT=str(free_port())),
+            str(_mkdir(base / "raises_mpirun")))
     return {"base": base, "results": run_all(launches, at_once=3)}
 
 
@@ -108,6 +124,24 @@ def test_analyze_of_the_ranks_dumps_names_the_rank_that_went_its_own_way_as_run_
     assert cause(rep) == cause(live), (rep["findings"], live["findings"])
     assert rep["root_cause"]["id"].startswith("DDP89"), rep["root_cause"]
     assert not [f for f in rep["findings"] if f["id"] == "DDP951"], rep["findings"]  # every dump read
+
+
+@pytest.mark.parametrize("how", ["raises_recorded", "raises_mpirun"])
+def test_other_launches_of_the_same_failure_give_the_same_cause(shapes, how):
+    """torchrun --redirects with @record (analyzed from its console alone: the summary quotes the
+    rank's error file; then with its tree), and Open MPI's --tag-output console."""
+    base = shapes["base"]
+    if f"torchrun-{how}" not in shapes["results"]:
+        pytest.skip("mpirun is not installed")
+    plain = result_of(shapes["results"], f"torchrun-{how}")
+    assert plain.rc != 0, plain.output
+    live = load_json(str(base / "raises.json"))
+    res, rep = analyze(base, base / how / "console.log")
+    assert cause(rep) == cause(live) == ("DDP800", [1]), rep["findings"]
+    assert rep["world"]["launcher"] == ("mpirun" if how == "raises_mpirun" else "torchrun")
+    if how == "raises_recorded":
+        res, rep = analyze(base, base / how / "console.log", base / f"{how}-logs")
+        assert cause(rep) == ("DDP800", [1]) and not [f for f in rep["findings"] if f["id"] == "DDP950"], rep
 
 
 def test_a_removed_log_is_named_and_the_rank_the_launcher_saw_fail_is_still_the_cause(shapes, tmp_path):

@@ -108,3 +108,29 @@ Root Cause (first observed failure):
     assert (first.root_cause, first.local_rank, first.host, first.exit_code) == (True, 1, "algo-2", 1)
     assert first.error_file == "/tmp/t/attempt_0/1/error.json" and other.exit_code == -15 and not other.root_cause
     assert other.time - first.time == 1.0
+
+
+def test_open_mpis_summary_gives_the_first_rank_to_fail():
+    lt = LauncherText()
+    for ln in ["--------------------------------------------------------------------------",
+               "mpirun detected that one or more processes exited with non-zero status, thus causing",
+               "the job to be terminated. The first process to do so was:", "",
+               "  Process name: [[9479,1],3]", "  Exit code:    2",
+               "--------------------------------------------------------------------------"]:
+        lt.feed(ln)
+    lt.finish()
+    assert lt.launcher == "mpirun" and lt.exits[3].exit_code == 2 and lt.exits[3].root_cause
+
+
+def test_the_summary_quotes_the_ranks_own_traceback_when_its_error_file_had_one():
+    lt = LauncherText()
+    for ln in ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-24_22:10:43",
+               "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 300)",
+               "  error_file: /tmp/logs/run_x/attempt_0/1/error.json",
+               "  traceback : Traceback (most recent call last):",
+               '    File "/job/train.py", line 7, in <module>', "      raise ValueError('bad batch')",
+               "  ValueError: bad batch on rank 1", "  ", "====================================="]:
+        lt.feed(ln)
+    lt.finish()
+    tb = lt.exits[1].traceback
+    assert tb.startswith("Traceback (most recent call last):") and "ValueError: bad batch on rank 1" in tb
