@@ -32,6 +32,7 @@ class Artifacts:
     attempts: int = 1  # torchelastic's attempts of the job (restarts + 1); the last one was read
     nccl_lines: list[str] = field(default_factory=list)  # NCCL's INFO/WARN lines (its set-up: the network)
     scanned: list[tuple[str, bool]] = field(default_factory=list)  # large consoles scanned: (path, srun-labelled)
+    lone: list[str] = field(default_factory=list)  # consoles of one process (no rank prefix, no launcher summary)
 
     def backend(self) -> str | None:
         """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""
@@ -102,6 +103,7 @@ def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
     if key is None:
         if src.kind == "console":
             art.launcher.feed(line.text)
+            src.text(LOOSE).feed(line.text, seq)  # a lone process's, if no line of the file names a rank
         return None
     t = src.text(key)
     if line.host or src.host:
@@ -111,6 +113,9 @@ def feed(art: Artifacts, src: Source, raw: str, seq: int) -> tuple | None:
 
 
 MAX_NCCL_LINES = 4000
+# a console's lines without a rank prefix: the launcher's, or those of a lone process (`python
+# train.py`, a torch.multiprocessing.spawn parent) when no line of the file names a rank
+LOOSE = ("loose",)
 
 
 def note_nccl_line(art: Artifacts, text: str) -> None:

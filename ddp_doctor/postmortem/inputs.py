@@ -17,7 +17,7 @@ import re
 import sys
 from typing import IO, Iterable, Iterator
 
-from ddp_doctor.postmortem.artifacts import Artifacts, Source, feed
+from ddp_doctor.postmortem.artifacts import LOOSE, Artifacts, Source, feed
 from ddp_doctor.postmortem.launcher_text import read_error_file
 from ddp_doctor.postmortem.log_lines import has_rank_prefix, srun_labelled
 from ddp_doctor.postmortem.rank_text import RankText
@@ -173,6 +173,7 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
         src.text(("local", src.node, src.own_local))
     elif src.own_rank is not None:
         src.text(("rank", src.own_rank))
+    launcher_before = art.launcher.state()
     if size is not None and size > SMALL_FILE:
         from ddp_doctor.postmortem.large_text import scan_large
         scan_large(art, src, f, size)
@@ -185,6 +186,11 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
             feed(art, src, raw.decode("utf-8", errors="replace"), art.seq)
         for t in src.texts.values():
             t.finish()
+    loose = src.texts.pop(LOOSE, None)
+    if loose is not None and loose.lines and not src.texts and art.launcher.state() == launcher_before:
+        # no line named a rank and no launcher summarised ranks: one process's output, rank 0 of 1
+        src.texts[("rank", 0)] = loose
+        art.lone.append(path)
     for key, t in src.texts.items():
         t.sources.add(src.node)
         target = art.rank_text(key[1]) if key[0] == "rank" else art.local_texts.setdefault((key[1], key[2]), RankText())

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from ddp_doctor.postmortem.artifacts import MAX_NCCL_LINES, Artifacts, Source, feed, note_nccl_line, route
+from ddp_doctor.postmortem.artifacts import LOOSE, MAX_NCCL_LINES, Artifacts, Source, feed, note_nccl_line, route
 from ddp_doctor.postmortem.nccl_lines import MARKERS as NCCL_MARKERS
 from ddp_doctor.postmortem.rank_text import HEADER, RankText
 
@@ -73,6 +73,8 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
                 end = mm.find(b"\n", pos)
                 raw = mm[start:end if end >= 0 else size].decode("utf-8", errors="replace")
                 key, line = route(art, src, raw)
+                if key is None and src.kind == "console" and what != "summary":
+                    key = LOOSE  # kept with the file's other loose lines (inputs.py decides whose)
                 if what == "summary" and key is None and start < size - tail_size:
                     summaries.append(start)  # before the tail (a job that restarted): read where it is
                 elif key is not None and what == "traceback" and line.text.strip() == HEADER:
@@ -160,7 +162,7 @@ def _window(art: Artifacts, src: Source, f: IO[bytes], offset: int, key: tuple |
         if key is None:
             if k is None:
                 art.launcher.feed(line.text)
-        elif k == key:
+        elif (k if k is not None else LOOSE) == key:
             w.feed(line.text, seq + mine)
             mine += 1
             if mine > MAX_BLOCK + AFTER_ENDING + 2:

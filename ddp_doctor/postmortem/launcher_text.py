@@ -98,6 +98,10 @@ class LauncherText:
         if self._current is not None and text.strip() and not m:
             self._close()
 
+    def state(self) -> tuple[int, int, str | None]:
+        """What the launcher's lines said so far, to tell whether a file added to it."""
+        return len(self.exits), self.summaries, self.launcher
+
     def _mpirun(self, text: str) -> None:
         """Open MPI's summary of the first process that failed: "Process name: [[9479,1],1]" then
         "Exit code: 1" (the rank is the last number of the name)."""

@@ -29,6 +29,7 @@ _FATAL_SIGNALS = {"Segmentation fault": -11, "Bus error": -7, "Illegal instructi
 # never the next line of an exception's message
 _LOG_LINE = re.compile(r"^(\[?[WIEFD]\d{4} |\[[WIEF] |\d{4}-\d\d-\d\d[ T_])")
 AFTER_ENDING = 30  # lines of its own a rank may print after the traceback that ended it (its teardown)
+MAX_MESSAGE = 200  # lines of a message printed below its "Type:" line
 MAX_BLOCK = 400  # lines kept of one traceback chain (its head and its tail)
 MAX_DUMP = 200  # lines kept of one faulthandler dump
 TAIL = 5  # last lines kept, to say where a rank's output stopped
@@ -51,6 +52,7 @@ class RankText:
     _exc_seen: bool = False
     _after_exc: int = 0
     _blank_after_exc: bool = False
+    _msg_below: bool = False  # the exception line ends with ":": its message is on the lines below
     ending: tuple[str, int] | None = None  # (the chain's text, its first line's seq)
     _since_ending: int = 0
     _dump: list[str] | None = None
@@ -98,12 +100,22 @@ class RankText:
 
     def _open_block(self, text: str, seq: int) -> None:
         self._block, self._block_seq = [text.strip()], seq
-        self._exc_seen, self._after_exc, self._blank_after_exc = False, 0, False
+        self._exc_seen, self._after_exc, self._blank_after_exc, self._msg_below = False, 0, False, False
 
     def _feed_block(self, text: str, seq: int) -> None:
         block = self._block
         assert block is not None
         stripped = text.strip()
+        if self._exc_seen and self._msg_below:
+            # "Type:" and its message on the lines below, blank lines and quoted tracebacks
+            # included (torch.multiprocessing's "-- Process 1 terminated with the following error:")
+            if _LOG_LINE.match(stripped) or self._after_exc >= MAX_MESSAGE:
+                self._close_block()
+                self.feed_after_block(text, seq)
+                return
+            self._after_exc += 1
+            self._append(text)
+            return
         if self._exc_seen:
             if stripped in _CHAIN or stripped == HEADER:
                 self._exc_seen, self._after_exc, self._blank_after_exc = False, 0, False  # the chain goes on
@@ -123,7 +135,7 @@ class RankText:
         self._append(text)
         if stripped and not text[:1].isspace() and stripped != HEADER and stripped not in _CHAIN \
                 and not stripped.startswith("File "):
-            self._exc_seen = True
+            self._exc_seen, self._msg_below = True, stripped.endswith(":")
 
     def feed_after_block(self, text: str, seq: int) -> None:
         """The first line after a chain: counted against it, or a new chain's header."""
@@ -232,8 +244,22 @@ class RankText:
         if self.ending is None:
             return None
         text = self.ending[0]
-        last = text.rfind(HEADER)
-        err = parse_traceback(text[last:] if last >= 0 else text)
+        err = parse_traceback(_last_in_chain(text))
         if err is None:
             return None
         return {"type": err.type, "message": err.message, "traceback": text}
+
+
+def _last_in_chain(text: str) -> str:
+    """The last traceback of a chain Python printed: the first one, or one after "The above
+    exception was ..." / "During handling of ...". A traceback quoted inside an exception's message
+    (a spawned process's, under torch.multiprocessing's "-- Process 1 terminated with the following
+    error:") belongs to that message, not to the chain."""
+    lines = text.splitlines()
+    start, before = 0, None
+    for i, ln in enumerate(lines):
+        if ln.strip() == HEADER and (before is None or before in _CHAIN):
+            start = i
+        if ln.strip():
+            before = ln.strip()
+    return "\n".join(lines[start:]) + "\n"

@@ -70,6 +70,12 @@ def shapes(tmp_path_factory):
              "-x", "MASTER_PORT", sys.executable, str(MPI_ENV), raises],
             clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", MASTER_PORT=str(free_port())),
             str(_mkdir(base / "raises_mpirun")))
+    # a job of torch.multiprocessing.spawn, started as `python script.py`: one process's console
+    spawn = str(SCRIPTS / "spawn_child_fails.py")
+    launches["run-spawn"] = Launch([*DDP, "run", "--timeout", "30", "--report", str(base / "spawn.json"), spawn],
+                                   clean_env(TEST_PORT=str(free_port())), str(base))
+    launches["torchrun-spawn"] = Launch(["sh", "-c", '"$@" > console.log 2>&1', "sh", sys.executable, spawn],
+                                        clean_env(TEST_PORT=str(free_port())), str(_mkdir(base / "spawn")))
     return {"base": base, "results": run_all(launches, at_once=3)}
 
 
@@ -124,6 +130,16 @@ def test_analyze_of_the_ranks_dumps_names_the_rank_that_went_its_own_way_as_run_
     assert cause(rep) == cause(live), (rep["findings"], live["findings"])
     assert rep["root_cause"]["id"].startswith("DDP89"), rep["root_cause"]
     assert not [f for f in rep["findings"] if f["id"] == "DDP951"], rep["findings"]  # every dump read
+
+
+def test_a_spawned_jobs_console_names_the_spawned_process_as_run_does(shapes):
+    base = shapes["base"]
+    assert result_of(shapes["results"], "torchrun-spawn").rc != 0
+    live = load_json(str(base / "spawn.json"))
+    res, rep = analyze(base, base / "spawn" / "console.log")
+    assert cause(rep) == cause(live) == (live["root_cause"]["id"], [1]), (rep["findings"], live["findings"])
+    root = rep["root_cause"]
+    assert root["evidence"]["spawn_process"] == 1 and "KeyError: 'LOCAL_RANK'" in root["message"]
 
 
 @pytest.mark.parametrize("how", ["raises_recorded", "raises_mpirun"])

@@ -73,3 +73,22 @@ def test_a_dump_of_another_torch_version_is_read_or_named_never_a_traceback(tmp_
     assert _cause(rep) == ("DDP800", [1]), rep["findings"]
     (unread,) = [f for f in rep["findings"] if f["id"] == "DDP951"]
     assert [os.path.basename(s["path"]) for s in unread["evidence"]["skipped"]] == ["nccl_trace_rank_1"]
+
+
+def test_one_process_console_is_rank_0_of_1_and_a_launchers_console_is_not(tmp_path):
+    """`python train.py > log`: no rank prefix and no launcher summary, so its lines are its one
+    process's. torchrun's console under --redirects has no prefix either, but its summary makes its
+    lines the launcher's (its own ChildFailedError traceback is never a rank's error)."""
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / "train.log").write_text("epoch 1\n" + "\n".join(ln.format(r=0) for ln in RAISED) + "\n")
+    rep, _ = analyze([str(tmp_path / "alone")])
+    assert _cause(rep) == ("DDP800", [0]) and rep["world"]["world_size"] == 1, rep["findings"]
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "console.log").write_text(
+        "Traceback (most recent call last):\n  File \"/usr/bin/torchrun\", line 8, in <module>\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\ntrain.py FAILED\n----\n"
+        "Failures:\n  <NO_OTHER_FAILURES>\n----\nRoot Cause (first observed failure):\n[0]:\n"
+        "  time      : 2026-11-24_03:00:00\n  host      : algo-1\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : 1 (pid: 4242)\n  error_file: <N/A>\n  traceback : To enable traceback see: x\n====\n")
+    rep, _ = analyze([str(tmp_path / "agent")])
+    assert _cause(rep) == ("DDP803", [1]) and "ChildFailedError" not in rep["root_cause"]["message"], rep

@@ -31,6 +31,10 @@ from ddp_doctor.time_limit import call_with_time_limit
 from ddp_doctor.training import records
 
 STORE_BOUND = 4.0  # seconds, at most, for one rank's whole exchange at its ending
+# a failed rank waits longer for the other nodes' endings: the rank that saw a peer of its node
+# vanish (the cause, under a SIGKILL) publishes only once its own collective failed, a loaded
+# host's seconds later
+FAILED_BOUND = 10.0
 LEDGER_TAIL = 300  # ledger entries carried through the store per rank (the newest)
 MAX_FETCH = 256  # other ranks' endings a rank copies (failed ones first)
 MAX_PROBE = 1 << 20  # bytes: a probe record larger than this is not carried through the store
@@ -113,16 +117,19 @@ def exchange(run_dir: str, rank: int, *, failed: bool, gone: dict[int, dict[str,
              env: Any = None) -> JobEndings:
     """Put this rank's ending in the store (and a "gone" ending for each rank of `gone`: ranks of
     this node whose process ended without one); when it failed, or it is the last rank of the job
-    to end, copy the other nodes' endings into `run_dir`. Bounded by STORE_BOUND; never raises
-    (an empty JobEndings when the store cannot be reached)."""
+    to end, copy the other nodes' endings into `run_dir`. Bounded by STORE_BOUND (FAILED_BOUND for
+    a failed rank, which waits for the others' endings); never raises (an empty JobEndings when the
+    store cannot be reached)."""
     env = os.environ if env is None else env
-    out = call_with_time_limit(lambda: _exchange(run_dir, rank, failed, gone or {}, env), STORE_BOUND,
+    bound = FAILED_BOUND if failed else STORE_BOUND
+    out = call_with_time_limit(lambda: _exchange(run_dir, rank, failed, gone or {}, env, bound), bound,
                                name="ddp-doctor-endings")
     return out.value if out.finished and out.error is None and out.value is not None else JobEndings()
 
 
-def _exchange(run_dir: str, rank: int, failed: bool, gone: dict[int, dict[str, Any]], env: Any) -> JobEndings:
-    deadline = time.monotonic() + STORE_BOUND - 0.5
+def _exchange(run_dir: str, rank: int, failed: bool, gone: dict[int, dict[str, Any]], env: Any,
+              bound: float = STORE_BOUND) -> JobEndings:
+    deadline = time.monotonic() + bound - 0.5
     store = _connect(env, STORE_BOUND / 2)
     if store is None:
         return JobEndings()
@@ -140,8 +147,11 @@ def _exchange(run_dir: str, rank: int, failed: bool, gone: dict[int, dict[str, A
     # Peers that failed at about the same time (or saw a rank of their node vanish) publish a
     # moment later: a failed rank looks until every rank has an ending, within its bound.
     while True:
-        job.ended = _listed(store, prefix)
-        _copy(store, prefix, run_dir, job, deadline)
+        try:
+            job.ended = _listed(store, prefix)
+            _copy(store, prefix, run_dir, job, deadline)
+        except (RuntimeError, OSError, ValueError):  # one slow answer: look again within the bound
+            pass
         if job.complete or not failed or time.monotonic() + 0.25 >= deadline:
             return job
         time.sleep(0.25)
