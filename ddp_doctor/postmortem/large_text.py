@@ -38,8 +38,7 @@ CHAIN_GAP = 400  # lines between two tracebacks of one rank that are one chain
 CHAIN_BYTES = 1 << 20  # and at most this far apart
 LATE = 4 << 20  # faulthandler's dumps and launcher summaries are looked for in the last 4 MiB
 SUMMARY_LINES = 20_000  # lines of a launcher summary read where it is found before the tail
-EARLY = 16 << 20  # NCCL's set-up lines are looked for in the first 16 MiB
-_NCCL_SETUP = (b"NCCL INFO Using network", b"NET/Socket : Using", b"NET/OFI", b"NCCL WARN NET/", b"No plugin found")
+EARLY = 2 << 20  # NCCL's set-up lines are looked for in the first 2 MiB
 _MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"),
             (b"terminate called after throwing", "terminate"),
             *((m.encode(), "watchdog") for m in NCCL_MARKERS))
@@ -87,14 +86,13 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
                 elif key is not None and what == "watchdog":
                     watchdog.append((key, line.text, seq0 + start))
                 pos = mm.find(marker, pos + len(marker))
-        # NCCL's set-up lines (the network it chose) come early in a log
-        for marker in _NCCL_SETUP:
-            pos = mm.find(marker, 0, min(size, EARLY))
-            while pos >= 0 and len(art.nccl_lines) < MAX_NCCL_LINES:
-                start = mm.rfind(b"\n", 0, pos) + 1
-                end = mm.find(b"\n", pos)
-                note_nccl_line(art, mm[start:end if end >= 0 else size].decode("utf-8", errors="replace"))
-                pos = mm.find(marker, (end if end >= 0 else size), min(size, EARLY))
+        # NCCL's set-up lines (the network it chose) come early in a log: one search
+        pos = mm.find(b"NCCL ", 0, min(size, EARLY))
+        while pos >= 0 and len(art.nccl_lines) < MAX_NCCL_LINES:
+            start = mm.rfind(b"\n", 0, pos) + 1
+            end = mm.find(b"\n", pos)
+            note_nccl_line(art, mm[start:end if end >= 0 else size].decode("utf-8", errors="replace"))
+            pos = mm.find(b"NCCL ", (end if end >= 0 else size), min(size, EARLY))
         # the head and the tail, line by line: who prints, the last lines, the launcher's summary
         head = mm[:HEAD]
         head = head[: head.rfind(b"\n") + 1]

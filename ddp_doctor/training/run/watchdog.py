@@ -158,11 +158,14 @@ class ProgressWatch:
             where = describe(stack)
             self.where, self.in_collective = where["where"], where["in_collective"]
             self._beat(now, where)
-            if self._stack_file_gone():
+            if self._stack_file is None or self._stack_file_gone():
+                # removed (or not made: the directory was gone a moment before this tick's
+                # heartbeat made it again): opened again, tick after tick until it is there
                 old, self._stack_file = self._stack_file, None
                 self._open_stack_file()
                 try:
-                    old.close()
+                    if old is not None:
+                        old.close()
                 except OSError:
                     pass
             if self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
