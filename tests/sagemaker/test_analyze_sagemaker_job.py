@@ -8,13 +8,11 @@ protocol instead of moto.
 """
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,6 +22,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
+from helpers.aws_stub import Stub  # noqa: E402
 from moto.sagemaker.models import sagemaker_backends  # noqa: E402
 
 from ddp_doctor.cli import main  # noqa: E402
@@ -340,42 +339,21 @@ def test_without_boto3(env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytes
     assert code == 1 and 'needs boto3: pip install "ddp-doctor[aws]"' in err and len(err.splitlines()) == 1
 
 
-class LogsStub:
+def logs_error(code: str, message: str) -> Stub:
     """CloudWatch Logs on loopback answering every request with one AWS error (JSON 1.1)."""
+    body = json.dumps({"__type": code, "message": message}).encode()
+    return Stub(lambda handler, _: (400, {"Content-Type": "application/x-amz-json-1.1"}, body))
 
-    def __init__(self, code: str, message: str) -> None:
-        self.requests: list[str] = []
-        stub = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                stub.requests.append(self.headers.get("X-Amz-Target", ""))
-                body = json.dumps({"__type": code, "message": message}).encode()
-                self.send_response(400)
-                for k, v in {"Content-Type": "application/x-amz-json-1.1", "Content-Length": str(len(body))}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def targets(stub: Stub) -> list[str]:
+    """The API calls the stub was asked (X-Amz-Target), in order."""
+    return [headers.get("X-Amz-Target", "") for _, _, headers in stub.requests]
 
 
 def test_access_denied_names_the_permission(env: Path, failed_job: str, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    stub = LogsStub("AccessDeniedException", f"User: arn:aws:iam::{ACCOUNT}:user/ci is not authorized to perform: "
-                                             "logs:DescribeLogStreams")
+    stub = logs_error("AccessDeniedException", f"User: arn:aws:iam::{ACCOUNT}:user/ci is not authorized to perform: "
+                                               "logs:DescribeLogStreams")
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH_LOGS", stub.url)  # boto3's per-service endpoint
         code, out, err = analyze("--sagemaker-job", failed_job, capsys=capsys)
@@ -383,13 +361,13 @@ def test_access_denied_names_the_permission(env: Path, failed_job: str, monkeypa
         stub.close()
     assert code == 1 and out == "" and len(err.splitlines()) == 1, err
     assert "DescribeLogStreams was denied (AccessDeniedException): the identity needs logs:DescribeLogStreams" in err
-    assert stub.requests == ["Logs_20140328.DescribeLogStreams"]  # a denial is not retried
+    assert targets(stub) == ["Logs_20140328.DescribeLogStreams"]  # a denial is not retried
     assert list(env.iterdir()) == []
 
 
 def test_throttling_past_the_retries(env: Path, failed_job: str, monkeypatch: pytest.MonkeyPatch,
                                      out: Path) -> None:
-    stub = LogsStub("ThrottlingException", "Rate exceeded")
+    stub = logs_error("ThrottlingException", "Rate exceeded")
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH_LOGS", stub.url)
         with pytest.raises(JobLogsError, match=r"^DescribeLogStreams was throttled \(ThrottlingException\) "
@@ -397,4 +375,4 @@ def test_throttling_past_the_retries(env: Path, failed_job: str, monkeypatch: py
             fetch_job_logs(failed_job, str(out), attempts=2)  # 2: one retry's backoff, under a second
     finally:
         stub.close()
-    assert not e.value.usage and len(stub.requests) == 2
+    assert not e.value.usage and len(targets(stub)) == 2

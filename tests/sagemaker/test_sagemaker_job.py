@@ -7,21 +7,21 @@ Where moto does not implement an API (Service Quotas for SageMaker) or a failure
 """
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import os
 import socket
 import subprocess
 import sys
-import threading
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
+
+from helpers.aws_stub import Stub  # noqa: E402
 
 from ddp_doctor import check_runner, registry  # noqa: E402
 from ddp_doctor import checks as catalogue  # noqa: E402
@@ -139,41 +139,6 @@ def finding(rep: dict[str, Any], cid: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- loopback stub for what moto lacks
-
-class Stub:
-    """A loopback HTTP server answering with `respond(handler, body) -> (status, headers, body)`."""
-
-    def __init__(self, respond: Callable[[Any, bytes], tuple[int, dict[str, str], bytes]]) -> None:
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # answers boto3's Expect: 100-continue at once
-
-            def _handle(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                stub.requests.append((self.command, self.path, dict(self.headers)))
-                status, headers, out = respond(self, body)
-                self.send_response(status)
-                for k, v in {**headers, "Content-Length": str(len(out))}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(out)
-
-            do_GET = do_POST = do_PUT = do_HEAD = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 def quota_stub(value: float) -> Stub:
     def respond(h: Any, body: bytes) -> tuple[int, dict[str, str], bytes]:
