@@ -265,7 +265,9 @@ class RankPreflight:
                 ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
                 f"rank {self.rank}: {type(e).__name__}: {e}", rank=self.rank,
                 evidence={"backend": backend, "error": str(e)}))
+            self._say_group_state(store, False)
             return
+        self._say_group_state(store, True)
         group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
         try:
             with self._stage("group_checks"):
@@ -275,8 +277,29 @@ class RankPreflight:
         finally:
             if not opts.keep_group:
                 with self._stage("teardown"):
+                    self._await_group_states(store, ws)
                     call_with_time_limit(dist.destroy_process_group, 10.0)
                 sys.excepthook = hook
+
+    # init_process_group has no barrier at its end (torch's TORCH_DIST_INIT_BARRIER is off by
+    # default): a rank may return from it while a slower peer still completes its connections to
+    # it. Destroying the group then (no collective ran: `--skip communication`) closes them under
+    # that peer, whose init fails ("Gloo connectFullMesh failed ... Connection closed by peer"): a
+    # false DDP321. So every rank says how its init ended, and the group is destroyed only once
+    # every rank has said so (bounded: a rank that died is reported by the store's own findings).
+    def _say_group_state(self, store: Any, up: bool) -> None:
+        try:
+            store_call(lambda: store.set(f"group_up/{self.rank}", json.dumps(up)), "the group's state",
+                       op_bound(self.opts.timeout))
+        except Exception:  # noqa: BLE001 - a lost store is found (and said) by the next store step
+            pass
+
+    def _await_group_states(self, store: Any, ws: int) -> None:
+        try:
+            read_json_keys(store, [f"group_up/{r}" for r in range(ws) if r != self.rank],
+                           time.monotonic() + op_bound(self.opts.timeout))
+        except Exception:  # noqa: BLE001 - as above: the teardown goes on
+            pass
 
     # ------------------------------------------------------------------ endings
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:

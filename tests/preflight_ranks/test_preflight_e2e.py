@@ -67,7 +67,8 @@ class Runs:
 def runs(tmp_path_factory):
     runs = Runs(tmp_path_factory.mktemp("preflight"))
     names = ["self_launch", "torchrun", "unresolvable", "port_in_use", "missing_master", "sm_gpus", "sm_hosts",
-             "mismatched_env", "crashing_check", "secret", "two_nodes", "mpirun", "slurm", "mpich", "internal"]
+             "mismatched_env", "crashing_check", "secret", "two_nodes", "mpirun", "slurm", "mpich", "internal",
+             "late_init"]
     for name in names:
         runs.dir(name).mkdir()
 
@@ -101,6 +102,9 @@ def runs(tmp_path_factory):
         "two_nodes": two_nodes,
         "crashing_check": single("crashing_check", [*DDP, *preflight("crashing_check", "20")],
                                  clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.crashing_check", PYTHONPATH=ROOT)),
+        "late_init": single("late_init", [*DDP, *preflight("late_init", "20", "--skip", "communication")],
+                            clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.late_init_return", PYTHONPATH=ROOT,
+                                      LATE_INIT_LOG=str(runs.dir("late_init") / "order.log"))),
         "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                       *preflight("sm_gpus", "10")],
                           clean_env(SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1", SM_NUM_GPUS="8",
@@ -251,6 +255,21 @@ def test_mismatched_env_between_ranks_is_named(runs):
     rep = load_json(str(report))
     env_findings = [f for f in rep["findings"] if f["category"] == "consistency" and "NCCL_ALGO" in f["message"]]
     assert env_findings and 1 in env_findings[0]["ranks"]
+
+
+def test_no_rank_destroys_the_group_before_every_rank_returned_from_init(runs):
+    """torch's init_process_group has no barrier at its end: with no collective to run (`--skip
+    communication`) a rank that destroyed its group at once closed the connections under a peer
+    whose init had not yet returned, and that peer's init failed (a false DDP321 on a loaded
+    host). Rank 1 here returns 3 s late from init: rank 0 destroys only after it returned."""
+    res = runs.result("late_init")
+    assert res.rc == 0, res.output
+    events = {}
+    for line in (runs.dir("late_init") / "order.log").read_text().splitlines():
+        what, rank, at = line.split()
+        events.setdefault((what, int(rank)), float(at))
+    assert set(events) == {("init", 0), ("init", 1), ("destroy", 0), ("destroy", 1)}, events
+    assert events[("destroy", 0)] >= events[("init", 1)], events
 
 
 def test_crashing_check_becomes_internal_finding(runs):
