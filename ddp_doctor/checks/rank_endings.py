@@ -36,7 +36,10 @@ NATIVE_HINTS = {
                    "check the shapes and sizes passed at the line named.",
     signal.SIGABRT: "Native code called abort(): an uncaught C++ exception ('terminate called after "
                     "throwing'), a failed internal assertion, or NCCL's watchdog ending a timed-out "
-                    "collective; the rank's last stderr lines before the crash say which.",
+                    "collective; the rank's last stderr lines before the crash say which. If they show "
+                    "the script had finished (its last step, its save, destroy_process_group), this is the "
+                    "abort some torch builds' gloo make at interpreter exit: the work was done, but the "
+                    "exit status says failed; ending the script with os._exit(0) after its teardown (output flushed) avoids it.",
 }
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 
@@ -296,12 +299,14 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
         elif o is None:
             # 128+N is how a shell or mpirun reports death by signal N: a native crash keeps its own
             # hint (DDP803's is about the OOM killer's SIGKILL)
-            native = NATIVE_HINTS.get(code - 128) if code > 128 else None
-            findings.append(event_finding(
-                failures.RANK_KILLED, f"rank {r} exited with status {code} before its script ended "
-                f"(no Python error was recorded: os._exit() or a crash in native code"
-                + (f"; {code} is 128 + {_signal_name(128 - code)})" if native else ")"), rank=r,
-                hint=native, evidence={"exit_status": code}, phase="training"))
+            sig = code - 128 if 128 < code < 128 + signal.NSIG else None
+            native = NATIVE_HINTS.get(sig) if sig else None
+            said = (f"rank {r} exited with status {code} ({code} is 128 + {_signal_name(-sig)}: how a shell "
+                    f"or mpirun reports a process ended by that signal), with no Python error" if sig else
+                    f"rank {r} exited with status {code} before its script ended (no Python error was "
+                    f"recorded: os._exit() or a crash in native code)")
+            findings.append(event_finding(failures.RANK_KILLED, said, rank=r, hint=native,
+                                          evidence={"exit_status": code}, phase="training"))
     code = 0
     # Ranks the launcher stopped because another rank failed are consequences: the job's status is
     # the failing rank's, whichever rank number the launcher happened to stop first.
@@ -345,11 +350,18 @@ def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -
         site = o.get("exited") or {}
         where = site.get("where")
         others = " while the other ranks still ran (their errors below are its consequence)" if others_failed else ""
+        n = int(o["exit_code"])
+        if site.get("from_output"):  # a log's reading: the status, and no Python error in the output
+            how = (f"rank {r} exited with status {n} and no Python error in the output: the script ended "
+                   f"itself (sys.exit({n}), or os._exit({n})); its last output line is in the evidence")
+        else:
+            how = f"rank {r}'s script ended itself with status {n} (sys.exit({n}), no exception)" + (
+                f" at {where}" if where else "")
         out.append(event_finding(
-            failures.SCRIPT_EXITED, f"rank {r}'s script ended itself with status {int(o['exit_code'])} "
-            f"(sys.exit({int(o['exit_code'])}), no exception)" + (f" at {where}" if where else "") + others,
+            failures.SCRIPT_EXITED, how + others,
             rank=r, phase="training", time=site.get("time") or o.get("time"),
-            evidence={"exit_code": int(o["exit_code"]), "where": where}))
+            evidence={"exit_code": n, "where": where,
+                      **({"last_line": site["last_line"]} if site.get("last_line") else {})}))
     return out
 
 

@@ -198,6 +198,16 @@ def build(art: Artifacts) -> PostMortem:
             ev.exits[r] = code
             ev.crashes[r] = (dump, when(r, dseq))
             per_rank[r] = {"ended": "crashed", "exit_status": code}
+        elif ex is not None and ex.exit_code is not None and 0 < ex.exit_code < 128 and text is not None \
+                and text.lines:
+            # a status of its own (not 128 + a signal) and no Python error in the rank's output:
+            # its script ended itself, as run's probe would have recorded it (DDP814)
+            t = when(r, text.last_seq)
+            ev.outcomes[r] = {"exit_code": ex.exit_code, "exception": None, "time": t, "host": host,
+                              "local_rank": local, "phase": "training",
+                              "exited": {"time": t, "from_output": True,
+                                         "last_line": text.tail[-1] if text.tail else None}}
+            per_rank[r] = {"ended": "exited", "exit_status": ex.exit_code}
         elif ex is not None and ex.exit_code is not None:
             ev.exits[r] = ex.exit_code
             per_rank[r] = {"ended": "killed" if ex.exit_code < 0 else "exited", "exit_status": ex.exit_code}

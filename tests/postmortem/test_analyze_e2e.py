@@ -22,8 +22,15 @@ SHAPES = {
     "raises": ("rank1_raises.py", {}, []),
     "segfault": ("rank1_segfaults.py", {}, []),
     "killed": ("rank_oom_killed.py", {"OOM_RANK": "0"}, []),
+    "worker": ("rank1_worker_raises.py", {}, []),  # raised in a DataLoader worker, wrapped by the loop
+    "after_group": ("rank1_fails_after_the_group.py", {}, []),  # raised after destroy_process_group
+    "exited": ("ok_allreduce.py", {"EXIT": "7"}, []),  # sys.exit(7) on every rank: no Python error
     "ok": ("ok_allreduce.py", {}, []),
 }
+# what the --log-dir tree alone shows: the traceback (the same root cause), or nothing of the
+# ending (a kill, a crash without faulthandler, an exit status: only the launcher's summary says)
+TREE_ALONE = {"raises": "same", "worker": "same", "after_group": "same", "segfault": "DDP950", "killed": "DDP950",
+              "exited": "DDP952"}
 # the shapes only a ledger tells apart: under plain torchrun each rank writes its flight recorder
 # with torch's own dump call when it raises, ends or is stopped (scripts/fr_dumping.py), and the
 # process group's timeout (the script's own init_process_group(timeout=...)) ends a hang
@@ -33,6 +40,9 @@ LEDGER_SHAPES = {
     "barrier_in_block": ("barrier_in_rank0_block.py", {}, ["--hang-timeout", "6"]),
     "rank0_only": ("rank0_only_allreduce.py", {}, ["--hang-timeout", "6"]),
     "nan_break": ("leaves_loop_on_nan.py", {}, ["--hang-timeout", "6"]),
+    "eval_rank0": ("rank0_evaluates_after_training.py", {}, ["--hang-timeout", "6"]),
+    "slow_checkpoint": ("slow_checkpoint.py", {}, []),  # the group's own timeout (5 s) ends the wait
+    "blocked_on_queue": ("rank1_blocks_on_queue.py", {}, ["--hang-timeout", "6"]),
 }
 FAILED = [s for s in SHAPES if s != "ok"]
 
@@ -106,13 +116,21 @@ def test_analyze_names_the_root_cause_run_names(shapes, shape, what):
     inputs = {"console": [base / shape / "console.log"], "log_dir": [base / f"{shape}-logs"],
               "both": [base / shape / "console.log", base / f"{shape}-logs"]}[what]
     res, rep = analyze(base, *inputs)
-    assert res.rc == 3 and "Traceback (most recent call last)" not in res.output, res.output
-    if what == "log_dir" and shape != "raises":
+    assert "Traceback (most recent call last)" not in res.output, res.output
+    if what == "log_dir" and TREE_ALONE[shape] == "DDP950":
         # the tree alone: the rank that died printed nothing, and no summary says how it ended;
         # the verdict then says what it lacks instead of naming a rank it cannot know
+        assert res.rc == 3, res.output
         assert "DDP950" in {f["id"] for f in rep["findings"]}, rep["findings"]
         assert rep["root_cause"]["caused_by"] is None or rep["root_cause"]["id"] == "DDP802", rep["root_cause"]
         return
+    if what == "log_dir" and TREE_ALONE[shape] == "DDP952":
+        # no error in any output and no exit status anywhere: never a pass, and it says why not
+        assert rep["status"] == "warn" and cause(rep) is None, rep["findings"]
+        (nothing,) = [f for f in rep["findings"] if f["id"] == "DDP952"]
+        assert "whether the job ended well the artifacts cannot say" in nothing["message"], nothing
+        return
+    assert res.rc == 3, res.output
     assert cause(rep) == cause(live), (rep["findings"], live["findings"])
     assert rep["status"] == "fail" and rep["phase"] == "training"
 

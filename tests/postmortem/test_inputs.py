@@ -92,3 +92,28 @@ def test_one_process_console_is_rank_0_of_1_and_a_launchers_console_is_not(tmp_p
         "  exitcode  : 1 (pid: 4242)\n  error_file: <N/A>\n  traceback : To enable traceback see: x\n====\n")
     rep, _ = analyze([str(tmp_path / "agent")])
     assert _cause(rep) == ("DDP803", [1]) and "ChildFailedError" not in rep["root_cause"]["message"], rep
+
+
+def _summary(rank: int, code: int) -> str:
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\ntrain.py FAILED\n----\n"
+            "Failures:\n  <NO_OTHER_FAILURES>\n----\nRoot Cause (first observed failure):\n[0]:\n"
+            f"  time      : 2026-11-24_03:00:00\n  host      : algo-1\n  rank      : {rank} (local_rank: {rank})\n"
+            f"  exitcode  : {code} (pid: 4242)\n  error_file: <N/A>\n  traceback : To enable traceback see: x\n====\n")
+
+
+def test_a_status_of_its_own_and_no_python_error_is_the_script_ending_itself(tmp_path):
+    """A rank that printed, then exited with 2 and no traceback (argparse's exit, a sys.exit(2)):
+    its script ended itself (DDP814, as run says it); its peer's lost-peer error is a consequence.
+    128 + N is a signal's status (a shell's or mpirun's way): never read as the script's own."""
+    lines = "[rank1]:step 3\n[rank1]:train.py: error: unrecognized arguments: --bogus\n"
+    lines += "".join(f"[rank0]:{ln}\n" for ln in LOST)
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "console.log").write_text(lines + _summary(1, 2))
+    rep, _ = analyze([str(tmp_path / "own")])
+    assert _cause(rep) == ("DDP814", [1]), rep["findings"]
+    assert "exited with status 2 and no Python error in the output" in rep["root_cause"]["message"]
+    assert rep["root_cause"]["evidence"]["last_line"].endswith("unrecognized arguments: --bogus")
+    (tmp_path / "signal").mkdir()
+    (tmp_path / "signal" / "console.log").write_text(lines + _summary(1, 137))
+    rep, _ = analyze([str(tmp_path / "signal")])
+    assert _cause(rep) == ("DDP803", [1]) and "128 + " in rep["root_cause"]["message"], rep["findings"]
