@@ -29,6 +29,7 @@ def load_catalogue() -> dict[str, Check]:
         gpu,
         host,
         init_arguments,
+        init_waits,
         init_order,
         internal,
         job,

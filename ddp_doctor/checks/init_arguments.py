@@ -30,6 +30,8 @@ DUPLICATE_RANK = declare(
     What: Two or more processes called init_process_group for the same rendezvous with the same
     rank (a `rank=0` written by hand, or RANK overwritten), while the launcher numbered them apart.
     The finding names the processes, the rank they passed, the launcher's RANK for each, and the line.
+    After the fact (`ddp-doctor analyze`, no record of the calls): the process the launcher started
+    as rank r was itself waiting in init for rank r's key when the group's timeout ended it.
     Why: The rendezvous waits until every rank from 0 to world_size-1 has joined; with a rank
     taken twice one is never filled and every process waits inside init_process_group until the
     timeout (30 minutes by default), with no error.
@@ -46,6 +48,8 @@ WORLD_SIZE_DIFFERS = declare(
     size larger than the processes that spawn started, or than the processes that called init for a
     rendezvous on a loopback address (no other host can join it). The finding quotes the value at
     init, where it came from and the call's line, and how many processes were started.
+    After the fact (`ddp-doctor analyze`): the ranks' init waited for a rank the launcher never
+    started (or the store for more processes than it started) when the group's timeout ended it.
     Why: With more ranks expected than started, the rendezvous waits for ranks that will never
     come until the timeout; with fewer, the extra ranks fail or join another job's numbering.
     ddp-doctor ends such a job once every process has called init (exit status 124).

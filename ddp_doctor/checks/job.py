@@ -17,6 +17,7 @@ from typing import Any
 
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
+from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftovers import leftover_findings
 from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings, vanished_finding
 from ddp_doctor.checks.sampler import TRAINED_ALONE
@@ -68,6 +69,9 @@ class JobEvidence:
     # ranks whose output the evidence lacks (a post-mortem without their log): an exit status
     # without a recorded error then says the error is unknown, never that there was none
     unlogged: set[int] = field(default_factory=set)
+    # how a post-mortem knows the ranks the launcher started (init_waits.py): "stated" (by the
+    # launcher or the platform), "one node" (every rank's output, of one node), "" (it does not)
+    launched_known: str = ""
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -93,6 +97,8 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     findings = with_ledgers(findings, ev.ledgers, world_size=ev.world_size)
     # init's arguments date from the first call; an error they explain becomes their consequence
     findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)
+    if not ev.init_calls:  # no record of the calls (a post-mortem): what the ranks' init waited for
+        findings = init_wait_verdict(findings, ev.outcomes, ev.ranks, launched_known=ev.launched_known)
     if ev.slow and not ev.hung:
         findings.append(slow_rank_finding(ev.slow))
     if ev.stuck_in_init:

@@ -39,7 +39,8 @@ NATIVE_HINTS = {
                     "collective; the rank's last stderr lines before the crash say which. If they show "
                     "the script had finished (its last step, its save, destroy_process_group), this is the "
                     "abort some torch builds' gloo make at interpreter exit: the work was done, but the "
-                    "exit status says failed; ending the script with os._exit(0) after its teardown (output flushed) avoids it.",
+                    "exit status says failed; ending the script with os._exit(0) after its teardown "
+                    "(output flushed) avoids it.",
 }
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 

@@ -232,6 +232,8 @@ def build(art: Artifacts) -> PostMortem:
             if from_exception(ev.outcomes[r].get("exception"))[0] and led.get("entries"):
                 max(led["entries"], key=lambda e: int(e.get("time_created_ns") or 0))["failed_here"] = True
     ev.unlogged = {r for r in ranks if texts.get(r) is None or not texts[r].lines}
+    # what the ranks' init waits are judged against (checks/init_waits.py)
+    ev.launched_known = "stated" if art.launcher.world_sizes else "one node" if one_node and not ev.unlogged else ""
     found: list[Finding] = []
     failed = bool(ev.outcomes or any(c for c in ev.exits.values()) or ev.crashes)
     missing = sorted(ev.unlogged)

@@ -44,6 +44,12 @@ LEDGER_SHAPES = {
     "slow_checkpoint": ("slow_checkpoint.py", {}, []),  # the group's own timeout (5 s) ends the wait
     "blocked_on_queue": ("rank1_blocks_on_queue.py", {}, ["--hang-timeout", "6"]),
 }
+# init's arguments: run judges the calls it recorded; analyze, what each rank's init waited for
+# when the group's timeout (PG_TIMEOUT, as the script's own would) ended it
+INIT_SHAPES = {
+    "handset_rank": ("handset_rank.py", {}, []),
+    "env_world": ("env_world_size.py", {}, []),
+}
 FAILED = [s for s in SHAPES if s != "ok"]
 
 
@@ -51,13 +57,13 @@ FAILED = [s for s in SHAPES if s != "ok"]
 def shapes(tmp_path_factory):
     base = tmp_path_factory.mktemp("postmortem")
     launches = {}
-    for name, (script, extra, run_extra) in {**SHAPES, **LEDGER_SHAPES}.items():
+    for name, (script, extra, run_extra) in {**SHAPES, **LEDGER_SHAPES, **INIT_SHAPES}.items():
         env = clean_env(**extra)
         report = str(base / f"{name}.json")
         launches[f"run-{name}"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", *run_extra,
                                           "--report", report, str(SCRIPTS / script)], env, str(base))
         target = [str(SCRIPTS / script)]
-        if name in LEDGER_SHAPES:
+        if name in LEDGER_SHAPES or name in INIT_SHAPES:
             target = [str(FR_DUMPING), *target]
             env = {**env, "FR_DUMP_DIR": str(_mkdir(base / f"{name}-dumps")), "TORCH_FR_BUFFER_SIZE": "2000",
                    "PG_TIMEOUT": "8"}
@@ -148,6 +154,19 @@ def test_analyze_of_the_ranks_dumps_names_the_rank_that_went_its_own_way_as_run_
     assert cause(rep) == cause(live), (rep["findings"], live["findings"])
     assert rep["root_cause"]["id"].startswith("DDP89"), rep["root_cause"]
     assert not [f for f in rep["findings"] if f["id"] == "DDP951"], rep["findings"]  # every dump read
+
+
+@pytest.mark.parametrize("shape", list(INIT_SHAPES))
+def test_analyze_names_the_init_argument_run_names_from_what_each_rank_waited_for(shapes, shape):
+    base = shapes["base"]
+    plain = result_of(shapes["results"], f"torchrun-{shape}")
+    assert plain.rc != 0, plain.output
+    live = load_json(str(base / f"{shape}.json"))
+    res, rep = analyze(base, base / shape / "console.log", base / f"{shape}-logs")
+    assert cause(rep) == cause(live), (rep["findings"], live["findings"])
+    assert f"{INIT_SHAPES[shape][0]}:" in rep["root_cause"]["message"]  # the user's init line
+    timeouts = [f for f in rep["findings"] if f["id"] == "DDP835"]
+    assert timeouts and all(f["caused_by"] == live["root_cause"]["id"] for f in timeouts), rep["findings"]
 
 
 def test_a_spawned_jobs_console_names_the_spawned_process_as_run_does(shapes):
