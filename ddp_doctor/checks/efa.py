@@ -23,8 +23,8 @@ from ddp_doctor.context import RankContext
 from ddp_doctor.facts import efa as efa_facts
 from ddp_doctor.facts.efa import InstanceTypeSeen
 from ddp_doctor.facts.instances import InstanceType, lookup
-from ddp_doctor.findings import Problem
-from ddp_doctor.registry import check
+from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.registry import REGISTRY, check
 
 MIB = 1 << 20
 # Below this memlock soft limit EFA memory registration fails outright (containers often get 64 KiB,
@@ -374,6 +374,17 @@ def judge_nccl_network(lines: list[str], seen: InstanceTypeSeen, source: str) ->
                   "plugin_failed": list(net.plugin_failed), "provider": net.provider, "log": source})
 
 
+def nccl_network_finding(lines: list[str], instance_type: str, source: str, *, nodes: int,
+                         given_by: str) -> Finding | None:
+    """DDP335 after the fact (`ddp-doctor analyze`): NCCL's INFO `lines` of a job of `nodes` hosts
+    of `instance_type` (as `given_by` names it: the SageMaker job's description, --instance-type),
+    or None when the type has no EFA, the job ran on one host, or NCCL did not choose sockets."""
+    if nodes < 2 or not is_efa(lookup(instance_type)):
+        return None
+    problem = judge_nccl_network(lines, InstanceTypeSeen(instance_type, given_by), source)
+    return REGISTRY["DDP335"].finding(problem, None, "training") if problem is not None else None
+
+
 def _warm_up(group: Any) -> None:
     """One small all_reduce on the process group so that NCCL creates its communicator (and logs
     the network it chose) now, before the log is read. Every rank of an NCCL group runs it, decided
@@ -394,7 +405,9 @@ def nccl_network_is_efa(ctx: RankContext, group: Any) -> Iterator[Problem]:
     ("Using network AWS Libfabric" / "Libfabric", "NET/OFI Selected Provider is efa") on an EFA
     instance type, multi-node. Read from the file NCCL_DEBUG_FILE names for this process (with
     NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET), or the path in the option nccl_debug_file;
-    silent without such a log.
+    silent without such a log. After the fact (`ddp-doctor analyze`): from the NCCL INFO lines
+    in the job's logs, with the instance type of `--sagemaker-job`'s description or
+    `--instance-type`, for a job of more than one host.
     Why: Over sockets inter-node collectives run at a small fraction of EFA's bandwidth and the job
     is several times slower, with no error anywhere: only NCCL's INFO lines tell.
     Fix: The plugin failed or is missing: see DDP331/DDP332 and the NET/OFI warnings quoted; unset

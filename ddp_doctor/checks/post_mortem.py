@@ -64,8 +64,10 @@ SEVERAL_JOBS = declare(
     "DDP954", category="post_mortem", severity="warning", title="The inputs hold several jobs",
     doc="""
     What: The inputs hold torchrun log trees of several jobs (several run ids: each `torchrun
-    --log-dir` run makes `<run id>_<random>/` there). The report is about the newest of them; the
-    others were not read, and are named.
+    --log-dir` run makes `<run id>_<random>/` there), or consoles of several jobs (two consoles
+    hold different output of one rank: its first lines, or the pid torchrun's summary gives it).
+    The report is about the newest of them (with the consoles that agree with it); the others
+    were not read, and are named.
     Why: Ranks of different jobs judged together make a verdict about no job: one job's failed
     rank would be taken for the cause of another's.
     Fix: Analyze each job's artifacts on their own (one run id's directories, its console, its
@@ -79,6 +81,16 @@ def several_jobs_finding(read: str, left: list[str]) -> Finding:
         f"{read!r} (the newest); not read: {', '.join(repr(r) for r in left[:10])}"
         + (f" and {len(left) - 10} more" if len(left) > 10 else ""), rank=None, phase="training",
         evidence={"read": read, "not_read": left[:100]})
+
+
+def several_consoles_finding(read: list[str], left: list[str]) -> Finding:
+    return event_finding(
+        SEVERAL_JOBS, f"the inputs hold consoles of more than one job (the same rank's output differs between "
+        f"them): this report reads {', '.join(repr(p) for p in read[:5])}"
+        + (f" and {len(read) - 5} more" if len(read) > 5 else "") + " (the newest, and those that agree with it); "
+        f"not read: {', '.join(repr(p) for p in left[:10])}"
+        + (f" and {len(left) - 10} more" if len(left) > 10 else ""),
+        rank=None, phase="training", evidence={"read": read[:100], "not_read": left[:100]})
 
 
 def log_missing_finding(ranks: list[int], known_from: dict[int, str], empty: list[int], *,

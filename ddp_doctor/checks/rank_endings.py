@@ -354,12 +354,12 @@ def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -
         n = int(o["exit_code"])
         if site.get("from_output"):  # a log's reading: the status, and no Python error in the output
             how = (f"rank {r} exited with status {n} and no Python error in the output: the script ended "
-                   f"itself (sys.exit({n}), or os._exit({n})); its last output line is in the evidence")
+                   f"itself (sys.exit({n}), or os._exit({n})){others}")
         else:
             how = f"rank {r}'s script ended itself with status {n} (sys.exit({n}), no exception)" + (
-                f" at {where}" if where else "")
+                f" at {where}" if where else "") + others
         out.append(event_finding(
-            failures.SCRIPT_EXITED, how + others,
+            failures.SCRIPT_EXITED, how,
             rank=r, phase="training", time=site.get("time") or o.get("time"),
             evidence={"exit_code": n, "where": where,
                       **({"last_line": site["last_line"]} if site.get("last_line") else {})}))

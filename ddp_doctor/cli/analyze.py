@@ -23,6 +23,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="a SageMaker training job: read its description and its hosts' CloudWatch logs "
                         "(needs boto3: the aws extra); PATHs may add more artifacts")
     p.add_argument("--region", metavar="REGION", help="the AWS region of --sagemaker-job (default: boto3's)")
+    p.add_argument("--instance-type", metavar="TYPE",
+                   help="the job's instance type (p4d.24xlarge, ml.p5.48xlarge), for the rules that need the "
+                        "hardware (NCCL on sockets on an EFA instance); --sagemaker-job reads it from the job")
     p.add_argument("--report", metavar="PATH", help="also write the JSON report here")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.add_argument("--trace", metavar="PATH", help="also write a Chrome trace (chrome://tracing, Perfetto) of the job")
@@ -48,7 +51,7 @@ def command(args: argparse.Namespace) -> int:
             return made
         rep, pm = made
     else:
-        rep, pm = analyze(args.paths)
+        rep, pm = analyze(args.paths, world=_given(args))
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="analyze")
     publish(rep, out, write=False)
     if args.trace:
@@ -58,6 +61,12 @@ def command(args: argparse.Namespace) -> int:
             from ddp_doctor.report.publish import warn
             warn(err)
     return reportlib.exit_code(rep)
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the command line says of the job's hardware (it overrides the platform's)."""
+    return {"instance_type": args.instance_type, "instance_type_from": "--instance-type"} if args.instance_type \
+        else None
 
 
 REASON_SHOWN = 300  # characters of the job's FailureReason in the line on stderr
@@ -95,7 +104,8 @@ def _sagemaker_job(args: argparse.Namespace, analyze: Any) -> tuple[dict[str, An
         _say(f"ddp-doctor analyze: SageMaker job {logs.job} in {logs.region} ({ended}): read {len(read)} "
              f"stream(s), {sum(s.events for s in read)} event(s), {sum(s.bytes for s in read)} bytes"
              + (f"; cut by a bound (the report says why): {', '.join(cut[:5])}{more}" if cut else ""))
-        rep, pm = analyze([*args.paths, tmp], world=logs.world(), extra={"sagemaker": logs.summary()})
+        rep, pm = analyze([*args.paths, tmp], world={**logs.world(), **(_given(args) or {})},
+                          extra={"sagemaker": logs.summary()})
     return _named_streams(rep, tmp, {os.path.basename(s.file): s.name for s in read if s.file}), pm
 
 

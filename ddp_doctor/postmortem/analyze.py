@@ -16,7 +16,7 @@ def analyze(paths: Iterable[str], *, world: dict[str, Any] | None = None,
     """(the report, what it was made from). `world`: what the platform knows of the job, merged
     into the report's world; `extra`: merged into measurements.post_mortem (e.g. `sagemaker`)."""
     art = read_all(paths)
-    pm = build(art)
+    pm = build(art, platform=world)
     read = {"inputs_read": len(art.read), "inputs_skipped": len(art.skipped),
             "ranks": {str(r): v for r, v in sorted(pm.ranks.items())}, "unplaced": pm.unplaced}
     rep, _ = job_report(pm.evidence, world={**pm.world, **(world or {})}, more=pm.findings,

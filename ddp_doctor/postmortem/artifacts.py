@@ -29,6 +29,8 @@ class Artifacts:
     backends: dict[str, int] = field(default_factory=dict)  # "nccl"/"gloo" -> ranks' lines that name it
     job: str | None = None  # the run id of torchrun's trees read
     jobs_left: list[str] = field(default_factory=list)  # other run ids among the inputs, not read
+    consoles_left: list[str] = field(default_factory=list)  # consoles of other jobs, not read (console_jobs.py)
+    consoles_read: list[str] = field(default_factory=list)  # the consoles read, when some were left out
     attempts: int = 1  # torchelastic's attempts of the job (restarts + 1); the last one was read
     nccl_lines: list[str] = field(default_factory=list)  # NCCL's INFO/WARN lines (its set-up: the network)
     scanned: list[tuple[str, bool]] = field(default_factory=list)  # large consoles scanned: (path, srun-labelled)

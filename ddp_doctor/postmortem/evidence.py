@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_doctor.checks import post_mortem
+from ddp_doctor.checks.efa import nccl_network_finding
 from ddp_doctor.checks.job import JobEvidence
 from ddp_doctor.checks.wrapped_errors import parse_traceback
 from ddp_doctor.facts.efa import nccl_network
@@ -138,7 +139,9 @@ def _watchdog_ledgers(texts: dict[int, RankText], ranks: list[int], when: Any, *
     return out
 
 
-def build(art: Artifacts) -> PostMortem:
+def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
+    """The evidence of the job in `art`; `platform`: what the platform knows of it (the SageMaker
+    job's instance type and count, or --instance-type), for the rules that need the hardware."""
     unplaced, one_node = _resolve_local(art)
     exits: dict[int, RankExit] = dict(art.launcher.exits)
     texts = art.texts
@@ -256,8 +259,17 @@ def build(art: Artifacts) -> PostMortem:
         found.append(post_mortem.unread_input_finding(art.skipped))
     if art.jobs_left and art.job is not None:
         found.append(post_mortem.several_jobs_finding(art.job, art.jobs_left))
+    if art.consoles_left:
+        found.append(post_mortem.several_consoles_finding(art.consoles_read, art.consoles_left))
     hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
     net = nccl_network(art.nccl_lines) if art.nccl_lines else None
+    itype = (platform or {}).get("instance_type")
+    if net is not None and itype:
+        nodes = max(int((platform or {}).get("instance_count") or 0), len(hosts))
+        given_by = (platform or {}).get("instance_type_from") or "the platform"
+        sockets = nccl_network_finding(art.nccl_lines, itype, "the job's NCCL INFO lines", nodes=nodes,
+                                       given_by=given_by)
+        found += [sockets] if sockets is not None else []
     world_info = {"launcher": art.launcher.launcher or ("torchrun" if art.local_texts else None),
                   "backend": art.backend(),
                   **({"nccl_network": net.name} if net is not None and net.name else {}),

@@ -65,6 +65,35 @@ def one_job(art: Artifacts, files: list[str]) -> list[str]:
                                                     and int(trees[p].group("attempt")) == last.get(_node_of(trees[p])))]
 
 
+def _console(path: str) -> bool:
+    """Whether a file is a console: text outside torchrun's tree, not a rank's own file, not a
+    dump or an error file (read_one tells them by the same marks)."""
+    if path == "-" or _TREE.search(path) or _RANK_NAME.search(os.path.basename(path)):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF)
+    except OSError:
+        return False
+    return not (head[:1] == b"\x80" or head.lstrip()[:1] == b"{" or b"\x00" in head)
+
+
+def one_console_job(art: Artifacts, files: list[str]) -> list[str]:
+    """The files without the consoles of other jobs (postmortem/console_jobs.py: named in
+    art.consoles_left) and without second copies of a console (skipped, and said so)."""
+    from ddp_doctor.postmortem import console_jobs
+    views = [v for p in files if _console(p) and (v := console_jobs.view(p)) is not None]
+    if len(views) < 2:
+        return files
+    kept, left, copies = console_jobs.one_job(views)
+    if left:
+        art.consoles_read, art.consoles_left = kept, left
+    for path, of in copies.items():
+        art.skipped.append((path, f"a copy of {of}, read once"))
+    out = set(left) | set(copies)
+    return [p for p in files if p not in out]
+
+
 def _node_of(tree: re.Match[str]) -> str:
     return tree.string[: tree.start("node") + len(tree.group("node"))]
 
@@ -90,7 +119,7 @@ def read_all(paths: Iterable[str]) -> Artifacts:
     files = list(walk(paths))
     if len(files) >= MAX_FILES:
         art.skipped.append(("(the walk)", f"stopped after {MAX_FILES} files"))
-    for path in one_job(art, files):
+    for path in one_console_job(art, one_job(art, files)):
         read_one(art, path)
     art.launcher.finish()
     return art

@@ -91,6 +91,7 @@ class JobLogs:
     def world(self) -> dict[str, Any]:
         """The report's world, as far as the job's description tells it."""
         return {"platform": "sagemaker", "instance_type": self.instance_type,
+                **({"instance_type_from": "the SageMaker job's description"} if self.instance_type else {}),
                 "instance_count": self.instance_count, "region": self.region}
 
     def summary(self) -> dict[str, Any]:

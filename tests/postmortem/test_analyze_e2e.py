@@ -24,13 +24,13 @@ SHAPES = {
     "killed": ("rank_oom_killed.py", {"OOM_RANK": "0"}, []),
     "worker": ("rank1_worker_raises.py", {}, []),  # raised in a DataLoader worker, wrapped by the loop
     "after_group": ("rank1_fails_after_the_group.py", {}, []),  # raised after destroy_process_group
-    "exited": ("ok_allreduce.py", {"EXIT": "7"}, []),  # sys.exit(7) on every rank: no Python error
+    "exited": ("rank1_sys_exit.py", {}, []),  # rank 1's sys.exit(3): no Python error, only a status
     "ok": ("ok_allreduce.py", {}, []),
 }
 # what the --log-dir tree alone shows: the traceback (the same root cause), or nothing of the
 # ending (a kill, a crash without faulthandler, an exit status: only the launcher's summary says)
 TREE_ALONE = {"raises": "same", "worker": "same", "after_group": "same", "segfault": "DDP950", "killed": "DDP950",
-              "exited": "DDP952"}
+              "exited": "DDP953"}
 # the shapes only a ledger tells apart: under plain torchrun each rank writes its flight recorder
 # with torch's own dump call when it raises, ends or is stopped (scripts/fr_dumping.py), and the
 # process group's timeout (the script's own init_process_group(timeout=...)) ends a hang
@@ -130,11 +130,13 @@ def test_analyze_names_the_root_cause_run_names(shapes, shape, what):
         assert "DDP950" in {f["id"] for f in rep["findings"]}, rep["findings"]
         assert rep["root_cause"]["caused_by"] is None or rep["root_cause"]["id"] == "DDP802", rep["root_cause"]
         return
-    if what == "log_dir" and TREE_ALONE[shape] == "DDP952":
-        # no error in any output and no exit status anywhere: never a pass, and it says why not
-        assert rep["status"] == "warn" and cause(rep) is None, rep["findings"]
-        (nothing,) = [f for f in rep["findings"] if f["id"] == "DDP952"]
-        assert "whether the job ended well the artifacts cannot say" in nothing["message"], nothing
+    if what == "log_dir" and TREE_ALONE[shape] == "DDP953":
+        # the rank that exited printed no error and the tree has no exit status: the peer's
+        # lost-peer error is all that failed, and the rank whose output stops is named with its
+        # last line, never passed over
+        assert res.rc == 3 and rep["root_cause"]["id"] == "DDP802", rep["findings"]
+        (stops,) = [f for f in rep["findings"] if f["id"] == "DDP953"]
+        assert stops["ranks"] == cause(live)[1] and "no more data, stopping" in stops["message"], stops
         return
     assert res.rc == 3, res.output
     assert cause(rep) == cause(live), (rep["findings"], live["findings"])

@@ -117,3 +117,61 @@ def test_a_status_of_its_own_and_no_python_error_is_the_script_ending_itself(tmp
     (tmp_path / "signal" / "console.log").write_text(lines + _summary(1, 137))
     rep, _ = analyze([str(tmp_path / "signal")])
     assert _cause(rep) == ("DDP803", [1]) and "128 + " in rep["root_cause"]["message"], rep["findings"]
+
+
+def _console(path, lines: dict[int, list[str]], *, host: str, pids: dict[int, int], mtime: float,
+             failed: int, code: int = 1, base: int = 0) -> None:
+    """A torchrun console of one node: its ranks' lines (local prefixes) and its summary."""
+    text = "".join(f"[default{local}]:{ln.format(r=base + local)}\n" for local, ls in lines.items() for ln in ls)
+    text += "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\ntrain.py FAILED\n----\n"
+    text += "Failures:\n  <NO_OTHER_FAILURES>\n----\nRoot Cause (first observed failure):\n[0]:\n"
+    text += (f"  time      : 2026-11-24_03:00:00\n  host      : {host}\n  rank      : {base + failed} (local_rank: "
+             f"{failed})\n  exitcode  : {code} (pid: {pids[failed]})\n  error_file: <N/A>\n"
+             "  traceback : To enable traceback see: x\n====\n")
+    path.write_text(text)
+    os.utime(path, (mtime, mtime))
+
+
+def test_consoles_of_two_jobs_are_kept_apart_the_newest_read_and_the_other_named(tmp_path):
+    """Two runs of one script saved side by side: the same local ranks, different output. Read
+    together they would make one rank of two processes; the newest is read, the other named."""
+    _console(tmp_path / "run-a.log", {0: ["step 1", *RAISED], 1: ["step 1", *LOST]}, host="box", pids={0: 11},
+             mtime=1_700_000_000, failed=0)
+    _console(tmp_path / "run-b.log", {0: ["step 1", *LOST], 1: ["step 1", "step 2", *RAISED]}, host="box",
+             pids={1: 22}, mtime=1_700_100_000, failed=1)
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [1]), rep["findings"]
+    (several,) = [f for f in rep["findings"] if f["id"] == "DDP954"]
+    assert [os.path.basename(p) for p in several["evidence"]["read"]] == ["run-b.log"]
+    assert [os.path.basename(p) for p in several["evidence"]["not_read"]] == ["run-a.log"]
+    # a rerun whose ranks printed the same lines is told apart by the pids torchrun's summary gives
+    _console(tmp_path / "run-a.log", {0: ["step 1", *LOST], 1: ["step 1", "step 2", *RAISED]}, host="box",
+             pids={1: 11}, mtime=1_700_000_000, failed=1)
+    rep, _ = analyze([str(tmp_path)])
+    (several,) = [f for f in rep["findings"] if f["id"] == "DDP954"]
+    assert [os.path.basename(p) for p in several["evidence"]["not_read"]] == ["run-a.log"]
+
+
+def test_consoles_of_one_jobs_nodes_and_a_copy_are_read_as_one_job(tmp_path):
+    """Two nodes' consoles (the same local ranks, on hosts their summaries name apart) are one
+    job; a console saved twice is read once, and the copy named as not read."""
+    _console(tmp_path / "node0.log", {0: ["step 1", *LOST], 1: ["step 1", *LOST]}, host="algo-1",
+             pids={0: 11}, mtime=1_700_000_000, failed=0, code=-15)
+    _console(tmp_path / "node1.log", {0: ["step 1", "step 2", *RAISED], 1: ["step 1", *LOST]}, host="algo-2",
+             pids={0: 22}, mtime=1_700_000_010, failed=0, base=2)
+    rep, _ = analyze([str(tmp_path)])
+    assert not [f for f in rep["findings"] if f["id"] == "DDP954"], rep["findings"]
+    (tmp_path / "node1-copy.log").write_text((tmp_path / "node1.log").read_text())
+    os.utime(tmp_path / "node1-copy.log", (1_700_000_005, 1_700_000_005))
+    rep, _ = analyze([str(tmp_path)])
+    assert not [f for f in rep["findings"] if f["id"] == "DDP954"], rep["findings"]
+    (copy,) = [f for f in rep["findings"] if f["id"] == "DDP951"]
+    assert "a copy of" in str(copy["evidence"]) and "node1-copy.log" in str(copy["evidence"]), copy
+    # global prefixes ([rank2]: on the second node) hold different ranks: never two jobs
+    g = tmp_path / "global"
+    g.mkdir()
+    (g / "a.log").write_text("".join(f"[rank{r}]:step 1\n" for r in (0, 1)))
+    (g / "b.log").write_text("".join(f"[rank{r}]:step 1\n" for r in (2, 3)) + "".join(
+        f"[rank3]:{ln.format(r=3)}\n" for ln in RAISED))
+    rep, _ = analyze([str(g)])
+    assert _cause(rep) == ("DDP800", [3]) and not [f for f in rep["findings"] if f["id"] == "DDP954"], rep

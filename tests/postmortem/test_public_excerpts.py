@@ -104,3 +104,8 @@ def test_the_network_nccl_chose_is_in_the_report(tmp_path):
         (tmp_path / name / "console.log").write_text("".join(f"[default0]:{ln}\n" for ln in lines))
         rep, _ = analyze([str(tmp_path / name)])
         assert rep["world"]["nccl_network"] == {"socket": "Socket", "efa": "AWS Libfabric"}[name], rep["world"]
+        # on an EFA instance type: sockets are DDP335 only between hosts (one host needs no network)
+        for count, expected in ((1, []), (2, ["DDP335"] if name == "socket" else [])):
+            rep, _ = analyze([str(tmp_path / name)], world={"instance_type": "p4d.24xlarge", "instance_count": count,
+                                                            "instance_type_from": "--instance-type"})
+            assert [f["id"] for f in rep["findings"] if f["id"] == "DDP335"] == expected, (name, count)

@@ -126,13 +126,14 @@ def make_job(endpoint: str) -> Callable[..., None]:
     sm, logs = client(endpoint, "sagemaker"), client(endpoint, "logs")
     logs.create_log_group(logGroupName=LOG_GROUP)
 
-    def make(name: str, streams: dict[str, list[Any]], failed: bool = True, count: int = 2) -> None:
+    def make(name: str, streams: dict[str, list[Any]], failed: bool = True, count: int = 2,
+             instance_type: str = "ml.g5.12xlarge") -> None:
         sm.create_training_job(
             TrainingJobName=name, RoleArn=f"arn:aws:iam::{ACCOUNT}:role/sm",
             AlgorithmSpecification={"TrainingImage": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:"
                                                      "2.3.0-gpu-py311", "TrainingInputMode": "File"},
             OutputDataConfig={"S3OutputPath": "s3://ddp-out/jobs/"},
-            ResourceConfig={"InstanceType": "ml.g5.12xlarge", "InstanceCount": count, "VolumeSizeInGB": 50},
+            ResourceConfig={"InstanceType": instance_type, "InstanceCount": count, "VolumeSizeInGB": 50},
             StoppingCondition={"MaxRuntimeInSeconds": 3600})
         if failed:  # what moto's API cannot do: end the job as SageMaker ends a failed one
             job = sagemaker_backends[ACCOUNT][REGION].training_jobs[name]
@@ -210,6 +211,40 @@ def test_the_job_is_judged_from_its_hosts_streams(env: Path, failed_job: str, tm
     assert "Root cause: DDP800" in out and "rank 1 raised ValueError" in out
     assert list(env.iterdir()) == []  # the temporary directory is gone
     assert "ddp-doctor-sagemaker-" not in report.read_text()  # no removed file is named
+
+
+# NCCL's INFO lines when its OFI plugin failed and it fell back to TCP sockets (the shapes of
+# https://github.com/aws/deep-learning-containers/issues/2675), as each host printed them
+SOCKETS = ["{h}:123:890 [0] ofi_init:1355 NCCL WARN NET/OFI aws-ofi-nccl initialization failed",
+           "{h}:123:890 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.{n}<0>",
+           "{h}:123:890 [0] NCCL INFO Using network Socket"]
+
+
+def _on_sockets(rank: int, host: str) -> list[str]:
+    return tagged(rank, host, "stdout", [ln.format(h=host, n=rank + 1) for ln in SOCKETS])
+
+
+def test_nccl_on_sockets_is_judged_against_the_jobs_instance_type(env: Path, make_job: Callable[..., None],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The instance type is the job's description's: on ml.p4d.24xlarge (EFA) NCCL's sockets are
+    DDP335, on ml.g5.12xlarge (no EFA) they are the only network there is."""
+    for name, itype in (("ddp-efa-sockets", "ml.p4d.24xlarge"), ("ddp-g5-sockets", "ml.g5.12xlarge")):
+        make_job(name, {f"algo-1-{EPOCH}": [*_on_sockets(0, "algo-1"), *ALGO_1],
+                        f"algo-2-{EPOCH}": [*_on_sockets(1, "algo-2"), *ALGO_2]}, instance_type=itype)
+    code, out, _ = analyze("--sagemaker-job", "ddp-efa-sockets", "--json", capsys=capsys)
+    rep = json.loads(out)
+    (sockets,) = [f for f in rep["findings"] if f["id"] == "DDP335"]
+    assert "ml.p4d.24xlarge (from the SageMaker job's description)" in sockets["message"], sockets
+    assert "Using network Socket" in sockets["message"] and "aws-ofi-nccl initialization failed" in sockets["message"]
+    assert rep["root_cause"]["id"] == "DDP800", rep["root_cause"]  # the job's own failure stays the cause
+    assert rep["world"]["nccl_network"] == "Socket" and rep["world"]["instance_type"] == "ml.p4d.24xlarge"
+    code, out, _ = analyze("--sagemaker-job", "ddp-g5-sockets", "--json", capsys=capsys)
+    assert not [f for f in json.loads(out)["findings"] if f["id"] == "DDP335"]
+    # the command line's instance type overrides the description's
+    code, out, _ = analyze("--sagemaker-job", "ddp-g5-sockets", "--instance-type", "p5.48xlarge", "--json",
+                           capsys=capsys)
+    (sockets,) = [f for f in json.loads(out)["findings"] if f["id"] == "DDP335"]
+    assert "p5.48xlarge (from --instance-type)" in sockets["message"], sockets
 
 
 def test_paths_add_to_the_job_and_json_keeps_stdout_the_report(env: Path, failed_job: str, tmp_path: Path,
