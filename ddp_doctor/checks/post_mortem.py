@@ -85,8 +85,10 @@ def several_jobs_finding(read: str, left: list[str]) -> Finding:
 
 def several_consoles_finding(read: list[str], left: list[str]) -> Finding:
     return event_finding(
-        SEVERAL_JOBS, f"the inputs hold consoles of more than one job (the same rank's output differs between "
-        f"them): this report reads {', '.join(repr(p) for p in read[:5])}"
+        SEVERAL_JOBS, "the inputs hold consoles that give one rank different output (the same rank, or the same "
+        "torchrun local rank on hosts they do not name apart): consoles of more than one job, or of nodes whose "
+        "hosts they never name (give such nodes' torchrun --log-dir trees instead); this report reads "
+        f"{', '.join(repr(p) for p in read[:5])}"
         + (f" and {len(read) - 5} more" if len(read) > 5 else "") + " (the newest, and those that agree with it); "
         f"not read: {', '.join(repr(p) for p in left[:10])}"
         + (f" and {len(left) - 10} more" if len(left) > 10 else ""),
