@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from ddp_doctor.postmortem.log_lines import split_prefix, srun_labelled
 
-HEAD = 1 << 20
+HEAD = 64 << 10
 TAIL = 64 << 10
-LINES_PER_RANK = 200  # of a rank's first lines, compared
+LINES_PER_RANK = 50  # of a rank's first lines, compared
 # torchrun's summary block: "host : algo-1", "rank : 3 (local_rank: 1)", "exitcode : 1 (pid: 4242)"
 _SUMMARY = re.compile(r"^\s+host\s*:\s*(?P<host>\S+)\s*\n\s+rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)"
                       r"\s*\n\s+exitcode\s*:\s*-?\d+ \(pid: (?P<pid>\d+)\)", re.M)
