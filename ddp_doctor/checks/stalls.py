@@ -20,7 +20,8 @@ def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], s
     """The job stopped by a signal (DDP808), with where each rank was when it came."""
     where, in_coll = _whereabouts(heartbeats)
     parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
-                      + f", {int(heartbeats[r].get('steps') or 0)} steps" for r in sorted(where))
+                      + (f", {int(heartbeats[r].get('steps') or 0)} steps" if "steps" in heartbeats[r] else "")
+                      for r in sorted(where))
     message = f"stopped by {interrupt.describe()}" + (f". {parts}" if parts else " before any rank started its script")
     return event_finding(failures.INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
                          evidence={**interrupt.to_dict(), "where": {str(r): w for r, w in where.items()},

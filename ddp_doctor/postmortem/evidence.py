@@ -224,6 +224,18 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
             per_rank[r] = {"ended": "unknown"}
         per_rank[r].update(host=host, lines=text.lines if text is not None else 0,
                            last_line=(text.tail[-1] if text is not None and text.tail else None))
+    if art.launcher.stopped is not None:
+        # the launcher was stopped by a signal (a stopped SageMaker job, a time limit, Ctrl-C) and
+        # stopped the ranks: the job was interrupted, as run reports it (DDP808), each rank where
+        # its output last left it
+        from ddp_doctor.processes.stop_signals import Interrupt
+        signo, pid = art.launcher.stopped
+        agent = f"{art.launcher.launcher or 'the launcher'}'s agent" + (f" (pid {pid})" if pid else "")
+        ev.interrupted = Interrupt(signo=signo, to=agent, at=max(art.mtimes.values(), default=base))
+        for r in ranks:
+            last = per_rank[r].get("last_line")
+            ev.stopped_at[r] = {"where": f"its output's last line {str(last).strip()[:160]!r}" if last and
+                                str(last).strip() else "no output"}
     for r, led in _watchdog_ledgers(texts, ranks, when, have=set(ev.ledgers)).items():
         ev.ledgers[r] = led
     for r, led in ev.ledgers.items():
@@ -247,7 +259,9 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
         unknown = [r for r in missing if per_rank[r]["ended"] not in ("killed", "crashed")
                    and per_rank[r].get("exit_status") != 0]
         found.append(post_mortem.log_missing_finding(missing, known_from, empty, ending_known=not unknown))
-    if failed:
+    if ev.interrupted is not None:
+        pass  # stopped: DDP808 says where each rank was, neither a failure to find nor a rank still at work
+    elif failed:
         for r in ranks:
             if per_rank[r]["ended"] == "unknown" and r not in ev.unlogged:
                 text = texts[r]

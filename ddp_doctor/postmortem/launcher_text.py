@@ -19,6 +19,7 @@ line; nothing here opens a file.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,14 @@ _MPI_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]")
 _MPI_EXIT = re.compile(r"^\s*Exit code:\s*(?P<code>-?\d+)")
 MAX_TRACEBACK_LINES = 400
 _WORLD = re.compile(r"\b(?:WORLD_SIZE|world_size)\s*[=:]\s*(?P<n>\d{1,7})\b")
+# torchrun's agent logs through torch.distributed.elastic (its banner, its warnings): a console
+# holding them is the launcher's, not one process's
+_AGENT = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/(?:elastic|run)|"
+                    r"^Setting OMP_NUM_THREADS environment variable for each process")
+# the agent stopped by a signal: "Received 15 death signal, shutting down workers" (older torch:
+# "Received Signals.SIGTERM death signal"), then its "SignalException: Process 2210 got signal: 15"
+_DEATH = re.compile(r"Received (?:(?P<n>\d+)|Signals\.(?P<name>SIG\w+)) death signal, shutting down workers")
+_SIGNALLED = re.compile(r"SignalException: Process (?P<pid>\d+) got signal: (?P<n>\d+)")
 
 
 @dataclass
@@ -59,6 +68,7 @@ class LauncherText:
     summaries: int = 0  # ChildFailedError summaries seen (one per failed attempt)
     world_sizes: set[int] = field(default_factory=set)
     launcher: str | None = None  # whose summary it was: "torchrun", "mpirun"
+    stopped: tuple[int, int | None] | None = None  # torchrun's agent stopped by a signal: (signo, its pid)
     _current: dict[str, str] | None = None
     _root: bool = False
     _tb: list[str] | None = None
@@ -72,6 +82,7 @@ class LauncherText:
                 return
             self._close()
         self._mpirun(text)
+        self._agent(text)
         if _FAILED.search(text) or "ChildFailedError" in text:
             self.summaries += text.rstrip().endswith("FAILED")
         if text.startswith("Root Cause"):
@@ -101,6 +112,22 @@ class LauncherText:
     def state(self) -> tuple[int, int, str | None]:
         """What the launcher's lines said so far, to tell whether a file added to it."""
         return len(self.exits), self.summaries, self.launcher
+
+    def _agent(self, text: str) -> None:
+        """torchrun's agent's own lines: it was there, and whether a signal stopped it."""
+        if _AGENT.search(text):
+            self.launcher = self.launcher or "torchrun"
+        m = _DEATH.search(text)
+        if m:
+            signo = int(m["n"]) if m["n"] else getattr(signal, m["name"], None)
+            if signo is not None and self.stopped is None:
+                self.stopped = (int(signo), None)
+            self.launcher = self.launcher or "torchrun"
+            return
+        m = _SIGNALLED.search(text)
+        if m:
+            self.stopped = (int(m["n"]), int(m["pid"]))
+            self.launcher = self.launcher or "torchrun"
 
     def _mpirun(self, text: str) -> None:
         """Open MPI's summary of the first process that failed: "Process name: [[9479,1],1]" then

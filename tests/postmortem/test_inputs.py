@@ -175,3 +175,44 @@ def test_consoles_of_one_jobs_nodes_and_a_copy_are_read_as_one_job(tmp_path):
         f"[rank3]:{ln.format(r=3)}\n" for ln in RAISED))
     rep, _ = analyze([str(g)])
     assert _cause(rep) == ("DDP800", [3]) and not [f for f in rep["findings"] if f["id"] == "DDP954"], rep
+
+
+STOPPED = """*****************************************
+Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded
+*****************************************
+[default0]:step 40 loss 0.52
+[default1]:step 40 loss 0.51
+W1125 00:51:55.080000 2210 site-packages/torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down workers
+W1125 00:51:55.081000 2210 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 2255 closing signal SIGTERM
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
+    main()
+  File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 923, in _invoke_run
+    time.sleep(monitor_interval)
+  File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 2210 got signal: 15
+"""  # noqa: E501 - torchrun's lines as it printed them, when `kill -TERM` reached its agent
+
+
+def test_a_launcher_stopped_by_a_signal_is_an_interrupted_job_never_a_ranks_error(tmp_path):
+    """torchrun stopped by SIGTERM (a stopped SageMaker job, a time limit) prints no summary: its own
+    SignalException is the launcher's, not a rank's (nor a lone process's); the job was interrupted
+    (DDP808, as run reports it), each rank where its output left it, and no "no failure found"."""
+    (tmp_path / "console.log").write_text(STOPPED)
+    rep, _ = analyze([str(tmp_path)])
+    assert rep["status"] == "interrupted" and _cause(rep) == ("DDP808", [0, 1]), rep["findings"]
+    msg = rep["root_cause"]["message"]
+    assert "stopped by SIGTERM to torchrun's agent (pid 2210)" in msg and "'step 40 loss 0.51'" in msg, msg
+    assert not {"DDP800", "DDP952", "DDP953"} & {f["id"] for f in rep["findings"]}, rep["findings"]
+    # the same agent lines alone (its ranks printed nothing): still the launcher's, not rank 0 of 1
+    (tmp_path / "console.log").write_text("\n".join(ln for ln in STOPPED.splitlines() if "[default" not in ln))
+    rep, _ = analyze([str(tmp_path)])
+    assert not [f for f in rep["findings"] if f["id"] == "DDP800"], rep["findings"]
+    # a lone process whose traceback passes through torch's elastic code (@record) stays rank 0 of 1
+    lone = "".join(ln + "\n" for ln in RAISED[:2]) + (
+        '  File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", '
+        "line 367, in wrapper\n") + "".join(ln.format(r=0) + "\n" for ln in RAISED[2:])
+    (tmp_path / "console.log").write_text(lone)
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP800", [0]), rep["findings"]
