@@ -20,6 +20,7 @@ from ddp_doctor.registry import Check, selected
 def load_catalogue() -> dict[str, Check]:
     """Import every catalogue module (registration happens at import) and return the registry."""
     from ddp_doctor.checks import (  # noqa: F401 - imported for their registrations
+        arrivals,
         causes,
         ci_runner,
         collectives,

@@ -15,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_doctor.checks.arrivals import arrival_findings
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
 from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftovers import leftover_findings
+from ddp_doctor.checks.probe_records import by_rank
 from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings, vanished_finding
 from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
@@ -106,6 +108,8 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
         o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
     findings += probe_findings(ev.probes, failed=failed)
+    if not failed:  # a job that failed is judged by its failure; one that ran, also by its pace
+        findings += arrival_findings(ev.ledgers, by_rank(ev.probes))
     findings += leftover_findings(ev.outcomes)  # warnings: the job's verdict and exit code stay its own
     if ev.launched_alone:
         alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)

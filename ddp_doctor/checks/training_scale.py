@@ -41,15 +41,21 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2]
 
 
-def stragglers(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+def median_data_times(ranks: dict[int, dict[str, Any]]) -> dict[int, float]:
     """Median time per training batch from the DataLoader, rank by rank (first batch left out:
-    it includes starting the workers)."""
+    it includes starting the workers); ranks with fewer than 3 batches measured are left out."""
     med: dict[int, float] = {}
     for r, rec in ranks.items():
         times = [t for ld in rec.get("loaders") or [] if any(it.get("training") for it in ld.get("iterations", []))
                  for t in (ld.get("data_times") or [])[1:]]
         if len(times) >= 3:
             med[r] = _median(times)
+    return med
+
+
+def stragglers(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """DDP872 over median_data_times."""
+    med = median_data_times(ranks)
     if len(med) < 2:
         return []
     slow = max(med, key=lambda r: med[r])

@@ -103,13 +103,16 @@ def default_group_is_up() -> bool:
 
 
 def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: int | None = None,
-          where: str | None = None, failed_in_collective: bool = False) -> bool:
+          where: str | None = None, failed_in_collective: bool = False,
+          samples: dict[str, Any] | None = None) -> bool:
     """Dump the flight recorder into ledger-RANK.json; True if a ledger was written. Entries
     created before `since_ns` (the preflight's own process group, whose entries the buffer
     keeps) are left out. Entries the script issued from Python get its call site (`user_site`).
     `failed_in_collective`: the rank's exception came out of a collective, its newest one, or it
     was inside it when stopped (torch marks a failed collective retired: `failed_here` says it did
-    not complete)."""
+    not complete). `samples`: where the rank's main thread was, sampled outside collectives
+    (the watchdog's {"total": n, "where": {location: count}}): where a rank that arrives last spends
+    its time (checks/arrivals.py). The host's name goes with it: clocks compare within a host."""
     try:
         data = dump() or collective_sites.fallback_dump()  # torch without a flight recorder: Python calls
         if data is None:
@@ -125,7 +128,8 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
         records.write_ledger(run_dir, rank, {
             "source": data.get("source") or "flight_recorder", "position": position, "steps": steps, "where": where,
             "since_ns": since_ns, "complete": complete, "entries": entries,
-            "pg_config": data.get("pg_config") or {}})
+            "pg_config": data.get("pg_config") or {}, "host": os.uname().nodename,
+            **({"samples": samples} if samples else {})})
         return True
     except Exception:  # noqa: BLE001 - a ledger that cannot be made must not break the user's job
         return False

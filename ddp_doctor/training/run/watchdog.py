@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable
 
 from ddp_doctor.facts.frames import is_user_file
@@ -30,6 +30,7 @@ from ddp_doctor.training.run import endings, ledger
 
 STACK_SIGNAL = signal.SIGUSR2
 STEP_TIMES = 200  # the latest optimizer steps' end times kept for the heartbeat (the trace's steps)
+SAMPLE_PLACES = 50  # distinct places counted by the stack samples (later new places: in the total only)
 COLLECTIVE_FILES = ledger.COLLECTIVE_FILES
 
 
@@ -100,6 +101,10 @@ class ProgressWatch:
         self.children: Any = None  # the script's processes (training/run/leftovers.ChildWatch), once it runs
         self.phase = "preflight"
         self.where: str | None = None  # innermost user frame of the last sample
+        # where the main thread was, sample by sample, while training outside a collective: where a
+        # rank that arrives last at the collectives spends its time (bounded: SAMPLE_PLACES places)
+        self.samples: Counter[str] = Counter()
+        self.samples_total = 0
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
         self._ledger_done = False
         self._ledger_for_remote = False  # written for another node's hang, not yet for this one's
@@ -157,6 +162,8 @@ class ProgressWatch:
                 last_sig, last_steps = sig, self.steps
             where = describe(stack)
             self.where, self.in_collective = where["where"], where["in_collective"]
+            if self.phase == "training" and not self.in_collective:
+                self._sample(where["where"] or where["innermost"] or "?")
             self._beat(now, where)
             if self._stack_file is None or self._stack_file_gone():
                 # removed (or not made: the directory was gone a moment before this tick's
@@ -193,6 +200,11 @@ class ProgressWatch:
             stop = self.stop_signal()
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
+
+    def _sample(self, place: str) -> None:
+        self.samples_total += 1
+        if place in self.samples or len(self.samples) < SAMPLE_PLACES:
+            self.samples[place] += 1
 
     def _beat(self, now: float, where: dict[str, Any]) -> None:
         records.write_heartbeat(self.run_dir, self.rank, {
@@ -310,9 +322,11 @@ class ProgressWatch:
 
     def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
         self._ledger_done, self._ledger_for_remote = True, False
+        samples = {"total": self.samples_total, "where": dict(self.samples.most_common(10)),
+                   "interval_s": self.interval} if self.samples_total else None
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
-                            failed_in_collective=failed_in_collective)
+                            failed_in_collective=failed_in_collective, samples=samples)
 
     def dump_stacks(self, stream: Any) -> None:
         """Every thread's stack to `stream`; a closed or broken stream (stderr closed by the

@@ -1,0 +1,78 @@
+"""checks/arrivals.py: the rank that makes the others wait (DDP877), from the ranks' ledgers.
+Pure: ledger records shaped as training/run/ledger.py writes them (tests/training/
+test_arrivals_e2e.py makes real ones on gloo ranks)."""
+from __future__ import annotations
+
+import random
+
+from ddp_doctor.checks.arrivals import arrival_findings
+
+T0 = 1_795_000_000_000_000_000
+STEP_NS = 5_000_000  # 5 ms of work per step on every rank
+
+
+def _ledger(times_ns: list[int], host: str = "node-a", samples: dict | None = None) -> dict:
+    entries = [{"collective_seq_id": i + 1, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce",
+                "time_created_ns": t, "is_p2p": False} for i, t in enumerate(times_ns)]
+    return {"entries": entries, "host": host, **({"samples": samples} if samples else {})}
+
+
+def _job(extra_ns: dict[int, int], steps: int = 40, jitter_ns: int = 0, seed: int = 0, hosts=None, samples=None):
+    """Each rank issues one all_reduce per step; rank r is extra_ns[r] late every step (its own
+    work), the others wait for it; jitter: a loaded host's noise."""
+    rnd = random.Random(seed)
+    ranks = sorted(set(extra_ns) | {0, 1} | set(hosts or {}))
+    times = {r: [] for r in ranks}
+    t = T0
+    for _ in range(steps):
+        arrive = {r: t + STEP_NS + extra_ns.get(r, 0) + rnd.randint(0, jitter_ns) for r in ranks}
+        for r in ranks:
+            times[r].append(arrive[r])
+        t = max(arrive.values())  # the collective completes when the last rank arrives
+    return {r: _ledger(times[r], host=(hosts or {}).get(r, "node-a"), samples=(samples or {}).get(r))
+            for r in ranks}
+
+
+def test_a_rank_slow_in_its_own_work_is_named_with_its_lag_share_and_place():
+    where = {"total": 9, "where": {"train.py:18 in <module>": 8, "train.py:20 in <module>": 1}}
+    (f,) = arrival_findings(_job({1: 50_000_000}, samples={1: where}))
+    assert f.id == "DDP877" and f.ranks == [1] and f.severity == "warning"
+    assert "arrived last at 40 of 40 collectives, a median 50.0 ms" in f.message
+    assert "(91%)" in f.message  # 50 ms of the 55 ms each step takes
+    assert "before arriving it works at train.py:18 in <module> (8 of its 9 stack samples" in f.message
+
+
+def test_a_rank_slow_to_get_its_data_is_named_as_waiting_for_data():
+    probes = {r: {"loaders": [{"iterations": [{"training": True}], "data_times": [0.5] + [d] * 20}]}
+              for r, d in ((0, 0.001), (1, 0.041))}
+    (f,) = arrival_findings(_job({1: 40_000_000}), probes)
+    assert f.ranks == [1] and "waits for its data: 41.0 ms per training batch from its DataLoader, the others 1.0 ms" \
+        in f.message, f.message
+
+
+def test_quiet_when_the_ranks_take_turns_or_the_lag_is_noise_or_small_against_the_step():
+    # a loaded host: random delays of up to 8 ms on every rank, no rank slow on its own
+    for seed in range(20):
+        assert arrival_findings(_job({}, jitter_ns=8_000_000, seed=seed)) == [], seed
+    # always last, but by 1 ms: under the noise floor
+    assert arrival_findings(_job({1: 1_000_000})) == []
+    # always last by 3 ms, but the step is 100 ms: the others wait 3% of the time
+    slow_steps = {r: _ledger([T0 + i * 100_000_000 + (3_000_000 if r == 1 else 0) for i in range(40)]) for r in (0, 1)}
+    assert arrival_findings(slow_steps) == []
+    # too few collectives to say
+    assert arrival_findings(_job({1: 50_000_000}, steps=5)) == []
+
+
+def test_clocks_are_compared_within_a_host_only():
+    # host b's clock runs 80 ms ahead: across hosts its ranks would look late at every collective
+    job = _job({3: 30_000_000}, hosts={0: "a", 1: "a", 2: "b", 3: "b"})
+    for r in (2, 3):
+        for e in job[r]["entries"]:
+            e["time_created_ns"] += 80_000_000
+    (f,) = arrival_findings(job)
+    assert f.ranks == [3] and "the other ranks of b waited" in f.message, f.message
+    # a ledger whose host is unknown (a dump read after the fact) is not compared at all
+    job = _job({1: 50_000_000})
+    for led in job.values():
+        del led["host"]
+    assert arrival_findings(job) == []
