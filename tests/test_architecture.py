@@ -132,7 +132,7 @@ RULES = [
 LAYERS = [
     ["findings", "time_limit", "exit_codes", "version"],
     ["facts", "registry"],
-    ["context", "comm", "sagemaker", "report"],
+    ["context", "comm", "sagemaker", "report", "history"],
     ["checks"],
     ["check_runner", "processes"],
     ["api", "job_check", "preflight_ranks", "testing"],

@@ -49,7 +49,7 @@ WAIT_SHARE = 0.10
 MIN_LAG_S = 0.002
 
 
-def _key(entry: dict[str, Any]) -> tuple[str, int] | None:
+def collective_key(entry: Any) -> tuple[str, int] | None:
     """A collective's identity across ranks: its process group and sequence number."""
     if entry.get("is_p2p") or entry.get("time_created_ns") in (None, 0):
         return None
@@ -64,7 +64,7 @@ def _key(entry: dict[str, Any]) -> tuple[str, int] | None:
 def _times(ledger: dict[str, Any]) -> dict[tuple[str, int], int]:
     out: dict[tuple[str, int], int] = {}
     for e in ledger.get("entries") or []:
-        if isinstance(e, dict) and (k := _key(e)) is not None:
+        if isinstance(e, dict) and (k := collective_key(e)) is not None:
             out.setdefault(k, int(e["time_created_ns"]))
     return out
 
@@ -108,6 +108,28 @@ def _last_arriver(ranks: list[int], times: dict[int, dict[tuple[str, int], int]]
         return None
     return {"rank": slow, "last": last_count[slow], "compared": len(common), "median_lag_s": median,
             "p90_lag_s": p90, "waited_s": waited[slow], "span_s": span, "ranks": ranks}
+
+
+def lags_behind_first(ledgers: dict[int, dict[str, Any]]) -> dict[int, dict[tuple[str, int], float]]:
+    """rank -> (process group, sequence number) -> seconds after the first rank of its host issued
+    that collective (for the trace); collectives only some of a host's ranks issued are left out."""
+    by_host: dict[str, list[int]] = {}
+    times = {}
+    for r, led in ledgers.items():
+        t = _times(led)
+        if t and led.get("host"):
+            times[r] = t
+            by_host.setdefault(str(led["host"]), []).append(r)
+    out: dict[int, dict[tuple[str, int], float]] = {}
+    for ranks in by_host.values():
+        if len(ranks) < 2:
+            continue
+        common = set.intersection(*(set(times[r]) for r in ranks))
+        for k in common:
+            first = min(times[r][k] for r in ranks)
+            for r in ranks:
+                out.setdefault(r, {})[k] = (times[r][k] - first) / 1e9
+    return out
 
 
 def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, dict[str, Any]] | None = None

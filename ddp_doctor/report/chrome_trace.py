@@ -13,7 +13,7 @@ Writing the trace is a sink's job (sinks.write_trace_file).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ddp_doctor.version import __version__
 
@@ -147,8 +147,12 @@ def _pg_name(entry: Mapping[str, Any]) -> str:
     return str(pg or "default_pg")
 
 
-def ledger_records(ledger: Mapping[str, Any] | None, *, failed_in_collective: bool = False) -> list[dict[str, Any]]:
+def ledger_records(ledger: Mapping[str, Any] | None, *, failed_in_collective: bool = False,
+                   lags: Mapping[Any, float] | None = None,
+                   key: Callable[[Mapping[str, Any]], Any] | None = None) -> list[dict[str, Any]]:
     """A rank's ledger of collectives (torch's flight recorder), one track per process group.
+    `lags`: key(entry) -> seconds after the first rank of its host issued it (its arrival order:
+    checks/arrivals.py), shown as `arrived_after_first_ms`.
     A collective runs from its creation to its completion where the backend records it (NCCL);
     gloo records none, so it is drawn to the next collective's creation in its group, or, for the
     last one, to the ledger's dump time when it never retired (pending: where the rank waits) or
@@ -186,6 +190,9 @@ def ledger_records(ledger: Mapping[str, Any] | None, *, failed_in_collective: bo
             args = {"seq_id": seq, "op": _op(e), "process_group": pg, "input_sizes": e.get("input_sizes"),
                     "input_dtypes": e.get("input_dtypes"), "retired": retired, "state": e.get("state"),
                     "drawn_until": until}
+            lag = lags.get(key(e)) if lags and key is not None else None
+            if lag is not None:
+                args["arrived_after_first_ms"] = round(lag * 1000, 3)
             cat = "stall" if pending else "failure" if failed else "collective"
             track = f"{COLLECTIVES} {pg}"
             out.append(instant(name, start, cat=cat, track=track, args=args) if end is None

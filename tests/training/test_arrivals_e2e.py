@@ -21,7 +21,9 @@ def runs(tmp_path_factory):
     jobs = {"compute": ("rank1_slow_compute.py", {}), "data": ("rank1_slow_data.py", {}),
             **{name: ("rank1_slow_compute.py", {"SLOW_S": "0"}) for name in CORRECT}}
     launches = {name: Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication",
-                              "--report", str(base / f"{name}.json"), str(SCRIPTS / script)],
+                              "--report", str(base / f"{name}.json"),
+                              *(["--trace", str(base / "compute-trace.json")] if name == "compute" else []),
+                              str(SCRIPTS / script)],
                              clean_env(**env), str(base), 180)
                 for name, (script, env) in jobs.items()}
     return {"base": base, "results": run_all(launches, at_once=len(launches))}
@@ -47,6 +49,16 @@ def test_a_rank_slow_in_its_own_compute_is_named_with_its_lag_and_its_line(runs)
     sleep = f"rank1_slow_compute.py:{_line('rank1_slow_compute.py', 'time.sleep(slow)')} in <module>"
     assert "before arriving it works at " in f["message"] and sleep in f["message"], f["message"]
     assert rep["status"] == "warn"  # the job ended well: a warning, its exit status its own
+    # the trace shows each collective's lag behind the first rank of the host
+    trace = load_json(str(runs["base"] / "compute-trace.json"))
+    lags = {}
+    for e in trace["traceEvents"]:
+        lag = (e.get("args") or {}).get("arrived_after_first_ms")
+        if lag is not None:
+            lags.setdefault(e["pid"], []).append(lag)
+    assert len(lags) == 2, sorted(lags)
+    slow, fast = sorted(lags.values(), key=lambda v: sorted(v)[len(v) // 2])[::-1]
+    assert sorted(slow)[len(slow) // 2] >= 40 and sorted(fast)[len(fast) // 2] == 0, (slow[:5], fast[:5])
 
 
 def test_a_rank_slow_to_read_its_data_is_named_as_waiting_for_data(runs):

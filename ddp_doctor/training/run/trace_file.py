@@ -28,6 +28,7 @@ TRACE_IN_RUN_DIR = "trace.json"  # with --run-dir, the kept run directory gets t
 
 def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     """rank -> {"host", "records"} from a run directory and the run's report."""
+    from ddp_doctor.checks import arrivals
     from ddp_doctor.processes.launch_dir import launch_timelines
     from ddp_doctor.report import chrome_trace as tracelib
     timelines, hosts = launch_timelines(records.preflight_dir(run_dir))
@@ -43,6 +44,7 @@ def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, 
         if r.get("rank") is not None and r.get("host"):
             hosts.setdefault(int(r["rank"]), r["host"])
     found = tracelib.finding_records(rep)
+    lags = arrivals.lags_behind_first(ledgers)
     ranks = set(timelines) | set(heartbeats) | set(outcomes) | set(ledgers) | set(probes) | set(found)
     lanes: dict[int, dict[str, Any]] = {}
     for r in sorted(ranks):
@@ -58,7 +60,8 @@ def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, 
             recs += tracelib.probe_records(p)
         recs += tracelib.step_records(hb)
         recs += tracelib.stall_records(hb)
-        recs += tracelib.ledger_records(ledger, failed_in_collective=_failed_in_collective(outcome))
+        recs += tracelib.ledger_records(ledger, failed_in_collective=_failed_in_collective(outcome),
+                                        lags=lags.get(r), key=arrivals.collective_key)
         recs += tracelib.outcome_records(outcome, crashes[r][1] if r in crashes else None)
         recs += found.get(r, [])
         host = hosts.get(r) or (outcome or {}).get("host") or next((p.get("host") for p in probes.get(r, [])), None)

@@ -1,0 +1,227 @@
+"""The local history of runs (issue 22): one SQLite file per machine, appended to by every
+preflight and run, read to compare a host with its own past.
+
+A record is one host's view of one job: when, which job, the host, its instance type and GPUs,
+the world's layout, the versions, the job's status, and its figures (name -> value: the busbw
+of each collective and message size, the preflight's stage times, the median step time, the
+straggler's lag). A host is compared only with records of the same series (series_of: the
+same layout, backend and versions; sizes are part of each figure's name).
+
+Writes are safe with several writers (ranks of one host, jobs side by side): WAL journal, a busy
+timeout, and a bounded retry on "database is locked"; the file keeps at most MAX_RUNS records (the
+oldest pruned). Nothing here raises to a caller that writes: a history that cannot be written is a
+line of text, never a broken job. The schema is versioned (`meta.schema_version`); a file written
+by a newer schema is read as far as it can be and never altered.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+MAX_RUNS = 20_000  # records kept per file (about 20 MB); the oldest go first
+BUSY_S = 5.0  # how long one statement waits for another writer's lock
+TRIES = 4  # whole-transaction attempts on "database is locked", with a growing pause
+HISTORY_ENV = "DDP_DOCTOR_HISTORY"  # a path, an s3:// prefix, or "off"
+OFF = ("off", "none", "0", "false", "no")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    job TEXT,
+    host TEXT NOT NULL,
+    instance_type TEXT,
+    gpus TEXT NOT NULL,
+    world_size INTEGER,
+    nnodes INTEGER,
+    nproc_per_node INTEGER,
+    backend TEXT,
+    versions TEXT NOT NULL,
+    status TEXT,
+    figures TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_host ON runs (host, time);
+CREATE INDEX IF NOT EXISTS runs_by_type ON runs (instance_type, time);
+"""
+
+
+@dataclass
+class RunRecord:
+    """One host's view of one job (see the module's doc)."""
+
+    time: float
+    kind: str  # "preflight" or "run"
+    host: str
+    job: str | None = None
+    instance_type: str | None = None
+    gpus: list[str] = field(default_factory=list)  # UUIDs or serials, as NVML gives them
+    world_size: int | None = None
+    nnodes: int | None = None
+    nproc_per_node: int | None = None
+    backend: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    status: str | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SERIES_VERSIONS = ("torch", "nccl", "cuda")
+
+
+def series_of(rec: RunRecord) -> tuple[Any, ...]:
+    """What makes two records comparable: the same layout, backend and versions that set the
+    figures (another torch or NCCL, another world size, is another series)."""
+    return (rec.kind, rec.world_size, rec.nnodes, rec.nproc_per_node, rec.backend,
+            *(rec.versions.get(k) for k in SERIES_VERSIONS))
+
+
+def default_path(env: dict[str, str] | None = None) -> str | None:
+    """Where the history is kept: $DDP_DOCTOR_HISTORY (a path or an s3:// prefix; "off" turns
+    it off: None), else the user's cache directory."""
+    env = os.environ if env is None else env
+    given = (env.get(HISTORY_ENV) or "").strip()
+    if given.lower() in OFF:
+        return None
+    if given:
+        return given
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ddp-doctor", "history.sqlite")
+
+
+class History:
+    """The history file at `path` (made on first write, with its directory, private)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _connect(self, *, write: bool) -> sqlite3.Connection:
+        if write:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o700, exist_ok=True)
+        elif not os.path.exists(self.path):
+            raise FileNotFoundError(self.path)
+        conn = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+        if write:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        return conn
+
+    def schema_version(self) -> int | None:
+        try:
+            with _closing(self._connect(write=False)) as conn:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            return int(row[0]) if row else None
+        except (OSError, sqlite3.Error, ValueError):
+            return None
+
+    def add(self, records: list[RunRecord]) -> str | None:
+        """Append the records in one transaction; None when written, else why not (never raises)."""
+        if not records:
+            return None
+        last: Exception | None = None
+        for attempt in range(TRIES):
+            try:
+                with _closing(self._connect(write=True)) as conn:
+                    newer = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                    if newer and int(newer[0]) > SCHEMA_VERSION:
+                        return f"{self.path} was written by a newer ddp-doctor (schema {newer[0]}): left as it is"
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        conn.executemany(
+                            "INSERT INTO runs (time, kind, job, host, instance_type, gpus, world_size, nnodes, "
+                            "nproc_per_node, backend, versions, status, figures) VALUES "
+                            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [_row(r) for r in records])
+                        conn.execute("DELETE FROM runs WHERE id <= (SELECT MAX(id) FROM runs) - ?", (MAX_RUNS,))
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                try:
+                    os.chmod(self.path, 0o600)
+                except OSError:
+                    pass
+                return None
+            except sqlite3.OperationalError as e:
+                last = e
+                if "locked" not in str(e) and "busy" not in str(e):
+                    break
+                time.sleep(0.05 * (2 ** attempt))
+            except (OSError, sqlite3.Error, ValueError) as e:
+                last = e
+                break
+        return f"the history {self.path} could not be written: {type(last).__name__}: {last}"
+
+    def records(self, *, host: str | None = None, instance_type: str | None = None,
+                limit: int = 1000) -> list[RunRecord]:
+        """The newest records (of a host, of an instance type), oldest first; [] when none."""
+        where, args = [], []
+        if host:
+            where.append("host = ?")
+            args.append(host)
+        if instance_type:
+            where.append("instance_type = ?")
+            args.append(instance_type)
+        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + \
+              " ORDER BY time DESC, id DESC LIMIT ?"
+        try:
+            with _closing(self._connect(write=False)) as conn:
+                conn.row_factory = sqlite3.Row
+                rows = conn.execute(sql, (*args, int(limit))).fetchall()
+        except (OSError, sqlite3.Error):
+            return []
+        return [_record(row) for row in reversed(rows)]
+
+    def count(self) -> int:
+        try:
+            with _closing(self._connect(write=False)) as conn:
+                return int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        except (OSError, sqlite3.Error):
+            return 0
+
+
+class _closing:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, *exc: Any) -> None:
+        self.conn.close()
+
+
+def _row(r: RunRecord) -> tuple[Any, ...]:
+    return (float(r.time), r.kind, r.job, r.host, r.instance_type, json.dumps(list(r.gpus)), r.world_size, r.nnodes,
+            r.nproc_per_node, r.backend, json.dumps(dict(r.versions), sort_keys=True), r.status,
+            json.dumps({k: float(v) for k, v in r.figures.items()}, sort_keys=True))
+
+
+def _record(row: sqlite3.Row) -> RunRecord:
+    def loads(text: Any, default: Any) -> Any:
+        try:
+            value = json.loads(text)
+            return value if isinstance(value, type(default)) else default
+        except (TypeError, ValueError):
+            return default
+    return RunRecord(time=float(row["time"]), kind=row["kind"], host=row["host"], job=row["job"],
+                     instance_type=row["instance_type"], gpus=loads(row["gpus"], []), world_size=row["world_size"],
+                     nnodes=row["nnodes"], nproc_per_node=row["nproc_per_node"], backend=row["backend"],
+                     versions=loads(row["versions"], {}), status=row["status"], figures=loads(row["figures"], {}))
+
+
+def iter_series(records: list[RunRecord], like: RunRecord, figure: str) -> Iterator[tuple[float, float]]:
+    """(time, value) of `figure` in the records of `like`'s series, oldest first."""
+    key = series_of(like)
+    for r in records:
+        if series_of(r) == key and figure in r.figures:
+            yield r.time, float(r.figures[figure])
