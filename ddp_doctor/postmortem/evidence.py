@@ -242,6 +242,9 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
         if led.get("source") == "nccl_log":
             continue  # where the watchdog left it: waiting, or past the group's last collective
         led["position"] = _position(ev, r)
+        last = per_rank.get(r, {}).get("last_line")
+        if not led.get("where") and last and str(last).strip():  # a dump says nothing of where the rank is
+            led["where"] = f"its output's last line: {str(last).strip()[:160]!r}"
         if led["position"] == "failed":
             from ddp_doctor.training.run.ledger import from_exception
             if from_exception(ev.outcomes[r].get("exception"))[0] and led.get("entries"):

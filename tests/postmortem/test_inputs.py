@@ -216,3 +216,25 @@ def test_a_launcher_stopped_by_a_signal_is_an_interrupted_job_never_a_ranks_erro
     (tmp_path / "console.log").write_text(lone)
     rep, _ = analyze([str(tmp_path)])
     assert _cause(rep) == ("DDP800", [0]), rep["findings"]
+
+
+def test_a_rank_that_never_issued_the_collective_is_placed_at_its_outputs_last_line(tmp_path):
+    """A dump says which collectives a rank issued, not where it is: the rank the others waited
+    for is placed where its own output left it."""
+    def entry(seq: int, t: int, retired: bool) -> dict:
+        return {"record_id": seq - 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+                "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "input_dtypes": ["Float"],
+                "output_sizes": [[4]], "output_dtypes": ["Float"], "state": "completed" if retired else "scheduled",
+                "retired": retired, "time_created_ns": t, "is_p2p": False}
+    (tmp_path / "nccl_trace_rank_0").write_text(json.dumps({"version": "2.10", "entries": [
+        entry(1, 1_700_000_000_000_000_000, True), entry(2, 1_700_000_001_000_000_000, False)]}))
+    (tmp_path / "nccl_trace_rank_1").write_text(json.dumps({"version": "2.10", "entries": [
+        entry(1, 1_700_000_000_000_000_000, True)]}))
+    timeout = "RuntimeError: [pair.cc:553] Timed out waiting 8000ms for recv operation to complete"
+    (tmp_path / "console.log").write_text(
+        "[rank1]:step 1\n[rank1]:saving checkpoint shard 3 of 8\n[rank0]:step 1\n"
+        "[rank0]:Traceback (most recent call last):\n[rank0]:  File \"/job/train.py\", line 9, in <module>\n"
+        f"[rank0]:    dist.all_reduce(t)\n[rank0]:{timeout}\n")
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP891", [1]), rep["findings"]
+    assert "it is at its output's last line: 'saving checkpoint shard 3 of 8'" in rep["root_cause"]["message"], rep
