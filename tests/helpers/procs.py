@@ -230,7 +230,9 @@ def assert_clean_output(result: Result) -> None:
 
 # Timing judgements (stragglers, slow links, clock skew) can warn on a loaded 2-core machine.
 # load-dependent: a busy 2-core machine can make a rank slow to load data or to sweep
-TIMING_WARNINGS = {"DDP405", "DDP406", "DDP407", "DDP872"}
+# (DDP877, the rank the others wait for, is judged quiet under this load by its own e2e,
+# tests/training/test_arrivals_e2e.py; elsewhere it is a timing judgement like the others)
+TIMING_WARNINGS = {"DDP405", "DDP406", "DDP407", "DDP872", "DDP877"}
 
 
 def assert_healthy(report: dict) -> None:
