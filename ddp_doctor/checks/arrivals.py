@@ -30,7 +30,7 @@ ARRIVES_LAST = declare(
     doc="""
     What: One rank issued most of the training's collectives last (by each rank's flight recorder,
     compared within a host), far enough behind the others that their waiting for it is a stated
-    share of the time: at least 75% of the collectives, a median lag of 2 ms or more behind the
+    share of the time: at least 75% of the collectives, a median lag of 10 ms or more behind the
     next-to-last rank, and the others' wait for it at least 10% of the span the collectives
     cover. The finding gives the rank, how often it came last, its median and p90 lag, the share
     of time the others waited, and where it spent its time before arriving: waiting for its
@@ -46,7 +46,7 @@ ARRIVES_LAST = declare(
 MIN_COLLECTIVES = 10
 LAST_SHARE = 0.75
 WAIT_SHARE = 0.10
-MIN_LAG_S = 0.002
+MIN_LAG_S = 0.010  # below, a shared host's CPU scheduling makes such lags on a correct run
 
 
 def collective_key(entry: Any) -> tuple[str, int] | None:

@@ -162,7 +162,9 @@ class ProgressWatch:
                 last_sig, last_steps = sig, self.steps
             where = describe(stack)
             self.where, self.in_collective = where["where"], where["in_collective"]
-            if self.phase == "training" and not self.in_collective:
+            if self.phase == "training" and self.steps and not self.in_collective:
+                # from the first optimizer step on: start-up (imports, the group, DDP's own
+                # broadcast, which no torch.distributed frame shows) is not the training's pace
                 self._sample(where["where"] or where["innermost"] or "?")
             self._beat(now, where)
             if self._stack_file is None or self._stack_file_gone():
