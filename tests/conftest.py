@@ -22,6 +22,7 @@ from ddp_doctor.report.schema import TEST_ERRORS_ENV
 
 _ERRORS_DIR = tempfile.mkdtemp(prefix="ddp-doctor-schema-errors-")
 os.environ[TEST_ERRORS_ENV] = _ERRORS_DIR
+os.environ.setdefault("DDP_DOCTOR_HISTORY", "off")  # no test writes the user's history unless it names one
 
 
 def schema_errors() -> list[dict]:

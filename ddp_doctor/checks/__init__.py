@@ -28,6 +28,7 @@ def load_catalogue() -> dict[str, Check]:
         consistency,
         efa,
         gpu,
+        history_rules,
         host,
         init_arguments,
         init_order,

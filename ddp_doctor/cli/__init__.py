@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable, NamedTuple
 
-from ddp_doctor.cli import analyze, bench_comm, catalogue, diff, env, preflight, run, schema
+from ddp_doctor.cli import analyze, bench_comm, catalogue, diff, env, history, preflight, run, schema
 from ddp_doctor.cli.options import UsageError
 from ddp_doctor.exit_codes import EXIT_USAGE
 from ddp_doctor.version import __version__
@@ -45,6 +45,7 @@ COMMANDS: dict[str, Command] = {
     "schema": Command(schema.HELP, schema.add_parser, schema.command),
     "analyze": Command(analyze.HELP, analyze.add_parser, analyze.command),
     "diff": Command(diff.HELP, diff.add_parser, diff.command),
+    "history": Command(history.HELP, history.add_parser, history.command),
 }
 
 

@@ -26,6 +26,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "ranks, creating the process group, each collective (default: 60; at most "
                         "86400, one day)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--history", default=None, metavar="PATH",
+                   help="append this preflight's figures to the history there (default: $DDP_DOCTOR_HISTORY, "
+                        "else ~/.cache/ddp-doctor/history.sqlite)")
+    p.add_argument("--no-history", action="store_true", help="record nothing in the history")
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None, help=FAIL_ON_HELP)
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "
@@ -102,6 +106,8 @@ def command(args: argparse.Namespace) -> int:
                          f"(see `ddp-doctor list-checks`)")
     check_options(args)  # a bad --threshold is a usage error before any rank starts
     fail_on = fail_on_option(args)
+    from ddp_doctor.history.store import choose
+    choose(args.history, args.no_history)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local

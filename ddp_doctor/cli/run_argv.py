@@ -15,7 +15,7 @@ from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
                   "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1, "--progress": 0,
-                  "--no-progress": 0}
+                  "--no-progress": 0, "--history": 1, "--no-history": 0}
 # torchrun's own options come from torch's launcher parser (torchrun_options.py); these of its
 # spellings ddp-doctor acts on itself:
 HELP_NAMES = ("-h", "--help")
@@ -182,6 +182,10 @@ def doctor_parser() -> argparse.ArgumentParser:
                         "(default: $DDP_DOCTOR_PROGRESS, else only when stdout is a terminal)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                    help="no progress lines, even on a terminal")
+    p.add_argument("--history", default=None, metavar="PATH",
+                   help="append this job's figures to the history there (default: $DDP_DOCTOR_HISTORY, else "
+                        "~/.cache/ddp-doctor/history.sqlite)")
+    p.add_argument("--no-history", action="store_true", help="record nothing in the history")
     from ddp_doctor.exit_codes import FAIL_ON_LEVELS  # exit 3 after a training that exited 0 (fail_on_exit)
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None,
                    help="after a training that exited 0: exit 3 when the report holds a finding of this "
@@ -292,6 +296,8 @@ def run_options(doctor: list[str], target: Target) -> Any:
     bad = catalogue.unknown_selectors(select + skip)
     if bad:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
+    from ddp_doctor.history.store import choose
+    choose(ns.history, ns.no_history)
     from ddp_doctor.exit_codes import fail_on_setting
     try:
         fail_on = fail_on_setting(ns.fail_on, os.environ)  # --fail-on, else DDP_DOCTOR_FAIL_ON

@@ -97,6 +97,16 @@ def default_path(env: dict[str, str] | None = None) -> str | None:
     return os.path.join(cache, "ddp-doctor", "history.sqlite")
 
 
+def choose(path: str | None, off: bool, env: Any = None) -> None:
+    """--history PATH / --no-history: set for this process and the ranks it starts (they inherit
+    the variable)."""
+    env = os.environ if env is None else env
+    if off:
+        env[HISTORY_ENV] = "off"
+    elif path:
+        env[HISTORY_ENV] = path if path.startswith("s3://") else os.path.abspath(path)
+
+
 class History:
     """The history file at `path` (made on first write, with its directory, private)."""
 

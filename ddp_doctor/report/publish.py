@@ -108,6 +108,11 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
             path = None
     show(rep, out, path, stream=stream, prefix=prefix)
     upload_report(kept, out, env, suffix=suffix)
+    if not suffix:  # a rank's own partial report (suffix ".rankN") is not the job's
+        from ddp_doctor.history.from_report import record
+        said = record(rep, env)
+        if said:
+            warn(said)
     return path
 
 

@@ -27,6 +27,7 @@ DDP = [sys.executable, "-m", "ddp_doctor"]
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
     env["OMP_NUM_THREADS"] = "1"
+    env["DDP_DOCTOR_HISTORY"] = "off"  # the tests' runs stay out of the user's history (a test that wants one names it)
     env.update(extra)
     return env
 

@@ -1,0 +1,36 @@
+"""checks/history_rules.py: a host against its own past (DDP409). Pure: history records in."""
+from __future__ import annotations
+
+from ddp_doctor.checks.history_rules import MIN_RUNS, history_findings
+from ddp_doctor.history.store import RunRecord
+
+BIG = "all_reduce.busbw_gbps@268435456"
+
+
+def _rec(host: str, t: float, busbw: float, torch: str = "2.13.0", small: float = 1.0) -> RunRecord:
+    return RunRecord(time=t, kind="preflight", host=host, world_size=16, nnodes=2, nproc_per_node=8, backend="nccl",
+                     versions={"torch": torch, "nccl": "2.21.5", "cuda": "12.4"},
+                     figures={BIG: busbw, "all_reduce.busbw_gbps@4096": small})
+
+
+def _past() -> list[RunRecord]:
+    # two hosts with histories of their own: algo-1 runs near 150 GB/s, algo-2 near 90 GB/s
+    return [_rec("algo-1", t, 150 + (t % 3)) for t in range(10)] + [_rec("algo-2", t, 90 + (t % 3)) for t in range(10)]
+
+
+def test_a_drop_is_flagged_against_the_hosts_own_history_not_the_others():
+    # 90 GB/s is algo-2's normal, 40% below algo-1's
+    (f,) = history_findings([_rec("algo-1", 20, 90), _rec("algo-2", 20, 90)], _past())
+    assert f.id == "DDP409" and f.severity == "warning" and f.evidence["host"] == "algo-1"
+    assert "on algo-1 all_reduce at 268435456 bytes ran at 90 GB/s busbw, 40% below this host's median of 151 " \
+           "GB/s over its last 10 comparable runs" in f.message, f.message
+    # small messages measure latency: never compared
+    assert history_findings([_rec("algo-1", 20, 150, small=0.01)], _past()) == []
+
+
+def test_nothing_until_enough_comparable_runs_exist():
+    few = [_rec("algo-1", t, 150) for t in range(MIN_RUNS - 1)]
+    assert history_findings([_rec("algo-1", 20, 50)], few) == []
+    # another torch is another series
+    assert history_findings([_rec("algo-1", 20, 50, torch="2.14.0")], _past()) == []
+    assert len(history_findings([_rec("algo-1", 20, 50)], few + [_rec("algo-1", 9, 150)])) == 1
