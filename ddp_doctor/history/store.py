@@ -122,6 +122,7 @@ class History:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
         if write:
             conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL stays consistent; a power cut may lose the last run
             conn.executescript(_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         return conn
