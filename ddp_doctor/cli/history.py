@@ -38,23 +38,21 @@ def _largest_busbw(recs: list[Any]) -> list[str]:
 def command(args: argparse.Namespace) -> int:
     import os
 
-    from ddp_doctor.history.store import History, default_path
+    from ddp_doctor.history.store import default_path, open_history
     path = args.history or default_path()
     if path is None:
         raise UsageError("the history is off (DDP_DOCTOR_HISTORY=off): give --history PATH")
-    if path.startswith("s3://"):
-        raise UsageError(f"{path}: a history in S3 is not supported yet")
-    if not os.path.exists(path):
+    if not path.startswith("s3://") and not os.path.exists(path):
         raise UsageError(f"no history at {path} (a preflight or run writes it)")
     if args.last < 1:
         raise UsageError("--last takes a positive number")
-    recs = History(path).records(host=args.host, instance_type=args.instance_type, limit=args.last)
+    recs = open_history(path).records(host=args.host, instance_type=args.instance_type, limit=args.last)
     held = sorted({name for r in recs for name in r.figures})
     if args.figure == ["list"]:
         print("\n".join(held))
         return 0
-    figures = args.figure or [*_largest_busbw(recs), *DEFAULT_FIGURES]
-    unknown = [f for f in figures if f not in held and recs]
+    figures = args.figure or [f for f in [*_largest_busbw(recs), *DEFAULT_FIGURES] if f in held]
+    unknown = [f for f in args.figure or [] if f not in held and recs]
     if unknown:
         raise UsageError(f"no record holds {', '.join(unknown)} (`--figure list` lists the figures)")
     if args.json:

@@ -8,7 +8,7 @@ import socket
 import time
 from typing import Any
 
-from ddp_doctor.history.store import History, RunRecord, default_path
+from ddp_doctor.history.store import RunRecord, default_path, open_history
 
 COLLECTIVES = ("all_reduce", "all_reduce_inter", "broadcast", "all_gather")
 STRAGGLER_ID = "DDP877"
@@ -68,6 +68,4 @@ def record(rep: dict[str, Any], env: Any) -> str | None:
     path = default_path(dict(env))
     if path is None:
         return None
-    if path.startswith("s3://"):
-        return f"DDP_DOCTOR_HISTORY={path}: a history in S3 is not supported yet; this run was not recorded"
-    return History(path).add(records_of(rep))
+    return open_history(path).add(records_of(rep))

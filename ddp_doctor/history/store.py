@@ -230,6 +230,29 @@ def _record(row: sqlite3.Row) -> RunRecord:
                      versions=loads(row["versions"], {}), status=row["status"], figures=loads(row["figures"], {}))
 
 
+def record_from_dict(d: Any) -> RunRecord | None:
+    """A record as RunRecord.to_dict wrote it (an S3 object's), None when it is not one."""
+    if not isinstance(d, dict):
+        return None
+    try:
+        return RunRecord(time=float(d["time"]), kind=str(d["kind"]), host=str(d["host"]), job=d.get("job"),
+                         instance_type=d.get("instance_type"), gpus=list(d.get("gpus") or []),
+                         world_size=d.get("world_size"), nnodes=d.get("nnodes"),
+                         nproc_per_node=d.get("nproc_per_node"), backend=d.get("backend"),
+                         versions=dict(d.get("versions") or {}), status=d.get("status"),
+                         figures={str(k): float(v) for k, v in (d.get("figures") or {}).items()})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def open_history(where: str) -> Any:
+    """The history at a path (SQLite) or an s3:// prefix (s3_store.S3History)."""
+    if where.startswith("s3://"):
+        from ddp_doctor.history.s3_store import S3History
+        return S3History(where)
+    return History(where)
+
+
 def iter_series(records: list[RunRecord], like: RunRecord, figure: str) -> Iterator[tuple[float, float]]:
     """(time, value) of `figure` in the records of `like`'s series, oldest first."""
     key = series_of(like)

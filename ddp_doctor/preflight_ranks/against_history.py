@@ -8,7 +8,7 @@ from typing import Any
 from ddp_doctor.checks.history_rules import history_findings
 from ddp_doctor.findings import Finding
 from ddp_doctor.history.from_report import records_of
-from ddp_doctor.history.store import History, default_path
+from ddp_doctor.history.store import default_path, open_history
 
 PAST = 500  # the newest records read per host
 
@@ -16,12 +16,12 @@ PAST = 500  # the newest records read per host
 def against_history(world: dict[str, Any], ranks: list[dict[str, Any]], measurements: dict[str, Any],
                     env: Any) -> list[Finding]:
     path = default_path(dict(env))
-    if path is None or path.startswith("s3://"):
+    if path is None:
         return []
     try:
         current = records_of({"phase": "preflight", "status": "pass", "world": world, "ranks": ranks,
                               "measurements": measurements, "findings": []})
-        history = History(path)
+        history = open_history(path)
         past = [r for now in current for r in history.records(host=now.host, limit=PAST)]
         return history_findings(current, past)
     except Exception:  # noqa: BLE001 - the history is an aid: never a failed preflight
