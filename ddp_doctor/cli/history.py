@@ -38,7 +38,8 @@ def _largest_busbw(recs: list[Any]) -> list[str]:
 def command(args: argparse.Namespace) -> int:
     import os
 
-    from ddp_doctor.history.store import default_path, open_history
+    from ddp_doctor.history.opened import open_history
+    from ddp_doctor.history.store import default_path
     path = args.history or default_path()
     if path is None:
         raise UsageError("the history is off (DDP_DOCTOR_HISTORY=off): give --history PATH")

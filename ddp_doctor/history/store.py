@@ -245,14 +245,6 @@ def record_from_dict(d: Any) -> RunRecord | None:
         return None
 
 
-def open_history(where: str) -> Any:
-    """The history at a path (SQLite) or an s3:// prefix (s3_store.S3History)."""
-    if where.startswith("s3://"):
-        from ddp_doctor.history.s3_store import S3History
-        return S3History(where)
-    return History(where)
-
-
 def iter_series(records: list[RunRecord], like: RunRecord, figure: str) -> Iterator[tuple[float, float]]:
     """(time, value) of `figure` in the records of `like`'s series, oldest first."""
     key = series_of(like)

@@ -8,7 +8,8 @@ from typing import Any
 from ddp_doctor.checks.history_rules import history_findings
 from ddp_doctor.findings import Finding
 from ddp_doctor.history.from_report import records_of
-from ddp_doctor.history.store import default_path, open_history
+from ddp_doctor.history.opened import open_history
+from ddp_doctor.history.store import default_path
 
 PAST = 500  # the newest records read per host
 

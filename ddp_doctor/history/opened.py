@@ -1,0 +1,12 @@
+"""The history a path names: a SQLite file (store.History) or an s3:// prefix (s3_store.S3History),
+both with add(records) -> None or why not, and records(host=, instance_type=, limit=)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.history.s3_store import S3History
+from ddp_doctor.history.store import History
+
+
+def open_history(where: str) -> Any:
+    return S3History(where) if where.startswith("s3://") else History(where)
