@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import pytest
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
+
+from helpers.moto_endpoint import moto_endpoint  # noqa: E402
 
 from ddp_doctor.checks.history_rules import history_findings  # noqa: E402
 from ddp_doctor.history.from_report import record  # noqa: E402
@@ -32,15 +33,10 @@ AWS = {"AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKE1234", "AWS_SECRET_ACCESS_KEY": "fa
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)
-    yield url
-    server.stop()
+    with moto_endpoint() as url:
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=BUCKET)
+        yield url
 
 
 @pytest.fixture

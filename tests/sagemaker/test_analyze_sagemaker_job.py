@@ -9,7 +9,6 @@ protocol instead of moto.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 from helpers.aws_stub import Stub  # noqa: E402
+from helpers.moto_endpoint import moto_endpoint  # noqa: E402
 from moto.sagemaker.models import sagemaker_backends  # noqa: E402
 
 from ddp_doctor.cli import main  # noqa: E402
@@ -90,12 +90,8 @@ ALGO_1 = [
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ Where moto does not implement an API (Service Quotas for SageMaker) or a failure
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -22,6 +21,7 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 from helpers.aws_stub import Stub  # noqa: E402
+from helpers.moto_endpoint import moto_endpoint  # noqa: E402
 
 from ddp_doctor import check_runner, registry  # noqa: E402
 from ddp_doctor import checks as catalogue  # noqa: E402
@@ -44,12 +44,8 @@ NO_FILE = "/nonexistent/ddp-doctor-tests/aws-config"  # keeps the user's ~/.aws 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.CRITICAL)  # moto logs each request
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 def aws_env(endpoint: str, **extra: str) -> dict[str, str]:
