@@ -7,8 +7,10 @@ Per collective that every rank of a host issued (the same process group and sequ
 the last rank to arrive and its lag behind the next-to-last. A rank is named when it arrives last
 at most collectives, its median lag is above noise, and the others' waiting for it adds up to a
 stated share of the time the collectives span: quiet on a run whose ranks only take turns being
-last (a loaded host). Clocks are compared within one host only (time_created_ns is the host's
-wall clock); ranks of other hosts are judged among their own host's ranks.
+last (a loaded host). Ranks are compared within one host (time_created_ns is the host's wall
+clock). Nodes are compared with each other (DDP878: a node whose every rank comes late, which no
+rank of it shows against its neighbours) on clocks aligned by the offsets the preflight measured
+(DDP407), with their error added to the lag a node must show.
 
 Where the slow rank spends its time before it arrives: its DataLoader waits (the probes, as
 DDP872 measures them) when they account for its lag, else the places its stack samples (the
@@ -22,7 +24,8 @@ from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.training_scale import median_data_times
-from ddp_doctor.findings import Finding
+from ddp_doctor.comm.stragglers import median
+from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
 ARRIVES_LAST = declare(
@@ -41,6 +44,26 @@ ARRIVES_LAST = declare(
     Fix: Go to the place named: a data wait points at that rank's data path (storage, num_workers,
     its shard; see DDP872); compute points at its device (clocks, temperature, another process on
     it: nvidia-smi on that host) or a branch only it takes at the line named.
+    """)
+
+ARRIVES_LAST_NODE = declare(
+    "DDP878", category="consistency", severity="warning", title="One node arrives last at the collectives",
+    doc="""
+    What: Every rank of one node issued most of the training's collectives after the ranks of the
+    other nodes: each node's arrival is when its first rank issued the collective, on wall clocks
+    aligned by the offsets the preflight measured (DDP407's barriers, with their error). Named with
+    the same bounds as DDP877 (75% of at least 10 collectives, the others' wait at least 10% of the
+    span), and a median lag of 10 ms plus the clocks' error. The finding gives the node and its
+    ranks, how often it came last, the median and p90 lag, the error of the clock alignment, the
+    share of time the other nodes waited, and where its ranks spent their time before arriving.
+    Needs the preflight's clock measurement: with `--skip DDP407` (or none of it) nodes are not
+    compared.
+    Why: A node whose every rank is slow (a slower instance, throttled GPUs, a busy host, a slower
+    storage mount) holds the whole job to its pace; within the node no rank stands out, so DDP877
+    cannot see it, and step times are the same everywhere.
+    Fix: Look at that node: nvidia-smi for clocks, temperature and other processes, its storage and
+    network path, its instance type; compare its own history (`ddp-doctor history --host`); replace
+    it or take it out of the job if it stays behind.
     """)
 
 MIN_COLLECTIVES = 10
@@ -84,8 +107,11 @@ def _where(ledger: dict[str, Any]) -> tuple[str, int, int] | None:
     return place, int(places[place]), int(samples.get("total") or sum(places.values()))
 
 
-def _last_arriver(ranks: list[int], times: dict[int, dict[tuple[str, int], int]]) -> dict[str, Any] | None:
-    """The figures of the rank that arrives last, among `ranks` (one host), or None."""
+def _last_arriver(ranks: list[Any], times: dict[Any, dict[tuple[str, int], int]],
+                  margin_s: float = 0.0) -> dict[str, Any] | None:
+    """The figures of the one that arrives last among `ranks` (a host's ranks, or the nodes), or
+    None. `margin_s`: how far the clocks compared may be off (0 within a host): the median lag
+    must pass MIN_LAG_S by that much."""
     common = set.intersection(*(set(times[r]) for r in ranks))
     if len(common) < MIN_COLLECTIVES:
         return None
@@ -103,10 +129,10 @@ def _last_arriver(ranks: list[int], times: dict[int, dict[tuple[str, int], int]]
     share = last_count[slow] / len(common)
     if share < LAST_SHARE or span <= 0 or not lags[slow]:
         return None
-    median, p90 = _quantile(lags[slow], 0.5), _quantile(lags[slow], 0.9)
-    if median < MIN_LAG_S or waited[slow] / span < WAIT_SHARE:
+    mid, p90 = _quantile(lags[slow], 0.5), _quantile(lags[slow], 0.9)
+    if mid < MIN_LAG_S + margin_s or waited[slow] / span < WAIT_SHARE:
         return None
-    return {"rank": slow, "last": last_count[slow], "compared": len(common), "median_lag_s": median,
+    return {"rank": slow, "last": last_count[slow], "compared": len(common), "median_lag_s": mid,
             "p90_lag_s": p90, "waited_s": waited[slow], "span_s": span, "ranks": ranks}
 
 
@@ -165,6 +191,93 @@ def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, 
                       **({"median_data_s": {str(k): round(v, 6) for k, v in data.items()}} if data else {}),
                       **({"samples": ledgers[r]["samples"]} if ledgers[r].get("samples") else {})}))
     return out
+
+
+def clock_offsets_of(measurements: dict[str, Any] | None) -> dict[int, tuple[float, float]]:
+    """rank -> (its wall clock minus rank 0's, the uncertainty), in seconds, as the preflight
+    measured them (DDP407: measurements.clock_offset_s / clock_uncertainty_s); {} when it did not."""
+    m = measurements or {}
+    offsets, unc = m.get("clock_offset_s") or {}, m.get("clock_uncertainty_s") or {}
+    out = {}
+    for r, o in offsets.items() if isinstance(offsets, dict) and isinstance(unc, dict) else ():
+        try:
+            out[int(r)] = (float(o), float(unc[r]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _host_clocks(by_host: dict[str, list[int]], offsets: dict[int, tuple[float, float]]
+                 ) -> dict[str, tuple[float, float]] | None:
+    """host -> (offset, uncertainty) of its clock from the best-measured of its ranks; None when a
+    host has no measured rank (its collectives cannot be placed beside the others')."""
+    out = {}
+    for host, ranks in by_host.items():
+        known = [offsets[r] for r in ranks if r in offsets]
+        if not known:
+            return None
+        out[host] = min(known, key=lambda ou: ou[1])
+    return out
+
+
+def node_arrival_findings(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tuple[float, float]],
+                          probe_ranks: dict[int, dict[str, Any]] | None = None) -> list[Finding]:
+    """DDP878 when one node arrives last (see its doc): each node's arrival at a collective is
+    when its first rank issued it, on clocks aligned by the preflight's offsets. Quiet with one
+    host, or when a host's clock offset was not measured."""
+    by_host: dict[str, list[int]] = {}
+    times = {}
+    for r, led in ledgers.items():
+        t = _times(led)
+        if t and led.get("host"):
+            times[r] = t
+            by_host.setdefault(str(led["host"]), []).append(r)
+    clocks = _host_clocks(by_host, offsets) if len(by_host) >= 2 else None
+    if clocks is None:
+        return []
+    common = set.intersection(*(set(t) for t in times.values()))  # the collectives every rank issued
+    node_times = {host: {k: min(times[r][k] for r in ranks) - int(clocks[host][0] * 1e9) for k in common}
+                  for host, ranks in by_host.items()}
+    margin = 2 * max(u for _, u in clocks.values())
+    got = _last_arriver(sorted(by_host), node_times, margin_s=margin)
+    if got is None:
+        return []
+    host = got["rank"]
+    mine = sorted(by_host[host])
+    others = sorted(r for h, rs in by_host.items() if h != host for r in rs)
+    doing = _doing_node(mine, others, got["median_lag_s"], median_data_times(probe_ranks or {}), ledgers)
+    return [event_finding(
+        ARRIVES_LAST_NODE, f"node {host} (rank{'s' if len(mine) > 1 else ''} {format_ranks(mine)}) arrived last at "
+        f"{got['last']} of {got['compared']} collectives, a median {got['median_lag_s'] * 1000:.1f} ms (p90 "
+        f"{got['p90_lag_s'] * 1000:.1f} ms) after the next node, on clocks aligned by the preflight's offsets "
+        f"(+/- {margin * 1000:.1f} ms): the other nodes waited for it {got['waited_s']:.2f} s of the "
+        f"{got['span_s']:.2f} s the collectives span ({got['waited_s'] / got['span_s']:.0%}); {doing}",
+        rank=None, ranks=mine, phase="training",
+        evidence={"host": host, "last": got["last"], "compared": got["compared"],
+                  "median_lag_s": round(got["median_lag_s"], 6), "p90_lag_s": round(got["p90_lag_s"], 6),
+                  "waited_s": round(got["waited_s"], 6), "span_s": round(got["span_s"], 6),
+                  "hosts_compared": sorted(by_host), "clock_offset_s": {h: round(o, 6) for h, (o, _) in clocks.items()},
+                  "clock_error_s": round(margin, 6)})]
+
+
+def _doing_node(mine: list[int], others: list[int], lag: float, data: dict[int, float],
+                ledgers: dict[int, dict[str, Any]]) -> str:
+    """Where a slow node's ranks spent their time before arriving, in words."""
+    ours = [data[r] for r in mine if r in data]
+    theirs = [data[r] for r in others if r in data]
+    if ours and theirs and median(ours) - median(theirs) >= 0.5 * lag:
+        return (f"before arriving its ranks wait for their data: {median(ours) * 1000:.1f} ms per training "
+                f"batch from their DataLoaders (median), the other nodes' {median(theirs) * 1000:.1f} ms")
+    places: dict[str, int] = {}
+    for r in mine:
+        for place, n in ((ledgers[r].get("samples") or {}).get("where") or {}).items():
+            places[place] = places.get(place, 0) + int(n)
+    if places:
+        place = max(places, key=lambda p: places[p])
+        return (f"before arriving its ranks work at {place} ({places[place]} of their {sum(places.values())} "
+                "stack samples outside a collective): the same work is slower there (GPU clocks, temperature, "
+                "another process, a slower storage path)")
+    return "where its ranks spend that time is unknown (no stack sample outside a collective, no DataLoader measured)"
 
 
 def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], ledger: dict[str, Any]) -> str:

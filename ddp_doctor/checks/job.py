@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_doctor.checks.arrivals import arrival_findings
+from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
 from ddp_doctor.checks.init_waits import init_wait_verdict
@@ -74,6 +74,9 @@ class JobEvidence:
     # how a post-mortem knows the ranks the launcher started (init_waits.py): "stated" (by the
     # launcher or the platform), "one node" (every rank's output, of one node), "" (it does not)
     launched_known: str = ""
+    # rank -> (its wall clock minus rank 0's, the error) in seconds, as the preflight measured
+    # them (arrivals.clock_offsets_of): lets nodes' arrivals be compared (DDP878); {} when unknown
+    clock_offsets: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -110,6 +113,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     findings += probe_findings(ev.probes, failed=failed)
     if not failed:  # a job that failed is judged by its failure; one that ran, also by its pace
         findings += arrival_findings(ev.ledgers, by_rank(ev.probes))
+        findings += node_arrival_findings(ev.ledgers, ev.clock_offsets, by_rank(ev.probes))
     findings += leftover_findings(ev.outcomes)  # warnings: the job's verdict and exit code stay its own
     if ev.launched_alone:
         alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)

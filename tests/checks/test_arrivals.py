@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from ddp_doctor.checks.arrivals import arrival_findings
+from ddp_doctor.checks.arrivals import arrival_findings, clock_offsets_of, node_arrival_findings
 
 T0 = 1_795_000_000_000_000_000
 STEP_NS = 5_000_000  # 5 ms of work per step on every rank
@@ -77,3 +77,62 @@ def test_clocks_are_compared_within_a_host_only():
     for led in job.values():
         del led["host"]
     assert arrival_findings(job) == []
+
+
+FOUR = {0: "a", 1: "a", 2: "b", 3: "b"}
+
+
+def _skewed(job: dict, host: str, skew_ns: int) -> dict:
+    """`host`'s clock runs skew_ns ahead of the others'."""
+    for led in job.values():
+        if led["host"] == host:
+            for e in led["entries"]:
+                e["time_created_ns"] += skew_ns
+    return job
+
+
+def test_a_node_whose_every_rank_is_late_is_named_on_clocks_aligned_by_the_preflights_offsets():
+    # both ranks of b are 40 ms late at every step; b's clock runs 80 ms ahead, which the offsets say
+    job = _skewed(_job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR), "b", 80_000_000)
+    offsets = {0: (0.0, 0.0002), 1: (0.0, 0.0002), 2: (0.080, 0.0003), 3: (0.0801, 0.004)}
+    assert arrival_findings(job) == []  # within each node no rank stands out
+    (f,) = node_arrival_findings(job, offsets)
+    assert f.id == "DDP878" and f.ranks == [2, 3] and f.severity == "warning", f
+    assert "node b (ranks 2-3) arrived last at 40 of 40 collectives, a median 40.0 ms" in f.message, f.message
+    assert "(+/- 0.6 ms)" in f.message  # twice the best-measured rank's error of the worst host
+    assert f.evidence["hosts_compared"] == ["a", "b"] and f.evidence["clock_offset_s"]["b"] == 0.08
+
+
+def test_a_slow_node_is_named_with_what_its_ranks_did():
+    where = {"total": 4, "where": {"train.py:30 in <module>": 3, "train.py:9 in load": 1}}
+    job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, samples={2: where, 3: where})
+    (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR})
+    assert "its ranks work at train.py:30 in <module> (6 of their 8 stack samples" in f.message, f.message
+    probes = {r: {"loaders": [{"iterations": [{"training": True}], "data_times": [0.5] + [d] * 20}]}
+              for r, d in ((0, 0.001), (1, 0.001), (2, 0.041), (3, 0.042))}
+    (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR}, probes)
+    assert "its ranks wait for their data: 41.5 ms per training batch" in f.message, f.message
+
+
+def test_no_node_verdict_without_offsets_for_every_node_one_node_or_a_lag_within_the_clocks_error():
+    job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR)
+    assert node_arrival_findings(job, {}) == []  # the preflight did not measure the clocks
+    assert node_arrival_findings(job, {0: (0.0, 0.0), 1: (0.0, 0.0)}) == []  # b's clock unknown
+    # a 40 ms lag, but the clocks are known to +/- 25 ms only: it could be the clocks
+    assert node_arrival_findings(job, {r: (0.0, 0.025) for r in FOUR}) == []
+    # one host: nothing to compare with
+    assert node_arrival_findings(_job({1: 40_000_000}), {0: (0.0, 0.0), 1: (0.0, 0.0)}) == []
+    # a single slow rank on b: b's first rank is on time, so the node is not late (DDP877 names the rank)
+    job = _job({3: 40_000_000}, hosts=FOUR)
+    assert node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR}) == []
+    assert [f.ranks for f in arrival_findings(job)] == [[3]]
+    # nodes taking turns on a loaded cluster
+    for seed in range(10):
+        job = _job({}, hosts=FOUR, jitter_ns=8_000_000, seed=seed)
+        assert node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR}) == [], seed
+
+
+def test_clock_offsets_are_read_from_the_preflights_measurements():
+    m = {"clock_offset_s": {"0": 0.0, "1": -0.25, "2": "bad"}, "clock_uncertainty_s": {"0": 0.001, "1": 0.002}}
+    assert clock_offsets_of(m) == {0: (0.0, 0.001), 1: (-0.25, 0.002)}
+    assert clock_offsets_of(None) == {} and clock_offsets_of({"clock_offset_s": [1]}) == {}

@@ -1,8 +1,10 @@
 """The rank that makes the others wait (DDP877, issue 22) on real gloo ranks under `ddp-doctor run`:
 a rank slowed in its own compute is named with its lag and the line it spends its time at; a rank
 slowed in reading its data is named as waiting for data; correct runs, started together with
-those (the machine's own load: 2 cores, five jobs of two ranks), get no such finding.
-One module fixture starts every launch at once; each test reads its own."""
+those (the machine's own load: 2 cores, five jobs of two ranks and one of four), get no such
+finding. The node that makes the others wait (DDP878): two simulated nodes of two ranks under
+torchrun, every rank of one of them slowed; named on the clocks the preflight aligned, by the
+report each node writes. One module fixture starts every launch at once; each test reads its own."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +28,23 @@ def runs(tmp_path_factory):
                               str(SCRIPTS / script)],
                              clean_env(**env), str(base), 180)
                 for name, (script, env) in jobs.items()}
-    return {"base": base, "results": run_all(launches, at_once=len(launches))}
+    jobs = {**launches, "slow_node": lambda: _two_nodes(base / "slow_node")}
+    return {"base": base, "results": run_all(jobs, at_once=len(jobs))}
+
+
+def _two_nodes(d: Path) -> list:
+    """One torchrun per simulated node (algo-1, algo-2), two ranks each, a run directory each; the
+    preflight measures the clocks only (DDP407), the rest of it is not what this test is about."""
+    from helpers.nodes import run_nodes
+
+    d.mkdir()
+
+    def env_for(host: str) -> dict[str, str]:  # a node's own disk: its run directory, its report
+        (d / f"tmp-{host}").mkdir(exist_ok=True)
+        return clean_env(TMPDIR=str(d / f"tmp-{host}"), DDP_DOCTOR_REPORT=str(d / f"{host}.json"))
+
+    return run_nodes(d, ["algo-1", "algo-2"], ["run", "--select", "DDP407", str(SCRIPTS / "node_slow_compute.py")],
+                     nproc=2, env_for=env_for, timeout=180)
 
 
 def _report(runs: dict, name: str) -> dict:
@@ -71,3 +89,26 @@ def test_a_rank_slow_to_read_its_data_is_named_as_waiting_for_data(runs):
 def test_a_correct_run_under_the_machines_own_load_has_no_straggler(runs, name):
     rep = _report(runs, name)
     assert not [f for f in rep["findings"] if f["id"] == "DDP877"], rep["findings"]
+
+
+def test_a_node_whose_every_rank_is_slow_is_named_on_the_preflights_aligned_clocks(runs):
+    results = result_of(runs["results"], "slow_node")
+    assert [r.rc for r in results] == [0, 0], [r.output for r in results]
+    rep = load_json(str(runs["base"] / "slow_node" / "algo-1.json"))  # rank 0's node writes the verdict
+    assert rep["status"] == "warn" and set(rep["measurements"]["clock_offset_s"]) == {"0", "1", "2", "3"}, rep
+    (f,) = [f for f in rep["findings"] if f["id"] == "DDP878"]
+    assert f["ranks"] == [2, 3] and f["evidence"]["host"] == "algo-2", f
+    ev = f["evidence"]
+    assert ev["last"] >= 0.75 * ev["compared"] and ev["compared"] >= 60 and ev["median_lag_s"] >= 0.04, ev
+    assert ev["clock_error_s"] < 0.04, ev  # one machine's clocks, measured through barriers
+    line = _line("node_slow_compute.py", "time.sleep(slow)")
+    assert f"node_slow_compute.py:{line} in <module>" in f["message"], f["message"]
+    # within the slow node neither rank stands out: no rank is named as the one the others wait for
+    assert not [f for f in rep["findings"] if f["id"] == "DDP877"], rep["findings"]
+    # the last rank to end writes the verdict on its node too: when that was algo-2, it says the same
+    # (the preflight's report, with the clocks, came to it with rank 0's ending)
+    other = runs["base"] / "slow_node" / "algo-2.json"
+    if other.exists():
+        again = load_json(str(other))
+        assert [(f["id"], f["ranks"]) for f in again["findings"]] == [(f["id"], f["ranks"]) for f in rep["findings"]]
+    assert "WARN (0 error(s), 1 warning(s)) - 4 rank(s) on 2 node(s)" in results[0].output, results[0].output

@@ -3,6 +3,7 @@ verdict of a job on several nodes needs every rank's ending, and a rank seen gon
 named on the others (issue 19, item 1)."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -50,6 +51,20 @@ def test_the_last_rank_of_the_job_copies_every_ending_and_a_gone_rank_is_named_o
     assert out[2]["exit_code"] == 1 and out[2]["remote"] is True
     gone = endings.remote_gone(node0)
     assert list(gone) == [3] and gone[3]["seen_by"] == 2 and gone[3]["where"] == "train.py:9 in step"
+
+
+def test_the_preflights_report_goes_with_its_ranks_ending_so_every_node_keeps_its_findings(tmp_path, store_env):
+    node0 = _node(tmp_path, "node0", [0, 1], {})
+    node1 = _node(tmp_path, "node1", [2, 3], {})
+    pf = {"status": "warn", "findings": [{"id": "DDP407"}], "measurements": {"clock_offset_s": {"0": 0.0, "2": 0.5}}}
+    records.write_json(records.preflight_record_path(node0, 0), pf)
+    for d, r in ((node0, 0), (node0, 1), (node1, 2)):
+        endings.exchange(d, r, failed=False, env=store_env)
+    last = endings.exchange(node1, 3, failed=False, env=store_env)  # the last to end: on node 1
+    assert last.complete and sorted(last.copied) == [0, 1]
+    with open(records.preflight_record_path(node1, 0), encoding="utf-8") as f:
+        assert json.load(f) == pf
+    assert not os.path.exists(records.preflight_record_path(node1, 1))  # rank 1 made none
 
 
 def test_rank_0_waits_a_bounded_moment_and_says_which_ranks_still_run(tmp_path, store_env):

@@ -2,7 +2,8 @@
 
 Each node's parent (or rank 0 under an outside launcher) reports from its own run directory, which
 holds only its node's ranks. So every rank, when its script ends, puts its ending (the outcome
-record and the tail of its ledger) in the job's store, and a rank that failed copies the endings
+record, the tail of its ledger, its probe record, and the preflight's report where it made it) in
+the job's store, and a rank that failed copies the endings
 of the ranks on other nodes it finds there into its run directory (`rank-N.json`, `ledger-N.json`,
 as if they were local): node 0's report then names a cause that happened on node 3.
 
@@ -37,7 +38,7 @@ STORE_BOUND = 4.0  # seconds, at most, for one rank's whole exchange at its endi
 FAILED_BOUND = 10.0
 LEDGER_TAIL = 300  # ledger entries carried through the store per rank (the newest)
 MAX_FETCH = 256  # other ranks' endings a rank copies (failed ones first)
-MAX_PROBE = 1 << 20  # bytes: a probe record larger than this is not carried through the store
+MAX_PROBE = 1 << 20  # bytes: a probe (or preflight) record larger than this is not carried through the store
 JOB_END_WAIT = 60.0  # seconds rank 0, ended well, waits for every rank of the job to end
 JOB_END_WAIT_ENV = "DDP_DOCTOR_JOB_END_WAIT"  # overrides JOB_END_WAIT (seconds)
 
@@ -63,17 +64,26 @@ def ending_of(run_dir: str, rank: int) -> dict[str, Any]:
     ledger = records.read_ledgers(run_dir).get(rank)
     if ledger is not None:
         ledger = {**ledger, "entries": (ledger.get("entries") or [])[-LEDGER_TAIL:]}
-    probe = None
-    try:
-        if os.path.getsize(records.probe_path(run_dir, os.getpid())) <= MAX_PROBE:
-            with open(records.probe_path(run_dir, os.getpid()), encoding="utf-8") as f:
-                probe = json.load(f)
-    except (OSError, ValueError):
-        pass
+    probe = _small_json(records.probe_path(run_dir, os.getpid()))
+    # the preflight's report, where this rank made it (its findings and figures: every node's
+    # verdict then keeps them, and compares the nodes' arrivals on the clocks it measured)
+    preflight = _small_json(records.preflight_record_path(run_dir, rank))
     # redacted as the rank views are (preflight_ranks/rank_view.py): the store has no authentication
     # and other nodes keep a copy in their run directory
     return redact_obj({"rank": rank, "host": os.uname().nodename, "outcome": outcome, "ledger": ledger,
-                       "probe": probe if isinstance(probe, dict) else None})
+                       "probe": probe, **({"preflight": preflight} if preflight is not None else {})})
+
+
+def _small_json(path: str) -> dict[str, Any] | None:
+    """The JSON object in `path` when it is at most MAX_PROBE bytes, else None."""
+    try:
+        if os.path.getsize(path) <= MAX_PROBE:
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f)
+                return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 @dataclass
@@ -213,6 +223,8 @@ def _keep(run_dir: str, rank: int, ending: dict[str, Any]) -> None:
         records.write_json(records.ledger_path(run_dir, rank), {**ending["ledger"], "remote": True})
     if isinstance(ending.get("probe"), dict):  # the name share_across_nodes gives it: one copy
         records.write_json(records.remote_probe_path(run_dir, rank), ending["probe"])
+    if isinstance(ending.get("preflight"), dict):
+        records.write_json(records.preflight_record_path(run_dir, rank), ending["preflight"])
     if isinstance(ending.get("gone"), dict):
         records.write_json(records.gone_path(run_dir, rank), {**ending["gone"], "rank": rank, "remote": True})
 

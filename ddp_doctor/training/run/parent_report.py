@@ -26,6 +26,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     the stop (or, after the job's own end, are noted: DDP811). `launcher_pid`: the launcher's pid;
     `ended_here`: this parent ended it. When it ended on its own, a stop it was sent (agent.py's
     record) is the job's stop, and a launcher killed or failed before its ranks ended is DDP810."""
+    from ddp_doctor.checks.arrivals import clock_offsets_of
     from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.checks.stops import late_stop_finding
     from ddp_doctor.exit_codes import EXIT_FAILED
@@ -82,7 +83,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
             hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
             slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
-            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True)
+            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True,
+            clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
         rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                ranks=(pf or {}).get("ranks") or [],
                                earlier=[*(reportlib.findings_of(pf) if pf else []), *([ended] if ended else [])],

@@ -128,7 +128,8 @@ def run_training_rank(opts: RunOptions) -> int:
     if outside:  # a chdir in the script must not move the report
         opts.report_path = os.path.abspath(Output(report_path=opts.report_path).path())
     pf_report, code = preflight(opts, run_dir, records_note)
-    if code == 0 and pf_report.get("findings"):  # the final report keeps the preflight's findings
+    if code == 0 and (pf_report.get("findings") or pf_report.get("measurements")):
+        # the final report keeps the preflight's findings and figures (its clock offsets: DDP878)
         records.write_json(records.preflight_record_path(run_dir, rank), pf_report)
     if code != 0:
         # The script never ran: end without interpreter teardown (torch 2.13's gloo may abort
@@ -582,6 +583,8 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
                                                              default=0.0))
     ctx = current_context()
     earlier, pf = _preflight_findings(run_dir, since)
+    from ddp_doctor.checks.arrivals import clock_offsets_of
+    ev.clock_offsets = clock_offsets_of((pf or {}).get("measurements"))
     rep, _ = job_report(ev, world=reportlib.world_of(ctx), ranks=(pf or {}).get("ranks") or None, earlier=earlier,
                         measurements=(pf or {}).get("measurements") or None)
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
@@ -624,8 +627,8 @@ def _job_ended(rank: int, run_dir: str, job: Any) -> bool:
 
 
 def _preflight_findings(run_dir: str, since: float) -> tuple[list[Any], dict[str, Any] | None]:
-    """The findings of the preflight of this job, from the record its reporting rank left on this
-    node (the others' hold the verdict only): the final report keeps them."""
+    """The findings of the preflight of this job, and its report, from the record its reporting
+    rank left on this node (the others' hold the verdict only): the final report keeps them."""
     import glob
     best: dict[str, Any] | None = None
     for p in glob.glob(records.glob_pattern(run_dir, records.PREFLIGHT_RECORD_FILE)):
@@ -636,7 +639,7 @@ def _preflight_findings(run_dir: str, since: float) -> tuple[list[Any], dict[str
                 d = json.load(f)
         except (OSError, ValueError):
             continue
-        if isinstance(d, dict) and (best is None or len(d.get("findings") or []) > len(best.get("findings") or [])):
+        if isinstance(d, dict) and (best is None or _fullness(d) > _fullness(best)):
             best = d
     if best is None:
         return [], None
@@ -644,6 +647,11 @@ def _preflight_findings(run_dir: str, since: float) -> tuple[list[Any], dict[str
         return reportlib.findings_of(best), best
     except (TypeError, ValueError, KeyError):
         return [], None
+
+
+def _fullness(pf: dict[str, Any]) -> tuple[int, bool]:
+    """The reporting rank's record holds the findings and the figures; the others' the verdict."""
+    return len(pf.get("findings") or []), bool(pf.get("measurements"))
 
 
 LOCAL_WAIT = 10.0  # seconds rank 0 waits for the other ranks of its node to finish their records
