@@ -23,7 +23,8 @@ def recordable(rep: dict[str, Any]) -> bool:
 
 def figures_of(rep: dict[str, Any]) -> dict[str, float]:
     """name -> value: each collective's busbw per message size (correct results only), the
-    preflight's stage times, and the straggler's lag and share when DDP877 named one."""
+    preflight's stage times, a run's median step time (per script and arguments), and the
+    straggler's lag and share when DDP877 named one."""
     m = rep.get("measurements") or {}
     out: dict[str, float] = {}
     for coll in COLLECTIVES:
@@ -34,6 +35,10 @@ def figures_of(rep: dict[str, Any]) -> dict[str, float]:
     for stage, seconds in (m.get("stage_seconds") or {}).items():
         if isinstance(seconds, (int, float)):
             out[f"stage_seconds.{stage}"] = float(seconds)
+    training = m.get("training") or {}
+    if isinstance(training.get("median_step_s"), (int, float)) and training.get("script_key"):
+        # keyed by the script and its arguments: another script's steps are another series
+        out[f"training.median_step_s@{training['script_key']}"] = float(training["median_step_s"])
     for f in rep.get("findings") or []:
         if f.get("id") == STRAGGLER_ID:
             ev = f.get("evidence") or {}
@@ -55,7 +60,8 @@ def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunReco
         versions = {k: v for k, v in (mine.get("versions") or {}).items() if isinstance(v, (str, type(None)))}
         out.append(RunRecord(
             time=time.time() if now is None else now, kind="preflight" if rep.get("phase") == "preflight" else "run",
-            host=host, job=world.get("run_id"), instance_type=world.get("instance_type"), gpus=[],
+            host=host, job=world.get("run_id"), instance_type=world.get("instance_type"),
+            gpus=sorted({str(r["device_uuid"]) for r in ranks if r.get("host") == host and r.get("device_uuid")}),
             world_size=world.get("world_size"), nnodes=world.get("nnodes"), nproc_per_node=world.get("nproc_per_node"),
             backend=world.get("backend"), versions=versions, status=rep.get("status"), figures=figures))
     return out

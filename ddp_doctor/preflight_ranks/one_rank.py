@@ -21,12 +21,12 @@ from typing import Any, Iterator
 from ddp_doctor import check_runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
+from ddp_doctor.checks.history_rules import BANDWIDTH, against_history
 from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
-from ddp_doctor.preflight_ranks.against_history import against_history
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
 from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
 from ddp_doctor.report import build as reportlib
@@ -331,7 +331,8 @@ class RankPreflight:
         stage_seconds = measurements.setdefault("stage_seconds", {})
         stage_seconds["cross_rank_checks"] = round(crossed["end"] - crossed["start"], 6)
         world, ranks = reportlib.world_of(ctx), [reportlib.rank_entry(v) for v in views_by_rank.values()]
-        findings += against_history(world, ranks, measurements, ctx.env)
+        findings += against_history({"phase": "preflight", "status": "pass", "world": world, "ranks": ranks,
+                                     "measurements": measurements, "findings": []}, ctx.env, BANDWIDTH)
         rep = reportlib.build_report(world=world, ranks=ranks, findings=findings, measurements=measurements)
         code = reportlib.exit_code(rep)
         verdict = json.dumps({"status": rep["status"], "exit_code": code, "root_cause": rep["root_cause"]})

@@ -203,6 +203,8 @@ def rank_entry(view: dict[str, Any]) -> dict[str, Any]:
     entry = {"rank": view.get("rank"), "local_rank": view.get("local_rank"),
              "node_rank": view.get("node_rank"), "host": view.get("hostname"),
              "device": view.get("device")}
+    if view.get("device_uuid"):  # the GPU itself, whatever index reached it (the history keeps it)
+        entry["device_uuid"] = str(view["device_uuid"])
     for key in ("versions", "env"):
         if isinstance(view.get(key), dict):
             entry[key] = dict(view[key])

@@ -14,17 +14,45 @@ from ddp_doctor.report import build as reportlib
 
 def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, Any]] | None = None,
                earlier: Iterable[Finding] = (), more: Iterable[Finding] = (),
-               measurements: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+               measurements: dict[str, Any] | None = None, history_env: Any = None) -> tuple[dict[str, Any], int]:
     """(the report, the job's exit code). `earlier`: findings made before training (the
-    preflight's); `more`: findings the caller made itself (a probe record that never arrived)."""
+    preflight's); `more`: findings the caller made itself (a probe record that never arrived);
+    `history_env`: the environment naming the history this report will be recorded in, for a
+    job that ran here (`run`): its step time is then compared with the hosts' own past (DDP409)."""
     earlier = list(earlier)
     value, problems = check_runner.run_rule("the job's verdict", job_findings, ev, earlier)
     if value is None:
         found, code = problems, exit_code_without_rules(ev)
     else:
         found, code = value
-    rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=earlier + found + list(more),
-                                 measurements=measurements or {}, phase="training")
+    measurements = dict(measurements or {})
+    steps = step_figures(ev.probes)
+    if steps:
+        measurements["training"] = steps
+    findings = earlier + found + list(more)
+    rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings,
+                                 measurements=measurements, phase="training")
+    if history_env is not None and steps and rep["status"] in ("pass", "warn"):
+        from ddp_doctor.checks.history_rules import STEP_TIME, against_history
+        slower = against_history(rep, history_env, STEP_TIME)
+        if slower:
+            rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings + slower,
+                                         measurements=measurements, phase="training")
     if ev.interrupted is not None:
         rep = reportlib.mark_interrupted(rep, ev.interrupted.to_dict())
     return rep, code
+
+
+def step_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """measurements.training: the median time between two optimizer steps (the median of the
+    ranks' own medians: DDP holds every rank to one pace), the steps taken, how many ranks measured
+    it, and the script (its name and the digest of its content and arguments that the history keys
+    the step time by). {} when no rank took 3 steps."""
+    from ddp_doctor.comm.stragglers import median
+    measured = [p for p in probes if isinstance(p.get("step_interval"), (int, float)) and p["step_interval"] > 0]
+    if not measured:
+        return {}
+    script = next((p["script"] for p in measured if isinstance(p.get("script"), dict)), None) or {}
+    return {"median_step_s": round(median([float(p["step_interval"]) for p in measured]), 6),
+            "steps": max(int(p.get("steps") or 0) for p in measured), "ranks_measured": len(measured),
+            **({"script": str(script.get("name")), "script_key": str(script.get("key"))} if script.get("key") else {})}

@@ -1,7 +1,7 @@
 """checks/history_rules.py: a host against its own past (DDP409). Pure: history records in."""
 from __future__ import annotations
 
-from ddp_doctor.checks.history_rules import MIN_RUNS, history_findings
+from ddp_doctor.checks.history_rules import BANDWIDTH, MIN_RUNS, history_findings
 from ddp_doctor.history.store import RunRecord
 
 BIG = "all_reduce.busbw_gbps@268435456"
@@ -34,3 +34,25 @@ def test_nothing_until_enough_comparable_runs_exist():
     # another torch is another series
     assert history_findings([_rec("algo-1", 20, 50, torch="2.14.0")], _past()) == []
     assert len(history_findings([_rec("algo-1", 20, 50)], few + [_rec("algo-1", 9, 150)])) == 1
+
+
+STEP = "training.median_step_s@0123abcd4567"
+
+
+def _run(host: str, t: float, step_s: float, figure: str = STEP) -> RunRecord:
+    return RunRecord(time=t, kind="run", host=host, world_size=16, nnodes=2, nproc_per_node=8, backend="nccl",
+                     versions={"torch": "2.13.0"}, figures={figure: step_s})
+
+
+def test_a_runs_step_time_is_judged_against_the_same_scripts_past_on_its_host():
+    past = [_run("algo-1", t, 0.100 + 0.001 * (t % 3)) for t in range(8)]
+    # 0.14 s a step: 28% fewer steps per second than the median 0.101 s
+    (f,) = history_findings([_run("algo-1", 20, 0.14)], past)
+    assert f.id == "DDP409" and f.evidence["drops"][0]["figure"] == STEP, f
+    assert "on algo-1 the training step took a median 0.14 s, 28% fewer steps per second than this host's " \
+           "median of 0.101 s over its last 8 comparable runs of the same script and arguments" in f.message, f.message
+    assert history_findings([_run("algo-1", 20, 0.125)], past) == []  # 19% fewer: within the bound
+    assert history_findings([_run("algo-1", 20, 0.05)], past) == []  # faster is never a finding
+    # another script (another key), or the preflight's bandwidth figures only: nothing
+    assert history_findings([_run("algo-1", 20, 0.5, figure="training.median_step_s@ffff")], past) == []
+    assert history_findings([_run("algo-1", 20, 0.5)], past, BANDWIDTH) == []

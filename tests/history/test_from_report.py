@@ -33,6 +33,20 @@ def test_a_report_becomes_one_record_per_host_with_its_figures():
                                   "arrival.median_lag_s": 0.05, "arrival.waited_share": 0.5}
 
 
+def test_a_runs_step_time_is_kept_per_script_and_each_hosts_gpus_by_uuid():
+    rep = {**REPORT, "phase": "training",
+           "ranks": [{**REPORT["ranks"][0], "device_uuid": "GPU-b"}, {**REPORT["ranks"][0], "device_uuid": "GPU-a"},
+                     {**REPORT["ranks"][1], "device_uuid": "GPU-c"}],
+           "measurements": {"training": {"median_step_s": 0.125, "steps": 40, "script": "train.py",
+                                         "script_key": "0123abcd4567"}}}
+    a, b = records_of(rep, now=1.0)
+    assert a.kind == "run" and a.gpus == ["GPU-a", "GPU-b"] and b.gpus == ["GPU-c"]
+    assert a.figures["training.median_step_s@0123abcd4567"] == 0.125
+    # a step time without a script to key it by is not kept: it could not be compared
+    rep["measurements"]["training"].pop("script_key")
+    assert not [k for k in figures_of(rep) if k.startswith("training.")]
+
+
 def test_only_reports_of_jobs_that_ran_here_and_ended_are_recorded(tmp_path):
     assert recordable(REPORT)
     assert not recordable({**REPORT, "status": "running"})

@@ -60,3 +60,28 @@ def test_ranks_that_trained_alone_on_the_same_data_are_said_once(monkeypatch):
                               ranks=[0, 1], phase="training")
     monkeypatch.setattr(job_rules, "probe_findings", lambda probes, failed: [same_data])
     assert [f.id for f in job_rules.job_findings(ev)[0]] == ["DDP855"]
+
+
+def test_the_runs_pace_is_measured_and_compared_with_the_hosts_history_only_when_asked(tmp_path):
+    import dataclasses
+
+    from ddp_doctor.history.store import History, RunRecord
+    from ddp_doctor.training.job_report import step_figures
+    probes = [{"rank": r, "step_interval": s, "steps": 30, "script": {"name": "train.py", "key": "k1"}}
+              for r, s in ((0, 0.30), (1, 0.32), (2, 0.31))] + [{"rank": 3, "step_interval": None, "steps": 1}]
+    assert step_figures(probes) == {"median_step_s": 0.31, "steps": 30, "ranks_measured": 3, "script": "train.py",
+                                    "script_key": "k1"}
+    assert step_figures([{"rank": 0, "steps": 2}]) == {}
+    ranks = [{"rank": 0, "host": "h1", "versions": {}}]
+    hist = str(tmp_path / "h.sqlite")
+    past = RunRecord(time=1.0, kind="run", host="h1", world_size=None, nnodes=None, nproc_per_node=None,
+                     backend=None, versions={}, figures={"training.median_step_s@k1": 0.2})
+    History(hist).add([dataclasses.replace(past, time=float(i)) for i in range(6)])
+    rep, _ = job_report(JobEvidence(probes=probes), world={}, ranks=ranks)
+    assert rep["measurements"]["training"]["median_step_s"] == 0.31 and rep["status"] == "pass"
+    rep, _ = job_report(JobEvidence(probes=probes), world={}, ranks=ranks,
+                        history_env={"DDP_DOCTOR_HISTORY": hist})
+    assert [f["id"] for f in rep["findings"]] == ["DDP409"] and rep["status"] == "warn", rep["findings"]
+    # history off: nothing read
+    rep, _ = job_report(JobEvidence(probes=probes), world={}, ranks=ranks, history_env={"DDP_DOCTOR_HISTORY": "off"})
+    assert rep["findings"] == []

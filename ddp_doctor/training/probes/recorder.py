@@ -192,7 +192,7 @@ class Recorder:
                 "world_size": self.pg.get("world_size") or int_env("WORLD_SIZE"),
                 "host": os.uname().nodename, "started": self.started, "time": time.time(),
                 "pg": self.pg, "events": self.events, "steps": self.steps,
-                "step_interval": median_interval(self.step_times),
+                "step_interval": median_interval(self.step_times), "script": script_identity(),
                 "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
                 "ddp_models": len(self.ddp_modules),
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
@@ -213,6 +213,22 @@ class Recorder:
             self.checksum("end")
         self.ended = {"t": time.time(), "pg_initialized": group_is_up(), **data}
         self.flush()
+
+
+def script_identity(argv: list[str] | None = None) -> dict[str, str] | None:
+    """What the script ran was: {"name": its file name (or module), "key": a digest of its content
+    and its arguments}, so a later run's step time is compared only with runs of the same script
+    and arguments (the history, DDP409). The arguments themselves are never kept (secrets)."""
+    import hashlib
+
+    from ddp_doctor.preflight_ranks.rank_view import script_digest
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or not argv[0]:
+        return None
+    h = hashlib.sha256((script_digest(argv[0]) or {}).get("sha256", argv[0]).encode())
+    for arg in argv[1:]:
+        h.update(b"\0" + str(arg).encode("utf-8", "replace"))
+    return {"name": os.path.basename(argv[0]) or argv[0], "key": h.hexdigest()[:12]}
 
 
 def median_interval(times: list[float]) -> float | None:

@@ -88,7 +88,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                ranks=(pf or {}).get("ranks") or [],
                                earlier=[*(reportlib.findings_of(pf) if pf else []), *([ended] if ended else [])],
-                               measurements=(pf or {}).get("measurements") or {})
+                               measurements=(pf or {}).get("measurements") or {}, history_env=os.environ)
     if interrupted is not None:
         code = interrupted.exit_code
     elif ended is not None:

@@ -586,7 +586,7 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     from ddp_doctor.checks.arrivals import clock_offsets_of
     ev.clock_offsets = clock_offsets_of((pf or {}).get("measurements"))
     rep, _ = job_report(ev, world=reportlib.world_of(ctx), ranks=(pf or {}).get("ranks") or None, earlier=earlier,
-                        measurements=(pf or {}).get("measurements") or None)
+                        measurements=(pf or {}).get("measurements") or None, history_env=ctx.env)
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
     path = out.path()
     if interrupted is not None:  # every rank was stopped: each keeps its file, rank 0 shows its report
