@@ -26,9 +26,15 @@ run, for these cases:
   per call, finer than a block's noise: the wrapper around a function that does nothing, and a
   scalar all_reduce under each flight recorder setting (the main thread's CPU time: gloo's thread
   hand-offs make its wall time swing with the machine's load).
+- arrival order (DDP877, DDP878): what recording it adds to the ledger's own cost. The arrivals are
+  the flight recorder's `time_created_ns`, already in the ledger (its figure above); the watchdog,
+  which already took the main thread's stack once a second, now also counts where it was: that
+  count (one Counter increment a second, timed alone over 200,000 calls) as a share of the second,
+  the resulting steps/s ratio, and the one-off cost of judging the arrivals at the job's end (both
+  rules over full 2000-entry ledgers, 8 ranks on one host and 64 ranks on 8 hosts).
 
     python bench/overhead.py [--repeat 3] [--steps 500] [--warmup 50] [--trainer-steps 200]
-                             [--cases plain single trainer inproc ledger]
+                             [--cases plain single trainer inproc ledger arrivals]
                              [--ledger-pairs 100] [--fr-rounds 10] [--fr-blocks 40] [--block-steps 25]
 
 The plain-loop figures are measured inside the training script over its steady-state steps only
@@ -44,7 +50,7 @@ steps/s, the wider variant) says how large a difference the run can tell from no
 bounded by --timeout and killed with all its processes when it overruns.
 
 Aim (issue): with probes at most 2% slower (with/without steps/s >= 0.98); the same for the ledger
-(with/without steps/s >= 0.98, issue 12).
+(with/without steps/s >= 0.98, issue 12); arrival order within the ledger's budget (issue 22).
 """
 from __future__ import annotations
 
@@ -88,8 +94,9 @@ CASES = {  # case: (title, label without, label with)
     "trainer": ("Trainer, 2 ranks", "no callback", "DoctorCallback"),
     "inproc": ("in-process A/B", "probes off", "probes on"),
     "ledger": ("collective ledger", "ledger off", "ledger on"),
+    "arrivals": ("arrival order", "", ""),
 }
-IN_ONE_RUN = ("inproc", "ledger")  # cases with their own figures, not launched in turns
+IN_ONE_RUN = ("inproc", "ledger", "arrivals")  # cases with their own figures, not launched in turns
 
 
 def kill_tree(proc: subprocess.Popen[str]) -> None:
@@ -268,6 +275,42 @@ def print_ledger(r: dict[str, float], args: argparse.Namespace) -> None:
     print()
 
 
+def measure_arrivals() -> None:
+    """The arrival order's own cost (see the module's doc), printed."""
+    from collections import Counter
+
+    from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
+    from ddp_doctor.training.run import watchdog
+    w = watchdog.ProgressWatch.__new__(watchdog.ProgressWatch)  # only the counting state: no thread, no files
+    w.samples, w.samples_total = Counter(), 0
+    places = [f"train.py:{i} in step" for i in range(watchdog.SAMPLE_PLACES + 10)]
+    calls = 200_000
+    start = time.perf_counter()
+    for i in range(calls):
+        w._sample(places[i % len(places)])
+    per_call = (time.perf_counter() - start) / calls
+    share = per_call * 1.0  # one sample a second
+    print(f"arrival order: the watchdog's count of where the main thread is, once a second: "
+          f"{per_call * 1e9:.0f} ns a sample = {share * 100:.5f}% of the second, steps/s ratio {1 / (1 + share):.6f} "
+          "on top of the ledger's (the arrivals themselves are its flight recorder's entries)")
+
+    def ledgers(n: int, per_host: int, entries: int = 2000) -> dict[int, dict]:
+        t0 = 1_795_000_000_000_000_000
+        return {r: {"host": f"h{r // per_host}", "entries": [
+            {"collective_seq_id": i + 1, "process_group": ["0", "default_pg"], "time_created_ns":
+             t0 + i * 5_000_000 + (r * 7919 + i * 104729) % 3_000_000, "is_p2p": False} for i in range(entries)]}
+            for r in range(n)}
+    for n, per_host in ((8, 8), (64, 8)):
+        led = ledgers(n, per_host)
+        offsets = {r: (0.0, 0.0001) for r in range(n)}
+        start = time.perf_counter()
+        arrival_findings(led)
+        node_arrival_findings(led, offsets)
+        print(f"  one-off at the job's end: both rules over {n} ranks on {n // per_host} host(s), 2000 collectives "
+              f"each: {(time.perf_counter() - start) * 1e3:.0f} ms")
+    print()
+
+
 def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -329,6 +372,8 @@ def main() -> int:
         print()
     if ledger_figures is not None:
         print_ledger(ledger_figures, args)
+    if "arrivals" in args.cases:
+        measure_arrivals()
     args.cases = launched
     if not launched:
         print(f"total wall time {time.perf_counter() - began:.0f} s", flush=True)
