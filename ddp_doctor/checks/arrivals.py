@@ -136,9 +136,12 @@ def _last_arriver(ranks: list[Any], times: dict[Any, dict[tuple[str, int], int]]
             "p90_lag_s": p90, "waited_s": waited[slow], "span_s": span, "ranks": ranks}
 
 
-def lags_behind_first(ledgers: dict[int, dict[str, Any]]) -> dict[int, dict[tuple[str, int], float]]:
-    """rank -> (process group, sequence number) -> seconds after the first rank of its host issued
-    that collective (for the trace); collectives only some of a host's ranks issued are left out."""
+def lags_behind_first(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tuple[float, float]] | None = None
+                      ) -> dict[int, dict[tuple[str, int], float]]:
+    """rank -> (process group, sequence number) -> seconds after the first rank issued that
+    collective (for the trace): the first of the job on clocks aligned by `offsets` when they
+    place every host (DDP878's clocks), else the first of its own host; collectives only some of
+    the ranks compared issued are left out."""
     by_host: dict[str, list[int]] = {}
     times = {}
     for r, led in ledgers.items():
@@ -146,6 +149,11 @@ def lags_behind_first(ledgers: dict[int, dict[str, Any]]) -> dict[int, dict[tupl
         if t and led.get("host"):
             times[r] = t
             by_host.setdefault(str(led["host"]), []).append(r)
+    clocks = _host_clocks(by_host, offsets or {}) if len(by_host) >= 2 else None
+    if clocks is not None:  # one group of the whole job, each host's clock moved onto rank 0's
+        shift = {r: int(clocks[h][0] * 1e9) for h, rs in by_host.items() for r in rs}
+        times = {r: {k: t - shift[r] for k, t in ts.items()} for r, ts in times.items()}
+        by_host = {"job": sorted(times)}
     out: dict[int, dict[tuple[str, int], float]] = {}
     for ranks in by_host.values():
         if len(ranks) < 2:

@@ -136,3 +136,13 @@ def test_clock_offsets_are_read_from_the_preflights_measurements():
     m = {"clock_offset_s": {"0": 0.0, "1": -0.25, "2": "bad"}, "clock_uncertainty_s": {"0": 0.001, "1": 0.002}}
     assert clock_offsets_of(m) == {0: (0.0, 0.001), 1: (-0.25, 0.002)}
     assert clock_offsets_of(None) == {} and clock_offsets_of({"clock_offset_s": [1]}) == {}
+
+
+def test_the_traces_lags_are_the_jobs_on_aligned_clocks_else_each_hosts():
+    from ddp_doctor.checks.arrivals import lags_behind_first
+    job = _skewed(_job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, steps=12), "b", 80_000_000)
+    key = ("default_pg", 5)
+    aligned = lags_behind_first(job, {0: (0.0, 0.0), 1: (0.0, 0.0), 2: (0.08, 0.001), 3: (0.08, 0.001)})
+    assert [round(aligned[r][key], 3) for r in range(4)] == [0.0, 0.0, 0.04, 0.04]
+    alone = lags_behind_first(job)  # no offsets: each host's ranks against their own first
+    assert [round(alone[r][key], 3) for r in range(4)] == [0.0, 0.0, 0.0, 0.0]

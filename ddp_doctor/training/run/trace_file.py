@@ -44,7 +44,7 @@ def rank_lanes(run_dir: str, rep: dict[str, Any] | None) -> dict[int, dict[str, 
         if r.get("rank") is not None and r.get("host"):
             hosts.setdefault(int(r["rank"]), r["host"])
     found = tracelib.finding_records(rep)
-    lags = arrivals.lags_behind_first(ledgers)
+    lags = arrivals.lags_behind_first(ledgers, arrivals.clock_offsets_of((rep or {}).get("measurements")))
     ranks = set(timelines) | set(heartbeats) | set(outcomes) | set(ledgers) | set(probes) | set(found)
     lanes: dict[int, dict[str, Any]] = {}
     for r in sorted(ranks):
