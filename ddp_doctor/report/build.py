@@ -187,13 +187,20 @@ def findings_of(report: dict[str, Any]) -> list[Finding]:
 def world_of(ctx: Any, *, world_size: int | None = None) -> dict[str, Any]:
     """The report's `world` block from a RankContext."""
     sm = ctx.sagemaker
-    return {
+    world = {
         "launcher": ctx.launcher.name, "backend": ctx.backend,
         "world_size": world_size if world_size is not None else ctx.world_size,
         "nnodes": ctx.nnodes, "nproc_per_node": ctx.local_world_size,
         "master_addr": ctx.master_addr, "master_port": ctx.master_port,
         "platform": "sagemaker" if sm is not None else None,
     }
+    # the instance type (--instance-type, else SageMaker's word): a fleet's history compares by it
+    option = (getattr(ctx, "options", None) or {}).get("instance_type")
+    itype = option or (sm.instance_type if sm is not None else None)
+    if itype:
+        world["instance_type"] = str(itype)
+        world["instance_type_from"] = "--instance-type" if option else "the SageMaker environment"
+    return world
 
 
 def rank_entry(view: dict[str, Any]) -> dict[str, Any]:

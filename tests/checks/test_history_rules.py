@@ -23,7 +23,7 @@ def test_a_drop_is_flagged_against_the_hosts_own_history_not_the_others():
     (f,) = history_findings([_rec("algo-1", 20, 90), _rec("algo-2", 20, 90)], _past())
     assert f.id == "DDP409" and f.severity == "warning" and f.evidence["host"] == "algo-1"
     assert "on algo-1 all_reduce at 268435456 bytes ran at 90 GB/s busbw, 40% below this host's median of 151 " \
-           "GB/s over its last 10 comparable runs" in f.message, f.message
+           "GB/s over the last 10 comparable runs" in f.message, f.message
     # small messages measure latency: never compared
     assert history_findings([_rec("algo-1", 20, 150, small=0.01)], _past()) == []
 
@@ -50,9 +50,33 @@ def test_a_runs_step_time_is_judged_against_the_same_scripts_past_on_its_host():
     (f,) = history_findings([_run("algo-1", 20, 0.14)], past)
     assert f.id == "DDP409" and f.evidence["drops"][0]["figure"] == STEP, f
     assert "on algo-1 the training step took a median 0.14 s, 28% fewer steps per second than this host's " \
-           "median of 0.101 s over its last 8 comparable runs of the same script and arguments" in f.message, f.message
+           "median of 0.101 s over the last 8 comparable runs of the same script and arguments" in f.message, f.message
     assert history_findings([_run("algo-1", 20, 0.125)], past) == []  # 19% fewer: within the bound
     assert history_findings([_run("algo-1", 20, 0.05)], past) == []  # faster is never a finding
     # another script (another key), or the preflight's bandwidth figures only: nothing
     assert history_findings([_run("algo-1", 20, 0.5, figure="training.median_step_s@ffff")], past) == []
     assert history_findings([_run("algo-1", 20, 0.5)], past, BANDWIDTH) == []
+
+
+def test_a_new_host_is_judged_against_its_instance_types_past_until_it_has_its_own():
+    import dataclasses
+
+    def typed(rec: RunRecord, itype: str = "ml.p4d.24xlarge") -> RunRecord:
+        return dataclasses.replace(rec, instance_type=itype)
+    # a fleet: every job on new hosts of the same type, near 150 GB/s; another type near 50
+    fleet = [typed(_rec(f"job{t}-algo-1", t, 150 + (t % 3))) for t in range(12)]
+    fleet += [typed(_rec(f"other{t}", t, 50), "ml.g5.48xlarge") for t in range(12)]
+    (f,) = history_findings([typed(_rec("new-algo-1", 20, 90))], fleet)
+    assert f.evidence["drops"][0]["against"] == "instance_type" and f.evidence["instance_type"] == "ml.p4d.24xlarge"
+    assert "below ml.p4d.24xlarge's (this host has fewer than 5 runs of its own) median of 151 GB/s over the last " \
+           "12 comparable runs" in f.message, f.message
+    # the slower type's own past makes 50 its normal
+    assert history_findings([typed(_rec("new-algo-2", 20, 50), "ml.g5.48xlarge")], fleet) == []
+    # no instance type known: a new host has nothing to be compared with
+    assert history_findings([_rec("new-algo-1", 20, 90)], fleet) == []
+    # once the host has its own past, that is what counts (here: 90 is its normal)
+    own = [typed(_rec("new-algo-1", t, 90)) for t in range(5)]
+    assert history_findings([typed(_rec("new-algo-1", 20, 90))], fleet + own) == []
+    # the same records read twice (as the host's and as its type's) count once
+    (f,) = history_findings([typed(_rec("new-algo-1", 20, 90))], fleet + fleet)
+    assert f.evidence["drops"][0]["runs"] == 12

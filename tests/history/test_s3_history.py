@@ -68,6 +68,25 @@ def test_two_hosts_ten_runs_each_and_a_drop_against_its_own_past(aws):
     assert f.evidence["host"] == "algo-1" and "40% below this host's median of 151" in f.message
 
 
+def test_a_new_sagemaker_host_is_judged_against_its_instance_types_runs_in_the_fleet_history(aws):
+    from ddp_doctor.checks.history_rules import against_history
+    uri = f"s3://{BUCKET}/fleet-types"
+    h = S3History(uri)
+    for t in range(8):  # eight earlier jobs, each on two new ml.p4d hosts
+        assert h.add([dataclasses.replace(_rec(f"job{t}-algo-{i}", 1_700_000_000 + t * 3600, 150 + t % 3),
+                                          instance_type="ml.p4d.24xlarge") for i in (1, 2)]) is None
+    rep = {"phase": "preflight", "status": "pass",
+           "world": {"world_size": 16, "nnodes": 2, "nproc_per_node": 8, "backend": "nccl",
+                     "instance_type": "ml.p4d.24xlarge"},
+           "ranks": [{"rank": 0, "host": "algo-1", "versions": {"torch": "2.13.0", "nccl": "2.21.5"}},
+                     {"rank": 8, "host": "algo-2", "versions": {"torch": "2.13.0", "nccl": "2.21.5"}}],
+           "measurements": {"all_reduce": [{"bytes": 268435456, "busbw_gbps": 90.0, "correct": True}]}}
+    found = against_history(rep, {"DDP_DOCTOR_HISTORY": uri})
+    assert sorted(f.evidence["host"] for f in found) == ["algo-1", "algo-2"], found
+    assert all("below ml.p4d.24xlarge's (this host has fewer than 5 runs of its own) median of 151" in f.message
+               and "over the last 16 comparable runs" in f.message for f in found), [f.message for f in found]
+
+
 WRITER = textwrap.dedent("""
     import sys
     from ddp_doctor.history.s3_store import S3History
