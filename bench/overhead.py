@@ -28,8 +28,9 @@ run, for these cases:
   hand-offs make its wall time swing with the machine's load).
 - arrival order (DDP877, DDP878): what recording it adds to the ledger's own cost. The arrivals are
   the flight recorder's `time_created_ns`, already in the ledger (its figure above); the watchdog,
-  which already took the main thread's stack once a second, now also counts where it was: that
-  count (one Counter increment a second, timed alone over 200,000 calls) as a share of the second,
+  which already took the main thread's stack once a second, now also counts where it was and what
+  it was doing: that count (the activity read from a 38-frame stack, two Counter increments, timed
+  alone over 200,000 calls) as a share of the second,
   the resulting steps/s ratio, and the one-off cost of judging the arrivals at the job's end (both
   rules over full 2000-entry ledgers, 8 ranks on one host and 64 ranks on 8 hosts).
 
@@ -282,15 +283,19 @@ def measure_arrivals() -> None:
     from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
     from ddp_doctor.training.run import watchdog
     w = watchdog.ProgressWatch.__new__(watchdog.ProgressWatch)  # only the counting state: no thread, no files
-    w.samples, w.samples_total = Counter(), 0
+    w.samples, w.doing, w.samples_total = Counter(), Counter(), 0
     places = [f"train.py:{i} in step" for i in range(watchdog.SAMPLE_PLACES + 10)]
+    # a deep training stack: the script, DDP's forward, a model's layers, innermost a torch module
+    stack = [("train.py", 40, "<module>"), ("train.py", 30, "train_step")]
+    stack += [(os.path.join("site-packages", "torch", "nn", "modules", "module.py"), 1773, "_call_impl"),
+              ("model.py", 12, "forward")] * 18
     calls = 200_000
     start = time.perf_counter()
     for i in range(calls):
-        w._sample(places[i % len(places)])
+        w._sample(places[i % len(places)], watchdog.activity(stack))
     per_call = (time.perf_counter() - start) / calls
     share = per_call * 1.0  # one sample a second
-    print(f"arrival order: the watchdog's count of where the main thread is, once a second: "
+    print(f"arrival order: the watchdog's count of where the main thread is and what it does, once a second: "
           f"{per_call * 1e9:.0f} ns a sample = {share * 100:.5f}% of the second, steps/s ratio {1 / (1 + share):.6f} "
           "on top of the ledger's (the arrivals themselves are its flight recorder's entries)")
 

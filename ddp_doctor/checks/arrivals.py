@@ -37,7 +37,8 @@ ARRIVES_LAST = declare(
     next-to-last rank, and the others' wait for it at least 10% of the span the collectives
     cover. The finding gives the rank, how often it came last, its median and p90 lag, the share
     of time the others waited, and where it spent its time before arriving: waiting for its
-    DataLoader, or the places its stack was sampled at most.
+    DataLoader, or the place its stack was sampled at most, with the share of its samples in the
+    backward, a forward, the optimizer, its DataLoader or elsewhere in the script.
     Why: DDP synchronises every step, so the whole job runs at the slowest rank's pace, and every
     rank's step time shows the same number: a throttled or shared GPU, a rank-dependent branch, a
     slower data shard or storage path on one rank costs every rank's time without an error.
@@ -277,15 +278,36 @@ def _doing_node(mine: list[int], others: list[int], lag: float, data: dict[int, 
         return (f"before arriving its ranks wait for their data: {median(ours) * 1000:.1f} ms per training "
                 f"batch from their DataLoaders (median), the other nodes' {median(theirs) * 1000:.1f} ms")
     places: dict[str, int] = {}
+    doing: dict[str, int] = {}
     for r in mine:
-        for place, n in ((ledgers[r].get("samples") or {}).get("where") or {}).items():
+        samples = ledgers[r].get("samples") or {}
+        for place, n in (samples.get("where") or {}).items():
             places[place] = places.get(place, 0) + int(n)
+        for what, n in (samples.get("doing") or {}).items():
+            doing[what] = doing.get(what, 0) + int(n)
     if places:
         place = max(places, key=lambda p: places[p])
         return (f"before arriving its ranks work at {place} ({places[place]} of their {sum(places.values())} "
-                "stack samples outside a collective): the same work is slower there (GPU clocks, temperature, "
-                "another process, a slower storage path)")
+                f"stack samples outside a collective{_activities(doing)}): the same work is slower there (GPU "
+                "clocks, temperature, another process, a slower storage path)")
     return "where its ranks spend that time is unknown (no stack sample outside a collective, no DataLoader measured)"
+
+
+ACTIVITY_WORDS = {"backward": "in the backward", "forward": "in a forward", "data": "in its DataLoader",
+                  "optimizer": "in the optimizer", "script": "elsewhere in the script"}
+
+
+def _activities(doing: Any) -> str:
+    """"; 80% in the backward, 20% elsewhere in the script" from the samples' activities
+    (training/run/watchdog.activity), "" when none were counted."""
+    if not isinstance(doing, dict):
+        return ""
+    counts = {k: int(v) for k, v in doing.items() if isinstance(v, (int, float)) and v > 0}
+    total = sum(counts.values())
+    if not total:
+        return ""
+    parts = [f"{n / total:.0%} {ACTIVITY_WORDS.get(k, k)}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return "; " + ", ".join(parts)
 
 
 def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], ledger: dict[str, Any]) -> str:
@@ -301,6 +323,7 @@ def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], led
     if where is not None:
         place, n, total = where
         return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective"
+                + _activities((ledger.get("samples") or {}).get("doing"))
                 + (f"; its data waits, {mine * 1000:.1f} ms per batch, do not explain the lag)" if mine is not None
                    else ")"))
     return "where it spends that time is unknown (no stack sample outside a collective, no DataLoader measured)"

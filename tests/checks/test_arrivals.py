@@ -146,3 +146,26 @@ def test_the_traces_lags_are_the_jobs_on_aligned_clocks_else_each_hosts():
     assert [round(aligned[r][key], 3) for r in range(4)] == [0.0, 0.0, 0.04, 0.04]
     alone = lags_behind_first(job)  # no offsets: each host's ranks against their own first
     assert [round(alone[r][key], 3) for r in range(4)] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_what_the_slow_rank_was_doing_is_read_from_its_samples_activities():
+    import os
+
+    from ddp_doctor.training.run.watchdog import activity
+    torch_file = os.path.join("site-packages", "torch", "{}")
+    script = [("train.py", 20, "<module>")]
+    assert activity(script) == "script"
+    assert activity(script + [(torch_file.format("nn/modules/module.py"), 1773, "_call_impl"),
+                              ("model.py", 9, "forward")]) == "forward"
+    backward = script + [(torch_file.format("_tensor.py"), 625, "backward"),
+                         (torch_file.format("autograd/__init__.py"), 354, "backward")]
+    assert activity(backward) == "backward"
+    # a forward recomputed inside the backward (activation checkpointing) is the backward's
+    assert activity(backward + [(torch_file.format("nn/modules/module.py"), 1773, "_call_impl")]) == "backward"
+    assert activity(script + [(torch_file.format("_tensor.py"), 500, "__format__")]) == "script"
+    assert activity(script + [(torch_file.format("utils/data/dataloader.py"), 733, "__next__")]) == "data"
+    assert activity(script + [(torch_file.format("optim/sgd.py"), 80, "step")]) == "optimizer"
+    where = {"total": 10, "where": {"train.py:18 in <module>": 10}, "doing": {"backward": 8, "script": 2}}
+    (f,) = arrival_findings(_job({1: 50_000_000}, samples={1: where}))
+    assert "(10 of its 10 stack samples outside a collective; 80% in the backward, 20% elsewhere in the script)" \
+        in f.message, f.message

@@ -44,6 +44,26 @@ def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
     return out[::-1]
 
 
+# What a stack shows the main thread doing, by the outermost torch frame that says it (a forward
+# recomputed inside a backward, as activation checkpointing does, is the backward's).
+ACTIVITIES = (
+    ("backward", (os.path.join("torch", "autograd", ""), os.path.join("torch", "_tensor.py"))),
+    ("forward", (os.path.join("torch", "nn", "modules", "module.py"),)),
+    ("data", (os.path.join("torch", "utils", "data", ""),)),
+    ("optimizer", (os.path.join("torch", "optim", ""),)),
+)
+
+
+def activity(stack: list[tuple[str, int, str]]) -> str:
+    """"backward", "forward", "data", "optimizer", or "script" (the script's own code, or
+    libraries other than those torch parts)."""
+    for file, _, func in stack:
+        for name, parts in ACTIVITIES:
+            if any(p in file for p in parts) and (name != "backward" or "backward" in func or "autograd" in file):
+                return name
+    return "script"
+
+
 def _stack_text(thread_id: int) -> str:
     """A thread's stack as Python prints a traceback (for another node's report)."""
     import traceback
@@ -104,6 +124,7 @@ class ProgressWatch:
         # where the main thread was, sample by sample, while training outside a collective: where a
         # rank that arrives last at the collectives spends its time (bounded: SAMPLE_PLACES places)
         self.samples: Counter[str] = Counter()
+        self.doing: Counter[str] = Counter()  # the same samples by activity (activity())
         self.samples_total = 0
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
         self._ledger_done = False
@@ -165,7 +186,7 @@ class ProgressWatch:
             if self.phase == "training" and self.steps and not self.in_collective:
                 # from the first optimizer step on: start-up (imports, the group, DDP's own
                 # broadcast, which no torch.distributed frame shows) is not the training's pace
-                self._sample(where["where"] or where["innermost"] or "?")
+                self._sample(where["where"] or where["innermost"] or "?", activity(stack))
             self._beat(now, where)
             if self._stack_file is None or self._stack_file_gone():
                 # removed (or not made: the directory was gone a moment before this tick's
@@ -203,8 +224,9 @@ class ProgressWatch:
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
 
-    def _sample(self, place: str) -> None:
+    def _sample(self, place: str, doing: str = "script") -> None:
         self.samples_total += 1
+        self.doing[doing] += 1
         if place in self.samples or len(self.samples) < SAMPLE_PLACES:
             self.samples[place] += 1
 
@@ -325,7 +347,7 @@ class ProgressWatch:
     def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
         self._ledger_done, self._ledger_for_remote = True, False
         samples = {"total": self.samples_total, "where": dict(self.samples.most_common(10)),
-                   "interval_s": self.interval} if self.samples_total else None
+                   "doing": dict(self.doing), "interval_s": self.interval} if self.samples_total else None
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
                             failed_in_collective=failed_in_collective, samples=samples)
