@@ -93,6 +93,20 @@ def _times(ledger: dict[str, Any]) -> dict[tuple[str, int], int]:
     return out
 
 
+def _by_host(ledgers: dict[int, dict[str, Any]]
+             ) -> tuple[dict[int, dict[tuple[str, int], int]], dict[str, list[int]]]:
+    """(rank -> its collectives' issue times, host -> its ranks) for the ledgers of known host (a
+    dump read after the fact has none: no clock to compare it with)."""
+    by_host: dict[str, list[int]] = {}
+    times = {}
+    for r, led in ledgers.items():
+        t = _times(led)
+        if t and led.get("host"):
+            times[r] = t
+            by_host.setdefault(str(led["host"]), []).append(r)
+    return times, by_host
+
+
 def _quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -143,13 +157,7 @@ def lags_behind_first(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tup
     collective (for the trace): the first of the job on clocks aligned by `offsets` when they
     place every host (DDP878's clocks), else the first of its own host; collectives only some of
     the ranks compared issued are left out."""
-    by_host: dict[str, list[int]] = {}
-    times = {}
-    for r, led in ledgers.items():
-        t = _times(led)
-        if t and led.get("host"):
-            times[r] = t
-            by_host.setdefault(str(led["host"]), []).append(r)
+    times, by_host = _by_host(ledgers)
     clocks = _host_clocks(by_host, offsets or {}) if len(by_host) >= 2 else None
     if clocks is not None:  # one group of the whole job, each host's clock moved onto rank 0's
         shift = {r: int(clocks[h][0] * 1e9) for h, rs in by_host.items() for r in rs}
@@ -170,13 +178,7 @@ def lags_behind_first(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tup
 def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, dict[str, Any]] | None = None
                      ) -> list[Finding]:
     """DDP877 for each host whose ranks wait for one of them (see the module's doc)."""
-    by_host: dict[str, list[int]] = {}
-    times = {}
-    for r, led in ledgers.items():
-        t = _times(led)
-        if t and led.get("host"):  # a ledger of unknown host (a dump read after the fact): no clock to compare with
-            times[r] = t
-            by_host.setdefault(str(led["host"]), []).append(r)
+    times, by_host = _by_host(ledgers)
     data = median_data_times(probe_ranks or {})
     out = []
     for host, ranks in sorted(by_host.items()):
@@ -234,13 +236,7 @@ def node_arrival_findings(ledgers: dict[int, dict[str, Any]], offsets: dict[int,
     """DDP878 when one node arrives last (see its doc): each node's arrival at a collective is
     when its first rank issued it, on clocks aligned by the preflight's offsets. Quiet with one
     host, or when a host's clock offset was not measured."""
-    by_host: dict[str, list[int]] = {}
-    times = {}
-    for r, led in ledgers.items():
-        t = _times(led)
-        if t and led.get("host"):
-            times[r] = t
-            by_host.setdefault(str(led["host"]), []).append(r)
+    times, by_host = _by_host(ledgers)
     clocks = _host_clocks(by_host, offsets) if len(by_host) >= 2 else None
     if clocks is None:
         return []
