@@ -26,7 +26,8 @@ BELOW_HISTORY = declare(
     comparable runs (at most LAST_RUNS, at least MIN_RUNS of them) in the history, or, while the
     host has fewer than MIN_RUNS of its own (an instance new to this job, as on SageMaker), of its
     instance type's last comparable runs on any host: a preflight's
-    all_reduce bus bandwidth at a message size of 1 MiB or more 25% below it, or a `run`'s median
+    all_reduce bus bandwidth (the whole job's, within a node, between nodes) at a message size of
+    1 MiB or more 25% below it, or a `run`'s median
     training step time long enough for 25% fewer steps per second (the same script and arguments).
     Comparable runs have the same kind, layout, backend and torch/NCCL/CUDA versions. The finding
     names the host, the figure, this run's value, the median, how many runs it is the median of,
@@ -43,7 +44,7 @@ BELOW_HISTORY = declare(
 MIN_RUNS = 5
 LAST_RUNS = 20
 DROP = 0.25
-BANDWIDTH = ("all_reduce.busbw_gbps@", "all_reduce_inter.busbw_gbps@")  # higher is better
+BANDWIDTH = ("all_reduce.busbw_gbps@", "all_reduce_intra.busbw_gbps@", "all_reduce_inter.busbw_gbps@")  # higher: better
 STEP_TIME = ("training.median_step_s@",)  # lower is better
 MIN_BYTES = 1 << 20  # small messages measure latency, noisy: not compared
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from ddp_doctor.checks.history_rules import BANDWIDTH, DROP, STEP_TIME
 from ddp_doctor.cli.options import UsageError
 
 HELP = "the runs the local history holds, for a host or an instance type (table, --json, --plot)"
@@ -21,8 +22,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="only this host's records")
     p.add_argument("--instance-type", default=None, help="only records of this instance type")
     p.add_argument("--figure", action="append", metavar="NAME",
-                   help="a figure to show (repeatable; default: the largest all_reduce's busbw and the "
-                        "preflight's total time); `--figure list` lists those the records hold")
+                   help="a figure to show (repeatable; default: the largest all_reduce's busbw, the newest "
+                        "run's step time and the preflight's total time); `--figure list` lists those the "
+                        "records hold")
     p.add_argument("--last", type=int, default=20, metavar="N", help="the newest N records (default: 20)")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--plot", metavar="PATH.png", default=None,
@@ -33,6 +35,16 @@ def _largest_busbw(recs: list[Any]) -> list[str]:
     sizes = [(int(name.rsplit("@", 1)[1]), name) for r in recs for name in r.figures
              if name.startswith("all_reduce.busbw_gbps@")]
     return [max(sizes)[1]] if sizes else []
+
+
+def _step_time(recs: list[Any]) -> list[str]:
+    """The step time of the script the newest run recorded (each script and its arguments are a
+    figure of their own)."""
+    for r in reversed(recs):
+        names = [n for n in r.figures if n.startswith(STEP_TIME)]
+        if names:
+            return names[:1]
+    return []
 
 
 def command(args: argparse.Namespace) -> int:
@@ -52,7 +64,7 @@ def command(args: argparse.Namespace) -> int:
     if args.figure == ["list"]:
         print("\n".join(held))
         return 0
-    figures = args.figure or [f for f in [*_largest_busbw(recs), *DEFAULT_FIGURES] if f in held]
+    figures = args.figure or [f for f in [*_largest_busbw(recs), *_step_time(recs), *DEFAULT_FIGURES] if f in held]
     unknown = [f for f in args.figure or [] if f not in held and recs]
     if unknown:
         raise UsageError(f"no record holds {', '.join(unknown)} (`--figure list` lists the figures)")
@@ -95,7 +107,12 @@ def _plot(recs: list[Any], figures: list[str], out: str) -> str | None:
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="o")
             ordered = sorted(ys)
-            ax.axhline(ordered[len(ordered) // 2], linestyle="--", linewidth=1, label="median")
+            median = ordered[len(ordered) // 2]
+            ax.axhspan(ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4], alpha=0.2, label="middle half")
+            ax.axhline(median, linestyle="--", linewidth=1, label="median")
+            if name.startswith(BANDWIDTH + STEP_TIME):  # where DDP409 warns
+                bound = median / (1 - DROP) if name.startswith(STEP_TIME) else median * (1 - DROP)
+                ax.axhline(bound, linestyle=":", linewidth=1, color="red", label=f"DDP409 ({DROP:.0%} slower)")
             ax.legend(loc="best")
         ax.set_title(name)
         ax.set_xlabel("run")

@@ -11,7 +11,7 @@ from typing import Any
 from ddp_doctor.history.opened import open_history
 from ddp_doctor.history.store import RunRecord, default_path
 
-COLLECTIVES = ("all_reduce", "all_reduce_inter", "broadcast", "all_gather")
+COLLECTIVES = ("all_reduce", "all_reduce_intra", "all_reduce_inter", "broadcast", "all_gather")
 STRAGGLER_ID = "DDP877"
 
 

@@ -89,3 +89,20 @@ def test_the_history_command_shows_a_hosts_records(tmp_path, capsys):
     assert "arrival.median_lag_s" in capsys.readouterr().out
     assert main(["history", "--history", str(tmp_path / "none.sqlite")]) == 2
     assert "no history at" in capsys.readouterr().err
+
+
+def test_the_history_command_shows_and_plots_the_step_time_of_the_newest_runs_script(tmp_path, capsys):
+    import pytest
+    pytest.importorskip("matplotlib")
+    from ddp_doctor.cli import main
+    path = tmp_path / "h.sqlite"
+    for t, step in ((100.0, 0.10), (200.0, 0.11), (300.0, 0.20)):
+        rep = {**REPORT, "phase": "training", "measurements": {
+            **REPORT["measurements"], "training": {"median_step_s": step, "script_key": "abc"}}}
+        History(str(path)).add(records_of(rep, now=t))
+    assert main(["history", "--history", str(path), "--host", "algo-1"]) == 0
+    head = capsys.readouterr().out.splitlines()[1]
+    assert "training.median_step_s@abc" in head and "all_reduce.busbw_gbps@268435456" in head, head
+    png = tmp_path / "h.png"
+    assert main(["history", "--history", str(path), "--host", "algo-1", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
