@@ -175,6 +175,37 @@ def lags_behind_first(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tup
     return out
 
 
+SUMMARY_RANKS = 64  # ranks listed in measurements.arrivals; beyond, the latest arrivers (and a count)
+
+
+def arrival_summary(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tuple[float, float]] | None = None
+                    ) -> dict[str, Any]:
+    """measurements.arrivals of a run's report: per rank, how long after the first rank it issued
+    the collectives (median, p90, max over those compared), on the clocks lags_behind_first uses
+    (said in "clocks", with their error when aligned across hosts); {} when no two ranks compare.
+    Beyond SUMMARY_RANKS ranks, the ones with the largest median lag are listed."""
+    lags = lags_behind_first(ledgers, offsets)
+    if not lags:
+        return {}
+    rows = {}
+    for r, by_key in lags.items():
+        vals = sorted(by_key.values())
+        rows[r] = {"compared": len(vals), "median_ms": round(_quantile(vals, 0.5) * 1000, 3),
+                   "p90_ms": round(_quantile(vals, 0.9) * 1000, 3), "max_ms": round(vals[-1] * 1000, 3)}
+    hosts = {str(led["host"]) for led in ledgers.values() if led.get("host")}
+    _, by_host = _by_host(ledgers)
+    clocks = _host_clocks(by_host, offsets or {}) if len(hosts) >= 2 else None
+    shown = sorted(rows, key=lambda r: (-rows[r]["median_ms"], r))[:SUMMARY_RANKS]
+    out: dict[str, Any] = {
+        "clocks": "one host" if len(hosts) < 2 else "aligned across hosts" if clocks else "each host's own",
+        "ranks": {str(r): rows[r] for r in sorted(shown)}}
+    if clocks:
+        out["clock_error_ms"] = round(2000 * max(u for _, u in clocks.values()), 3)
+    if len(rows) > len(shown):
+        out["ranks_left_out"] = len(rows) - len(shown)
+    return out
+
+
 def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, dict[str, Any]] | None = None
                      ) -> list[Finding]:
     """DDP877 for each host whose ranks wait for one of them (see the module's doc)."""

@@ -169,3 +169,21 @@ def test_what_the_slow_rank_was_doing_is_read_from_its_samples_activities():
     (f,) = arrival_findings(_job({1: 50_000_000}, samples={1: where}))
     assert "(10 of its 10 stack samples outside a collective; 80% in the backward, 20% elsewhere in the script)" \
         in f.message, f.message
+
+
+def test_every_run_report_sums_up_each_ranks_arrivals():
+    from ddp_doctor.checks import arrivals
+    job = _job({1: 20_000_000}, steps=12)
+    got = arrivals.arrival_summary(job)
+    assert got["clocks"] == "one host" and got["ranks"]["0"]["median_ms"] == 0.0, got
+    assert got["ranks"]["1"] == {"compared": 12, "median_ms": 20.0, "p90_ms": 20.0, "max_ms": 20.0}
+    nodes = _skewed(_job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, steps=12), "b", 80_000_000)
+    assert arrivals.arrival_summary(nodes)["clocks"] == "each host's own"
+    aligned = arrivals.arrival_summary(nodes, {0: (0.0, 0.0), 1: (0.0, 0.0), 2: (0.08, 0.001), 3: (0.08, 0.001)})
+    assert aligned["clocks"] == "aligned across hosts" and aligned["clock_error_ms"] == 2.0
+    assert aligned["ranks"]["3"]["median_ms"] == 40.0
+    assert arrivals.arrival_summary({}) == {}
+    # many ranks: the latest arrivers are listed, the rest counted
+    big = _job({70: 30_000_000}, steps=10, hosts={r: "a" for r in range(80)})
+    got = arrivals.arrival_summary(big)
+    assert len(got["ranks"]) == arrivals.SUMMARY_RANKS and got["ranks_left_out"] == 16 and "70" in got["ranks"]

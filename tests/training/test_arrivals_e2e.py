@@ -67,6 +67,8 @@ def test_a_rank_slow_in_its_own_compute_is_named_with_its_lag_and_its_line(runs)
     sleep = f"rank1_slow_compute.py:{_line('rank1_slow_compute.py', 'time.sleep(slow)')} in <module>"
     assert "before arriving it works at " in f["message"] and sleep in f["message"], f["message"]
     assert rep["status"] == "warn"  # the job ended well: a warning, its exit status its own
+    arrived = rep["measurements"]["arrivals"]  # every run report sums up the arrivals
+    assert arrived["clocks"] == "one host" and arrived["ranks"]["1"]["median_ms"] >= 40, arrived
     # the trace shows each collective's lag behind the first rank of the host
     trace = load_json(str(runs["base"] / "compute-trace.json"))
     lags = {}
@@ -105,6 +107,7 @@ def test_a_node_whose_every_rank_is_slow_is_named_on_the_preflights_aligned_cloc
     assert f"node_slow_compute.py:{line} in <module>" in f["message"], f["message"]
     # within the slow node neither rank stands out: no rank is named as the one the others wait for
     assert not [f for f in rep["findings"] if f["id"] == "DDP877"], rep["findings"]
+    assert rep["measurements"]["arrivals"]["clocks"] == "aligned across hosts", rep["measurements"]["arrivals"]
     # the last rank to end writes the verdict on its node too: when that was algo-2, it says the same
     # (the preflight's report, with the clocks, came to it with rank 0's ending)
     other = runs["base"] / "slow_node" / "algo-2.json"
