@@ -119,9 +119,35 @@ def _findings_text(report: dict[str, Any]) -> str:
 
 def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     """The sinks' atomic write (private_files.write_atomically, fsynced): `mode` 0600 for a file
-    left in a run directory, 0644 for a report meant to be read by others."""
+    left in a run directory, 0644 for a report meant to be read by others. A path that is not a
+    file to replace (`/dev/null`, `/dev/stdout`, a pipe) is written into instead: a rename over it
+    would put a plain file in place of the device, for every process on the machine."""
+    if _not_a_file(path):
+        # no O_CREAT: it exists; O_NONBLOCK: a FIFO nobody reads is an error, not a wait
+        import fcntl
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)  # a reader is there
+            data = memoryview(text.encode("utf-8"))
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, text, mode=mode, durable=True)
+
+
+def _not_a_file(path: str) -> bool:
+    """The path names a device, a pipe or a socket, or a link into /dev or /proc (/dev/stdout)."""
+    import stat
+    real = os.path.realpath(path)
+    if real.startswith(("/dev/", "/proc/")) or os.path.islink(path) and path.startswith(("/dev/", "/proc/")):
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _error(what: str, path: str, e: BaseException) -> str:

@@ -263,3 +263,36 @@ def test_planted_secret_never_reaches_any_file(tmp_path: Path, monkeypatch: pyte
 def test_sinks_module_does_not_import_torch() -> None:
     code = "import sys, ddp_doctor.report.sinks, ddp_doctor.cli.env_summary; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_a_report_to_dev_null_a_pipe_or_dev_stdout_is_written_into_never_renamed_over(tmp_path: Path) -> None:
+    import stat
+    rep = make_report(status="pass", findings=[])
+    assert sinks.write_report_file(rep, os.devnull) is None
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # still the device (as root a rename would replace it)
+    assert not list(Path(os.path.dirname(os.devnull)).glob("null.*.tmp"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # a FIFO nobody reads: an error at once, never a wait
+    assert "could not write report" in (sinks.write_report_file(rep, str(fifo)) or "")
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while (err := sinks.write_report_file(rep, str(fifo))) is not None:  # until cat has it open
+            assert time.monotonic() < deadline, err
+    finally:
+        out, _ = reader.communicate(timeout=10)
+    assert json.loads(out)["status"] == "pass" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    # /dev/stdout of a child whose stdout is a file: the JSON lands in that file, /dev/stdout stays a link
+    out_file = tmp_path / "out.txt"
+    code = textwrap.dedent(f"""
+        import sys
+        from ddp_doctor.report import sinks
+        print("before", flush=True)
+        sys.exit(sinks.write_report_file({rep!r}, "/dev/stdout") is not None)
+    """)
+    with open(out_file, "w") as f:
+        assert subprocess.run([sys.executable, "-c", code], stdout=f, timeout=60).returncode == 0
+    text = out_file.read_text()
+    assert text.startswith("before\n{") and json.loads(text[len("before\n"):])["status"] == "pass"
+    assert os.path.islink("/dev/stdout")
