@@ -14,7 +14,7 @@ rank of it shows against its neighbours) on clocks aligned by the offsets the pr
 
 Where the slow rank spends its time before it arrives: its DataLoader waits (the probes, as
 DDP872 measures them) when they account for its lag, else the places its stack samples (the
-watchdog's, ten a second while training, outside collectives) found it most often.
+watchdog's, once a second, outside collectives) found it most often.
 
 Pure functions over the ledger records and the probe records.
 """
@@ -71,7 +71,6 @@ MIN_COLLECTIVES = 10
 LAST_SHARE = 0.75
 WAIT_SHARE = 0.10
 MIN_LAG_S = 0.010  # below, a shared host's CPU scheduling makes such lags on a correct run
-MIN_SAMPLES = 20  # stack samples below which where a rank spends its time is said with a doubt
 
 
 def collective_key(entry: Any) -> tuple[str, int] | None:
@@ -350,8 +349,7 @@ def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], led
     where = _where(ledger)
     if where is not None:
         place, n, total = where
-        few = ", too few to be sure" if total < MIN_SAMPLES else ""
-        return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective{few}"
+        return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective"
                 + _activities((ledger.get("samples") or {}).get("doing"))
                 + (f"; its data waits, {mine * 1000:.1f} ms per batch, do not explain the lag)" if mine is not None
                    else ")"))

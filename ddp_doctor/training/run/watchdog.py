@@ -1,8 +1,7 @@
 """Progress watching inside a rank, without touching the user's collectives.
 
-A daemon thread samples the main thread's Python stack once a second (ten times a second while
-training, counting where it is: checks/arrivals.py says where a slow rank spends its time) and
-counts optimizer steps (a global step post-hook). Either changing is progress. Each sample is written to the rank's
+A daemon thread samples the main thread's Python stack once a second and counts optimizer steps
+(a global step post-hook). Either changing is progress. Each sample is written to the rank's
 heartbeat file, which the parent reads; SIGUSR2 makes faulthandler dump every thread's stack to the
 rank's stack file, even while the main thread is blocked inside a collective. When the parent also
 asks for ledgers (a ledger-request file), this thread dumps torch's flight recorder into the rank's
@@ -32,7 +31,6 @@ from ddp_doctor.training.run import endings, ledger
 STACK_SIGNAL = signal.SIGUSR2
 STEP_TIMES = 200  # the latest optimizer steps' end times kept for the heartbeat (the trace's steps)
 SAMPLE_PLACES = 50  # distinct places counted by the stack samples (later new places: in the total only)
-SAMPLES_PER_TICK = 10  # stack samples a second while training (heartbeats stay once a second)
 COLLECTIVE_FILES = ledger.COLLECTIVE_FILES
 
 
@@ -257,25 +255,10 @@ class ProgressWatch:
     def _tick(self) -> bool:
         """Wait one interval, less when a stop signal arrives on the wakeup pipe (every rank of a
         stopped job then acts at once, before a peer's exit makes its collective fail); other
-        signals a script handles (a profiler's timer) do not shorten it. True once stopped.
-        While training, the main thread's stack is sampled SAMPLES_PER_TICK - 1 more times in the
-        interval (the loop's own look is the last): a short job still gives enough samples to
-        say where a slow rank spends its time."""
-        slices = SAMPLES_PER_TICK if self.phase == "training" and self.steps else 1
-        for i in range(slices):
-            if self._wait(self.interval / slices):
-                return True
-            if i < slices - 1:
-                stack = stack_of(self._main)
-                where = describe(stack)
-                if not where["in_collective"]:
-                    self._sample(where["where"] or where["innermost"] or "?", activity(stack))
-        return self._stop.is_set()
-
-    def _wait(self, seconds: float) -> bool:
+        signals a script handles (a profiler's timer) do not shorten it. True once stopped."""
         if self._wake_fd is None:
-            return self._stop.wait(seconds)
-        deadline = time.monotonic() + seconds
+            return self._stop.wait(self.interval)
+        deadline = time.monotonic() + self.interval
         while (left := deadline - time.monotonic()) > 0 and self._stop_seen is None:
             try:
                 ready, _, _ = select.select([self._wake_fd], [], [], left)
@@ -364,8 +347,7 @@ class ProgressWatch:
     def write_ledger(self, position: str, *, where: str | None = None, failed_in_collective: bool = False) -> bool:
         self._ledger_done, self._ledger_for_remote = True, False
         samples = {"total": self.samples_total, "where": dict(self.samples.most_common(10)),
-                   "doing": dict(self.doing), "interval_s": self.interval / SAMPLES_PER_TICK} \
-            if self.samples_total else None
+                   "doing": dict(self.doing), "interval_s": self.interval} if self.samples_total else None
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
                             failed_in_collective=failed_in_collective, samples=samples)
