@@ -71,6 +71,7 @@ MIN_COLLECTIVES = 10
 LAST_SHARE = 0.75
 WAIT_SHARE = 0.10
 MIN_LAG_S = 0.010  # below, a shared host's CPU scheduling makes such lags on a correct run
+MIN_SAMPLES = 10  # stack samples (one a second) below which where a rank spends its time is said with a doubt
 
 
 def collective_key(entry: Any) -> tuple[str, int] | None:
@@ -349,7 +350,8 @@ def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], led
     where = _where(ledger)
     if where is not None:
         place, n, total = where
-        return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective"
+        few = ", too few to be sure" if total < MIN_SAMPLES else ""
+        return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective{few}"
                 + _activities((ledger.get("samples") or {}).get("doing"))
                 + (f"; its data waits, {mine * 1000:.1f} ms per batch, do not explain the lag)" if mine is not None
                    else ")"))

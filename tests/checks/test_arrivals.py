@@ -169,6 +169,10 @@ def test_what_the_slow_rank_was_doing_is_read_from_its_samples_activities():
     (f,) = arrival_findings(_job({1: 50_000_000}, samples={1: where}))
     assert "(10 of its 10 stack samples outside a collective; 80% in the backward, 20% elsewhere in the script)" \
         in f.message, f.message
+    # a short job: a few samples only, said with a doubt
+    few = {"total": 5, "where": {"train.py:18 in <module>": 3, "train.py:20 in <module>": 2}}
+    (f,) = arrival_findings(_job({1: 50_000_000}, samples={1: few}))
+    assert "(3 of its 5 stack samples outside a collective, too few to be sure)" in f.message, f.message
 
 
 def test_every_run_report_sums_up_each_ranks_arrivals():

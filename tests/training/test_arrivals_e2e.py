@@ -20,7 +20,8 @@ CORRECT = ("correct_1", "correct_2", "correct_3")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("arrivals")
-    jobs = {"compute": ("rank1_slow_compute.py", {}), "data": ("rank1_slow_data.py", {}),
+    # compute: long enough (about 15 s) for a dozen stack samples, one a second, to say where rank 1 works
+    jobs = {"compute": ("rank1_slow_compute.py", {"STEPS": "300"}), "data": ("rank1_slow_data.py", {}),
             **{name: ("rank1_slow_compute.py", {"SLOW_S": "0"}) for name in CORRECT}}
     launches = {name: Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication",
                               "--report", str(base / f"{name}.json"),
@@ -62,7 +63,7 @@ def test_a_rank_slow_in_its_own_compute_is_named_with_its_lag_and_its_line(runs)
     (f,) = [f for f in rep["findings"] if f["id"] == "DDP877"]
     assert f["ranks"] == [1] and f["severity"] == "warning", f
     ev = f["evidence"]
-    assert ev["last"] >= 0.75 * ev["compared"] and ev["compared"] >= 80, ev
+    assert ev["last"] >= 0.75 * ev["compared"] and ev["compared"] >= 300, ev
     assert ev["median_lag_s"] >= 0.04, ev  # the 50 ms sleep, less the noise
     sleep = f"rank1_slow_compute.py:{_line('rank1_slow_compute.py', 'time.sleep(slow)')} in <module>"
     assert "before arriving it works at " in f["message"] and sleep in f["message"], f["message"]
