@@ -485,6 +485,7 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         elif peer:
             # the launcher stops the ranks because another one failed: the job's verdict is that
             # failure (this rank's stop its consequence), never "interrupted" over a peer's "fail"
+            _share_stopped_ending(watch, started)
             _finish_outside(watch.rank, watch.run_dir, started, True, opts)
         else:
             _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
@@ -492,6 +493,21 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         _end_children(watch)
         sys.stderr.flush()
         os._exit(stop.exit_code)
+
+
+def _share_stopped_ending(watch: Any, started: float) -> None:
+    """Several nodes: a rank its launcher stopped because a peer of its node failed or vanished
+    puts its ending, and the peers of its node it saw gone (SIGKILL, the OOM killer), in the
+    job's store, as a rank that ended does: the other nodes' reports then name the vanished rank
+    (whether the stop or its own collective's error came first is a race). Bounded, never raises."""
+    from ddp_doctor.training.run.endings import exchange, multi_node
+    from ddp_doctor.training.run.ledger import vanished_ranks
+    try:
+        if multi_node():
+            gone = vanished_ranks(watch.run_dir, but=watch.rank, since=started - records.SAME_JOB)
+            exchange(watch.run_dir, watch.rank, failed=False, gone=gone)
+    except Exception:  # noqa: BLE001 - the rank's own report is written next whatever this did
+        pass
 
 
 def _stopped_for_fail_on(watch: Any) -> bool:
