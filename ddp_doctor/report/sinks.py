@@ -139,15 +139,16 @@ def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
 
 
 def _not_a_file(path: str) -> bool:
-    """The path names a device, a pipe or a socket, or a link into /dev or /proc (/dev/stdout)."""
+    """The path names a device, a pipe or a socket, or a descriptor's target (/dev/stdout is a link
+    to /proc/self/fd/1): judged by what it is, so a plain file in /dev/shm is still replaced whole."""
     import stat
-    real = os.path.realpath(path)
-    if real.startswith(("/dev/", "/proc/")) or os.path.islink(path) and path.startswith(("/dev/", "/proc/")):
+    if path.startswith("/proc/") or (os.path.islink(path) and os.readlink(path).startswith("/proc/")):
         return True
     try:
-        return not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+        mode = os.stat(path).st_mode
     except OSError:
         return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _error(what: str, path: str, e: BaseException) -> str:

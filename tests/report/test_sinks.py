@@ -296,3 +296,12 @@ def test_a_report_to_dev_null_a_pipe_or_dev_stdout_is_written_into_never_renamed
     text = out_file.read_text()
     assert text.startswith("before\n{") and json.loads(text[len("before\n"):])["status"] == "pass"
     assert os.path.islink("/dev/stdout")
+    # a plain file under /dev (a tmpfs such as /dev/shm) is a file: replaced whole, as anywhere else
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        shm = f"/dev/shm/ddp-doctor-test-{os.getpid()}.json"
+        try:
+            for status in ("fail", "pass"):
+                assert sinks.write_report_file(make_report(status=status, findings=[]), shm) is None
+            assert json.loads(Path(shm).read_text())["status"] == "pass"
+        finally:
+            os.unlink(shm)
