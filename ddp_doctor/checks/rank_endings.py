@@ -352,7 +352,13 @@ def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -
         where = site.get("where")
         others = " while the other ranks still ran (their errors below are its consequence)" if others_failed else ""
         n = int(o["exit_code"])
-        if site.get("from_output"):  # a log's reading: the status, and no Python error in the output
+        if site.get("aborted_at_exit"):  # a log's reading: no Python error, then the teardown abort
+            last = site.get("last_line")
+            how = (f"rank {r}'s output ends with no Python error" + (f" (its last line: {str(last).strip()[:160]!r})"
+                   if last and str(last).strip() else "") + ", then the process aborted as the interpreter exited "
+                   f"(SIGABRT, 'terminate called without an active exception': torch's gloo teardown): the "
+                   f"script had ended itself{others}; the status it asked for is lost to the abort")
+        elif site.get("from_output"):  # a log's reading: the status, and no Python error in the output
             how = (f"rank {r} exited with status {n} and no Python error in the output: the script ended "
                    f"itself (sys.exit({n}), or os._exit({n})){others}")
         else:
@@ -362,6 +368,7 @@ def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -
             failures.SCRIPT_EXITED, how,
             rank=r, phase="training", time=site.get("time") or o.get("time"),
             evidence={"exit_code": n, "where": where,
+                      **({"aborted_at_exit": True} if site.get("aborted_at_exit") else {}),
                       **({"last_line": site["last_line"]} if site.get("last_line") else {})}))
     return out
 

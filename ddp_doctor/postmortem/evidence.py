@@ -13,6 +13,7 @@ the files' modification times).
 from __future__ import annotations
 
 import bisect
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,17 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
             ev.outcomes[r] = {"exit_code": code, "exception": {**exc, "time": t}, "time": t, "host": host,
                               "local_rank": local, "phase": "training"}
             per_rank[r] = {"ended": "raised", "error": f"{exc['type']}: {str(exc['message'])[:200]}"}
+        elif ex is not None and ex.exit_code in (-signal.SIGABRT, 128 + signal.SIGABRT) and text is not None \
+                and text.abort_at_exit is not None and (text.dump is None or text.dump[2] == -signal.SIGABRT):
+            # no Python error, then "terminate called without an active exception" and SIGABRT: the
+            # interpreter was exiting (torch's gloo aborts in its static destructors), so its script
+            # had ended itself; the status it asked for is lost to the abort
+            t = when(r, text.last_seq)
+            ev.outcomes[r] = {"exit_code": 128 + signal.SIGABRT, "exception": None, "time": t, "host": host,
+                              "local_rank": local, "phase": "training",
+                              "exited": {"time": t, "from_output": True, "aborted_at_exit": True,
+                                         "last_line": text.tail[-1] if text.tail else None}}
+            per_rank[r] = {"ended": "exited", "exit_status": ex.exit_code, "aborted_at_exit": True}
         elif text is not None and text.dump is not None:
             dump, dseq, status = text.dump
             code = ex.exit_code if ex is not None and ex.exit_code is not None else status

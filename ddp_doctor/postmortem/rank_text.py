@@ -21,6 +21,9 @@ _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+?)\s*$")
 # a C++ exception nobody caught (NCCL's watchdog ending the process, a c10::Error in a thread):
 # libstdc++ prints these lines, then the process aborts (SIGABRT)
 _TERMINATE = re.compile(r"^terminate called after throwing an instance of '(?P<type>[^']+)'")
+# std::terminate with no exception in flight: a joinable std::thread destroyed, which torch's gloo
+# does in its static destructors when the interpreter exits (the process then aborts: SIGABRT)
+_TERMINATE_AT_EXIT = "terminate called without an active exception"
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)$")
 _CPP_END = re.compile(r"^(Exception raised from |frame #\d+:|Fatal Python error:|Traceback \(most recent)")
 _FATAL_SIGNALS = {"Segmentation fault": -11, "Bus error": -7, "Illegal instruction": -4,
@@ -60,11 +63,15 @@ class RankText:
     waits: list[dict[str, Any]] = field(default_factory=list)  # NCCL watchdog lines (postmortem/nccl_lines.py)
     _cpp: list[str] | None = None
     cpp: tuple[str, str, str, int] | None = None  # an uncaught C++ exception: (type, what(), its lines, seq)
+    abort_at_exit: int | None = None  # the seq of its "terminate called without an active exception"
 
     def feed(self, text: str, seq: int) -> None:
         self.lines += 1
         self.first_seq = seq if self.first_seq is None else self.first_seq
         self.last_seq = seq
+        if text.strip() == _TERMINATE_AT_EXIT:
+            self.abort_at_exit = seq  # not the script's own last line
+            return
         if text.strip():
             self.tail.append(text[:500])
         if "watchdog" in text:
@@ -225,6 +232,8 @@ class RankText:
             self.dump = other.dump
         if other.cpp is not None and (self.cpp is None or other.cpp[3] > self.cpp[3]):
             self.cpp = other.cpp
+        if other.abort_at_exit is not None and (self.abort_at_exit is None or other.abort_at_exit > self.abort_at_exit):
+            self.abort_at_exit = other.abort_at_exit
         seen = {(w["kind"], w.get("seq", w.get("at")), w.get("pg")) for w in self.waits}
         self.waits += [w for w in other.waits if (w["kind"], w.get("seq", w.get("at")), w.get("pg")) not in seen]
 

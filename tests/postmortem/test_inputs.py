@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ddp_doctor.postmortem.analyze import analyze
 
 RAISED = ["Traceback (most recent call last):", '  File "/job/train.py", line 7, in <module>',
@@ -117,6 +119,27 @@ def test_a_status_of_its_own_and_no_python_error_is_the_script_ending_itself(tmp
     (tmp_path / "signal" / "console.log").write_text(lines + _summary(1, 137))
     rep, _ = analyze([str(tmp_path / "signal")])
     assert _cause(rep) == ("DDP803", [1]) and "128 + " in rep["root_cause"]["message"], rep["findings"]
+
+
+@pytest.mark.parametrize("code", [-6, 134])
+def test_the_teardown_abort_after_an_ending_of_its_own_is_the_script_ending_itself(tmp_path, code):
+    """torch's gloo can abort as the interpreter exits ("terminate called without an active
+    exception", SIGABRT), replacing the status a rank's sys.exit(N) asked for: the script had ended
+    itself (DDP814, as run says it, its status said lost), never a crash in its code (DDP807). The
+    line may come before the rank's last print (two streams); it is never quoted as its last line."""
+    lines = "[rank1]:terminate called without an active exception\n[rank1]:rank 1: no more data, stopping\n"
+    lines += "".join(f"[rank0]:{ln}\n" for ln in LOST)
+    (tmp_path / "console.log").write_text(lines + _summary(1, code))
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP814", [1]), rep["findings"]
+    root = rep["root_cause"]
+    assert "lost to the abort" in root["message"] and root["evidence"]["aborted_at_exit"] is True, root
+    assert root["evidence"]["last_line"] == "rank 1: no more data, stopping", root
+    assert "DDP807" not in {f["id"] for f in rep["findings"]}, rep["findings"]
+    # without the line, a SIGABRT is a crash in native code, as before
+    (tmp_path / "console.log").write_text(lines.split("\n", 1)[1] + _summary(1, -6))
+    rep, _ = analyze([str(tmp_path)])
+    assert _cause(rep) == ("DDP807", [1]), rep["findings"]
 
 
 def _console(path, lines: dict[int, list[str]], *, host: str, pids: dict[int, int], mtime: float,
