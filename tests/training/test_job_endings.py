@@ -145,3 +145,50 @@ def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_
 def endings_store_timeout():
     from ddp_doctor.processes.store import StoreTimeout
     return StoreTimeout("no store answered within 3 s (injected)")
+
+
+def test_a_failed_rank_stopped_before_it_shared_its_ending_shares_it_and_its_vanished_peer(tmp_path, store_env,
+                                                                                          monkeypatch):
+    """The launcher's SIGTERM can reach a rank after its script failed (its outcome written) and
+    before the main thread put that ending, and the peer of its node it saw gone, in the job's
+    store: the stop handler's exit would cut that short, and the other nodes would never learn
+    that rank 3 was killed (DDP802 instead of DDP803 there). The stop handler shares them first."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from ddp_doctor.training.run import watched_rank
+    for k, v in store_env.items():
+        monkeypatch.setenv(k, v)
+    started = time.time()
+    node1 = str(tmp_path / "node1")
+    os.mkdir(node1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    records.write_heartbeat(node1, 3, {"time": started, "phase": "training", "pid": int(dead.stdout),
+                                       "where": "train.py:9 in step"})
+    records.write_outcome(node1, 2, {"exit_code": 1, "exception": {"type": "RuntimeError",
+                                                                     "message": "Connection closed by peer"}})
+    reported, exits = [], []
+
+    class Exited(BaseException):
+        pass
+
+    def _exit(code):
+        exits.append(code)
+        raise Exited
+
+    node0 = _node(tmp_path, "node0", [0, 1], {0: 1, 1: 1})
+    for r in (0, 1):  # node 0's ranks failed with a lost peer and shared that
+        endings.exchange(node0, r, failed=False, env=store_env)
+    monkeypatch.setattr(watched_rank, "_finish_outside", lambda *a, **k: reported.append(a[:2]))
+    monkeypatch.setattr(watched_rank.os, "_exit", _exit)
+    watch = SimpleNamespace(run_dir=node1, rank=2, job_since=started - 60, claim_stop=lambda: True)
+    with pytest.raises(Exited):
+        watched_rank._end_stopped_rank(watch, signal.SIGTERM, started, SimpleNamespace())
+    assert exits == [1] and reported == [(2, node1)]
+    assert set(records.read_outcomes(node1)) == {0, 1, 2}  # node 0's endings copied for its report
+    seen = endings.exchange(node0, 0, failed=True, env=store_env)
+    assert seen.complete and seen.ended == {0: "ok", 1: "ok", 2: "failed", 3: "gone"}, seen.ended
+    assert list(endings.remote_gone(node0)) == [3]

@@ -453,8 +453,11 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
     own = records.read_outcomes(watch.run_dir, watch.job_since).get(watch.rank)
     if own is not None and (own.get("exception") or own.get("exit_code")) and not own.get("interrupted"):
         # this rank had failed already; the launcher stops it because of that (or of a peer's
-        # failure): the job's verdict is the failure, and the rank exits with its own status
+        # failure): the job's verdict is the failure, and the rank exits with its own status. The
+        # main thread may not have put its ending (and its node's vanished peers) in the job's
+        # store yet: this exit would cut that short, so this thread puts them first
         try:
+            _share_stopped_ending(watch, started, failed=True)
             _finish_outside(watch.rank, watch.run_dir, started, True, opts)
         finally:
             sys.stderr.flush()
@@ -485,7 +488,7 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         elif peer:
             # the launcher stops the ranks because another one failed: the job's verdict is that
             # failure (this rank's stop its consequence), never "interrupted" over a peer's "fail"
-            _share_stopped_ending(watch, started)
+            _share_stopped_ending(watch, started, failed=False)
             _finish_outside(watch.rank, watch.run_dir, started, True, opts)
         else:
             _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
@@ -495,17 +498,19 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         os._exit(stop.exit_code)
 
 
-def _share_stopped_ending(watch: Any, started: float) -> None:
+def _share_stopped_ending(watch: Any, started: float, failed: bool) -> None:
     """Several nodes: a rank its launcher stopped because a peer of its node failed or vanished
-    puts its ending, and the peers of its node it saw gone (SIGKILL, the OOM killer), in the
-    job's store, as a rank that ended does: the other nodes' reports then name the vanished rank
-    (whether the stop or its own collective's error came first is a race). Bounded, never raises."""
+    (`failed`: or after its own script failed, before the main thread had shared that) puts its
+    ending, and the peers of its node it saw gone (SIGKILL, the OOM killer), in the job's store,
+    as a rank that ended does: the other nodes' reports then name the vanished rank (whether the
+    stop or its own collective's error came first is a race). A failed rank also copies the other
+    nodes' endings here for its report, as the main thread would. Bounded, never raises."""
     from ddp_doctor.training.run.endings import exchange, multi_node
     from ddp_doctor.training.run.ledger import vanished_ranks
     try:
         if multi_node():
             gone = vanished_ranks(watch.run_dir, but=watch.rank, since=started - records.SAME_JOB)
-            exchange(watch.run_dir, watch.rank, failed=False, gone=gone)
+            exchange(watch.run_dir, watch.rank, failed=failed, gone=gone)
     except Exception:  # noqa: BLE001 - the rank's own report is written next whatever this did
         pass
 
