@@ -22,7 +22,15 @@ from typing import Any
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, format_ranks
-from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
+from ddp_doctor.processes.store import (
+    connect_store,
+    count_and_wait,
+    op_bound,
+    prefixed,
+    read_json_keys,
+    store_call,
+    wait_keys,
+)
 from ddp_doctor.time_limit import call_with_time_limit
 
 DEFAULT_PORT = 29500
@@ -250,37 +258,42 @@ class Meeting:
         return min(self.arrived) if self.arrived else -1
 
 
-def _wait_count(store: Any, key: str, target: int, deadline: float, bound: float) -> int:
-    n = 0
-    while True:
-        n = int(store_call(lambda: store.add(key, 0), f"add({key!r})", bound))
-        if n >= target or time.monotonic() >= deadline:
-            return n
-        time.sleep(POLL_S)
-
-
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
 
+    Three requests a rank when all goes well, whatever the world size: the view put only if its
+    key is free (compare_set: the claim and the view at once), one count, one wait. The wait is
+    the store's: the rank whose check-in completes the world says so in one key, which the others
+    wait for on the store's side (no polling). Only when some rank is missing does each find who
+    came (present_ranks: a few requests per missing rank).
+
     A process that claims a rank already claimed is not a member: it leaves the first claimant's
-    view alone and is counted among the extras (add_extra), which fails everyone there (crowd)."""
+    view alone and is counted among the extras (add_extra), which fails everyone there (crowd).
+    A RANK outside 0..WORLD_SIZE-1 is not counted either (its own check says why)."""
     findings: list[Finding] = []
     bound = op_bound(timeout)
-    claims = int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
-    if claims > 1:
+    deadline = time.monotonic() + timeout
+    import uuid
+    # the claim's own token in the text: two claimants whose views are alike still tell theirs apart
+    text = json.dumps({**view, "claim": uuid.uuid4().hex})
+    got = store_call(lambda: store.compare_set(f"view/{rank}", "", text), "compare_set(view)", bound)
+    first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == text
+    member = first and 0 <= rank < world_size
+    if not first:  # counted among the later claimants (the first one never counts itself)
+        claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
             f"{view.get('hostname')}, pid {view.get('pid')})", rank=rank,
             evidence={"rank": rank, "claims": claims}))
         add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
                           "why": "claimed a rank already claimed"}, bound)
+    if member:
+        n = count_and_wait(store, "arrived", world_size, "every rank's check-in", deadline)
     else:
-        text = json.dumps(view)
-        store_call(lambda: store.set(f"view/{rank}", text), "set(view)", bound)
-        store_call(lambda: store.add("arrived", 1), "add(arrived)", bound)
-    n = _wait_count(store, "arrived", world_size, time.monotonic() + timeout, bound)
-    arrived = store_call(lambda: [r for r in range(world_size) if store.check([f"view/{r}"])],
-                         "check(views)", bound)
+        n = int(store_call(lambda: store.add("arrived", 0), "add(arrived)", bound))
+        if n < world_size and wait_keys(store, ["arrived/all"], "every rank's check-in", deadline):
+            n = world_size
+    arrived = list(range(world_size)) if n >= world_size else present_ranks(store, world_size, bound)
     missing = [r for r in range(world_size) if r not in arrived]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
         findings.append(event_finding(
@@ -291,6 +304,28 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": n, "timeout_s": timeout}))
     return Meeting(store=store, arrived=arrived, missing=missing, findings=findings)
+
+
+def without_claim(view: Any) -> Any:
+    """A view as its rank made it, read back from the store (meet adds its claim's token)."""
+    return {k: v for k, v in view.items() if k != "claim"} if isinstance(view, dict) else view
+
+
+def present_ranks(store: Any, world_size: int, bound: float) -> list[int]:
+    """The ranks whose view is in the store, found by halving: one request says a whole range is
+    there (check of its keys), so k missing ranks cost about 2k log2(world_size) requests, not
+    one per rank (at 4,096 ranks, every rank reading every key would be 16 million requests)."""
+    out: list[int] = []
+    pending = [(0, world_size)]
+    while pending:
+        lo, hi = pending.pop()
+        keys = [f"view/{r}" for r in range(lo, hi)]
+        if store_call(lambda keys=keys: store.check(keys), f"check(views {lo}-{hi - 1})", bound):
+            out.extend(range(lo, hi))
+        elif hi - lo > 1:
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
+    return sorted(out)
 
 
 # ---------------------------------------------------------------- two jobs at one store

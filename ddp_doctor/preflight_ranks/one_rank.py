@@ -28,7 +28,7 @@ from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
-from ddp_doctor.processes.store import POLL_S, connect_store, op_bound, prefixed, read_json_keys, store_call
+from ddp_doctor.processes.store import connect_store, op_bound, prefixed, read_json_keys, store_call, wait_keys
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, apply_fail_on, deliver
@@ -63,6 +63,7 @@ class RankPreflight:
         self.rank = ctx.rank if ctx.rank is not None else 0
         self.findings: list[Finding] = []
         self.measurements: dict[str, Any] = {}
+        self._readers = 0  # how many ranks read the verdict from the store (set at the rendezvous)
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
@@ -232,6 +233,7 @@ class RankPreflight:
                     rep = self._report(store, meeting, hosting)
                 self._write_partial(final=True)
                 return rep
+            self._readers = len(meeting.arrived) - 1  # the ranks that read the verdict (all but the reporter)
             with self._stage("await_verdict"):
                 rep = self._await_verdict(store)
             self._write_partial(final=True)
@@ -290,15 +292,15 @@ class RankPreflight:
     # every rank has said so (bounded: a rank that died is reported by the store's own findings).
     def _say_group_state(self, store: Any, up: bool) -> None:
         try:
-            store_call(lambda: store.set(f"group_up/{self.rank}", json.dumps(up)), "the group's state",
-                       op_bound(self.opts.timeout))
+            n = int(store_call(lambda: store.add("group_said", 1), "the group's state", op_bound(self.opts.timeout)))
+            if n == (self.ctx.world_size or 1):  # the last to say it tells the others in one key
+                store_call(lambda: store.set("group_said/all", "1"), "the group's state", op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - a lost store is found (and said) by the next store step
             pass
 
     def _await_group_states(self, store: Any, ws: int) -> None:
         try:
-            read_json_keys(store, [f"group_up/{r}" for r in range(ws) if r != self.rank],
-                           time.monotonic() + op_bound(self.opts.timeout))
+            wait_keys(store, ["group_said/all"], "every rank's init", time.monotonic() + op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - as above: the teardown goes on
             pass
 
@@ -307,7 +309,7 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = {int(k.split("/")[1]): v for k, v in read_json_keys(
+        views_by_rank = {int(k.split("/")[1]): rendezvous.without_claim(v) for k, v in read_json_keys(
             store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + 1.0).items()}
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
@@ -347,12 +349,9 @@ class RankPreflight:
             timelines[self.rank] = self.timeline
             write_trace(opts.trace_path, timelines,
                         {r: v.get("hostname") for r, v in views_by_rank.items()}, rep)
-        if hosting:  # the other ranks read the verdict from our store: stay until they have
-            deadline = time.monotonic() + 10.0
+        if hosting and len(meeting.arrived) > 1:  # the others read the verdict from our store: stay until they have
             try:
-                while (int(store_call(lambda: store.add("done", 0), "the done count", bound))
-                       < len(meeting.arrived) - 1 and time.monotonic() < deadline):
-                    time.sleep(POLL_S)
+                wait_keys(store, ["done/all"], "the others' reading of the verdict", time.monotonic() + 10.0)
             except Exception:  # noqa: BLE001 - our own store stopped answering: nothing left to wait for
                 pass
         return rep
@@ -369,7 +368,9 @@ class RankPreflight:
         # says why itself, whatever the verdict (read before "done", while the store is kept up)
         crowded = self._crowded(store, self.ctx.world_size or 1)
         try:
-            store_call(lambda: store.add("done", 1), "the done count", op_bound(self.opts.timeout))
+            n = int(store_call(lambda: store.add("done", 1), "the done count", op_bound(self.opts.timeout)))
+            if n == self._readers:  # the last reader lets the store's host go
+                store_call(lambda: store.set("done/all", "1"), "the done count", op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
         if crowded:

@@ -3,20 +3,36 @@ preflight's rendezvous (preflight_ranks/bounded_rendezvous.py) and the ranks' en
 (training/run/endings.py) go through it.
 
 torch's store client has no bound of its own on its handshake or on an operation (a listener that
-accepts and never answers blocks it forever), so each of them runs through call_with_time_limit,
-and a call past its bound is abandoned in its thread (a rank process ends with os._exit, which that
-thread cannot hold up).
+accepts and never answers blocks it forever; a stopped store host, measured: an add or a check
+waits on past the client's own timeout). The handshake runs through call_with_time_limit. An
+operation runs on its caller's thread, watched by the process's one watchdog (StoreWatchdog):
+past its bound the watchdog shuts down the connections connect_store made (their sockets, known
+by their /proc link), which makes the blocked call return with an error, and the call raises
+StoreTimeout. No thread per operation and no hand-off between threads: a rank's store call costs
+what torch's does. Where the connections cannot be known (no /proc, a store made elsewhere) the
+operations of a thread go through that thread's one guard instead (StoreGuard): a long-lived
+worker that runs them in turn while the caller waits within the bound; past it the guard is
+broken and every later operation of that thread fails at once (a rank process ends with
+os._exit, which the worker cannot hold up).
+
+Waiting for other ranks is the store's own: `wait` on the keys, answered by the store when they
+exist (asked for a second at a time: wait_keys), never a poll of every key every few
+milliseconds; and what is read once they exist is read in one request (multi_get).
 """
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import queue
+import socket
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
 
 from ddp_doctor.time_limit import call_with_time_limit
 
-POLL_S = 0.05  # between two looks at a key another rank is about to write
 CONNECT_MARGIN_S = 2.0  # past torch's own connect timeout, before the connection is given up
 T = TypeVar("T")
 
@@ -30,9 +46,10 @@ def connect_store(host: str, port: int, *, hosting: bool, timeout: float) -> Any
     connection for `timeout` but then waits for its handshake's answer without any bound."""
     import torch.distributed as dist
     bound = timeout + CONNECT_MARGIN_S
-    out = call_with_time_limit(lambda: dist.TCPStore(
-        host, port, world_size=None, is_master=hosting, timeout=timedelta(seconds=timeout),
-        wait_for_workers=False), bound, name="ddp-doctor-store-connect")
+    with _WATCHDOG.connecting(port):
+        out = call_with_time_limit(lambda: dist.TCPStore(
+            host, port, world_size=None, is_master=hosting, timeout=timedelta(seconds=timeout),
+            wait_for_workers=False), bound, name="ddp-doctor-store-connect")
     if not out.finished:
         raise StoreTimeout(f"no store answered at {host}:{port} within {bound:g} s")
     if out.error is not None:
@@ -40,15 +57,257 @@ def connect_store(host: str, port: int, *, hosting: bool, timeout: float) -> Any
     return out.value
 
 
+_FD_DIR = "/proc/self/fd"
+
+
+def _socket_links() -> dict[int, str]:
+    """This process's sockets: fd -> its /proc link ("socket:[inode]", the same while it lives)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(_FD_DIR)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            link = os.readlink(f"{_FD_DIR}/{name}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+def _peer_port(fd: int) -> int | None:
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            return int(s.getpeername()[1])
+    except OSError:  # not connected (a listener), or gone
+        return None
+
+
+class StoreWatchdog:
+    """The process's one watchdog over its store calls (see the module's doc): each call is noted
+    with its deadline while it runs on its caller's thread; a thread looks at the notes every
+    TICK_S while any is open, and past a deadline shuts down the store connections it knows."""
+
+    TICK_S = 0.2
+    IDLE_S = 30.0  # the thread ends after this long without a call (made again on the next)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._open: dict[int, float] = {}  # call -> its deadline (monotonic)
+        self._cut: set[int] = set()  # calls whose connections were shut down past their deadline
+        self._sockets: dict[int, str] = {}  # fd -> /proc link of each store connection (client side)
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._idle = True
+
+    def watches(self) -> bool:
+        """Whether there is a connection to shut down (else a call it watched could not be ended)."""
+        return bool(self._sockets)
+
+    class _Connecting:
+        def __init__(self, dog: StoreWatchdog, port: int) -> None:
+            self.dog, self.port, self.before = dog, port, {}
+
+        def __enter__(self) -> None:
+            self.before = _socket_links()
+
+        def __exit__(self, *exc: object) -> None:
+            # the new sockets connected to the store's port are its clients' (a host's own
+            # listener and the connections it accepted are not); another thread's connection to
+            # the same store made meanwhile is one of its clients too
+            after = _socket_links()
+            new = {fd: link for fd, link in after.items() if self.before.get(fd) != link}
+            mine = {fd: link for fd, link in new.items() if _peer_port(fd) == self.port}
+            with self.dog._lock:  # connections closed since are forgotten
+                self.dog._sockets = {fd: link for fd, link in self.dog._sockets.items() if after.get(fd) == link}
+                self.dog._sockets.update(mine)
+
+    def connecting(self, port: int) -> StoreWatchdog._Connecting:
+        """`with watchdog.connecting(port): <make a client of the store at port>`: its connection is
+        noted, to be shut down should a call past its bound hang on it."""
+        return self._Connecting(self, port)
+
+    def call(self, fn: Callable[[], T], what: str, bound: float) -> T:
+        token = next(self._tokens)
+        with self._lock:
+            self._open[token] = time.monotonic() + bound
+            wake = self._idle
+            self._idle = False
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ddp-doctor-store-watchdog", daemon=True)
+                self._thread.start()
+        if wake:
+            self._wake.set()
+        try:
+            value = fn()
+        except BaseException:
+            if self._close(token):
+                raise StoreTimeout(f"the store did not answer {what} within {bound:g} s") from None
+            raise
+        if self._close(token):  # it came back only because its connection was shut down
+            raise StoreTimeout(f"the store did not answer {what} within {bound:g} s")
+        return value
+
+    def _close(self, token: int) -> bool:
+        with self._lock:
+            self._open.pop(token, None)
+            if token in self._cut:
+                self._cut.discard(token)
+                return True
+            return False
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._open:
+                    self._idle = True
+                    self._wake.clear()
+                idle = self._idle
+            if idle:  # no call open: wait for one (its caller wakes us), or end
+                if not self._wake.wait(self.IDLE_S):
+                    with self._lock:
+                        if self._idle:
+                            self._thread = None
+                            return
+                continue
+            time.sleep(self.TICK_S)  # the watch's tick: a deadline is met within it
+            with self._lock:
+                now = time.monotonic()
+                late = [t for t, deadline in self._open.items() if deadline <= now]
+                sockets: dict[int, str] = {}
+                if late:
+                    self._cut.update(late)
+                    for t in late:
+                        del self._open[t]
+                    sockets, self._sockets = self._sockets, {}
+            for fd, link in sockets.items():
+                _shut_down(fd, link)
+
+
+def _shut_down(fd: int, link: str) -> None:
+    """Shut down the connection on fd if fd is still that socket (a closed fd's number may have
+    been given to another): a call blocked reading it then returns with an error."""
+    try:
+        if os.readlink(f"{_FD_DIR}/{fd}") != link:
+            return
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed meanwhile: nothing left to end
+        pass
+
+
+_WATCHDOG = StoreWatchdog()
+
+
+class StoreGuard:
+    """One worker thread that runs a caller thread's store operations in turn, each within its
+    bound (see the module's doc). It ends after IDLE_S without work (made again on the next)."""
+
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self.stuck: str | None = None  # the operation the worker is blocked in, once one overran
+
+    def call(self, fn: Callable[[], T], what: str, bound: float) -> T:
+        if self.stuck is not None:
+            raise StoreTimeout(f"the store did not answer {what}: an earlier call ({self.stuck}) still waits")
+        done = threading.Event()
+        out: list[Any] = [None, None]
+        self._jobs.put((fn, out, done))
+        self._ensure_worker()
+        if not done.wait(bound):
+            self.stuck = what
+            raise StoreTimeout(f"the store did not answer {what} within {bound:g} s")
+        if out[1] is not None:
+            raise out[1]
+        return out[0]  # type: ignore[no-any-return]
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, name="ddp-doctor-store-guard", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                fn, out, done = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():  # a job put now finds no live worker and starts one
+                        self._worker = None
+                        return
+                continue
+            try:
+                out[0] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, never raised here
+                out[1] = e
+            done.set()
+
+
+_guards = threading.local()
+
+
+def _guard() -> StoreGuard:
+    g = getattr(_guards, "guard", None)
+    if g is None:
+        g = _guards.guard = StoreGuard()
+    return g
+
+
 def store_call(fn: Callable[[], T], what: str, bound: float) -> T:
     """One store operation, bounded: torch's client waits forever on a store that stopped
-    answering (a hung or stopped host). Past `bound` it raises StoreTimeout."""
-    out = call_with_time_limit(fn, max(0.5, bound), name="ddp-doctor-store-op")
-    if not out.finished:
-        raise StoreTimeout(f"the store did not answer {what} within {max(0.5, bound):g} s")
-    if out.error is not None:
-        raise out.error
-    return out.value  # type: ignore[return-value]
+    answering (a hung or stopped host). Past `bound` it raises StoreTimeout: the watchdog shut
+    the connections down (or, without one to shut down, this thread's guard is left blocked): the
+    later calls fail too."""
+    if _WATCHDOG.watches():
+        return _WATCHDOG.call(fn, what, max(0.5, bound))
+    return _guard().call(fn, what, max(0.5, bound))
+
+
+WAIT_SLICE_S = 1.0  # the longest one wait request holds the client (see wait_keys)
+
+
+def wait_keys(store: Any, keys: list[str], what: str, deadline: float) -> bool:
+    """Wait, on the store's side, until every key exists or the deadline passes: one request
+    however many keys, answered as soon as they exist. True when they all exist.
+
+    A wait holds the client's connection, which torch's process group shares (NCCL's monitor
+    thread looks at the store every few seconds): so it is asked for WAIT_SLICE_S at a time, one
+    request a second at most while the keys are missing."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return bool(store_call(lambda: store.check(keys), f"check({what})", op_bound(1.0)))
+        piece = min(remaining, WAIT_SLICE_S)
+        try:
+            store_call(lambda p=piece: store.wait(keys, timedelta(seconds=p)), f"wait({what})", piece + op_bound(piece))
+            return True
+        except StoreTimeout:
+            raise
+        except Exception:  # noqa: BLE001 - torch says "wait timeout" in several ways: not yet
+            if time.monotonic() >= deadline:
+                return False
+
+
+def count_and_wait(store: Any, counter: str, target: int, what: str, deadline: float) -> int:
+    """Add one to `counter`; the caller that brings it to `target` says so in `counter`/all, and
+    each waits for that on the store's side until the deadline. Returns the count seen last
+    (target when everyone came)."""
+    bound = op_bound(deadline - time.monotonic())
+    n = int(store_call(lambda: store.add(counter, 1), f"add({counter!r})", bound))
+    if n == target:
+        store_call(lambda: store.set(f"{counter}/all", "1"), f"set({counter!r}/all)", bound)
+        return n
+    if n > target or wait_keys(store, [f"{counter}/all"], what, deadline):
+        return max(n, target)
+    return int(store_call(lambda: store.add(counter, 0), f"add({counter!r})", op_bound(1.0)))
 
 
 def op_bound(timeout: float) -> float:
@@ -62,16 +321,20 @@ def prefixed(store: Any, prefix: str) -> Any:
 
 
 def read_json_keys(store: Any, keys: list[str], deadline: float) -> dict[str, Any]:
-    """Read the keys that appear before the deadline; the absent ones are left out."""
+    """Read the keys that appear before the deadline; the absent ones are left out. The store
+    answers when they all exist (one wait), and they are read in one request; at the deadline,
+    those there are read one by one."""
+    if not keys:
+        return {}
+    bound = op_bound(deadline - time.monotonic())
+    if wait_keys(store, keys, f"{len(keys)} key(s)", deadline):
+        if hasattr(store, "multi_get"):  # torch >= 2.4
+            values = store_call(lambda: store.multi_get(keys), f"multi_get({len(keys)} key(s))", bound)
+        else:
+            values = [store_call(lambda k=k: store.get(k), f"get({k!r})", bound) for k in keys]
+        return {k: json.loads(v.decode("utf-8")) for k, v in zip(keys, values)}
     out: dict[str, Any] = {}
-    pending = list(keys)
-    while pending:
-        bound = op_bound(deadline - time.monotonic())
-        for k in list(pending):
-            if store_call(lambda k=k: store.check([k]), f"check({k!r})", bound):
-                out[k] = json.loads(store_call(lambda k=k: store.get(k), f"get({k!r})", bound).decode("utf-8"))
-                pending.remove(k)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(POLL_S)
+    for k in keys:
+        if store_call(lambda k=k: store.check([k]), f"check({k!r})", bound):
+            out[k] = json.loads(store_call(lambda k=k: store.get(k), f"get({k!r})", bound).decode("utf-8"))
     return out

@@ -284,7 +284,7 @@ def test_meet_single_rank_is_complete(store: Any) -> None:
     assert m.reporter == 0
     got = read_json_keys(prefixed(store, "t1/"), ["view/0", "view/9"],
                                     time.monotonic() + 0.2)
-    assert got == {"view/0": view(0)}
+    assert {k: rendezvous.without_claim(v) for k, v in got.items()} == {"view/0": view(0)}
 
 
 def test_meet_with_missing_rank_is_bounded(store: Any) -> None:
@@ -345,27 +345,44 @@ def test_duplicate_rank_claim(store: Any) -> None:
         assert any(f.id == "DDP320" for f in m.findings)
 
 
-def test_read_json_keys_waits_for_late_keys(store: Any) -> None:
+def test_read_json_keys_waits_on_the_store_for_late_keys_without_polling(store: Any) -> None:
+    import threading
     s = prefixed(store, "t5/")
 
-    class WrittenAfterTheFirstLook:
-        """The store, where the key is written once the reader has looked for it and not found it."""
-        looks = 0
+    class Counted:
+        """The store, counting the requests a reader sends."""
+        requests: list[str] = []
 
-        def check(self, keys: list[str]) -> bool:
-            found = s.check(keys)
-            self.looks += 1
-            if not found and self.looks == 1:
-                s.set("final/1", json.dumps({"x": 1}))
-            return found
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(s, name)
 
-        def get(self, key: str) -> bytes:
-            return s.get(key)
+            def call(*args: Any) -> Any:
+                self.requests.append(name)
+                return method(*args)
+            return call
 
-    late = WrittenAfterTheFirstLook()
-    got = read_json_keys(late, ["final/1"], time.monotonic() + 60.0)
+    reader = Counted()
+    other = prefixed(client_of(store), "t5/")  # another rank: its own connection
+    # the key is written once the reader is waiting for it (its wait is the first request it sends)
+    writer = threading.Thread(target=lambda: (_wait_for(lambda: reader.requests),
+                                              other.set("final/1", json.dumps({"x": 1}))))
+    writer.start()
+    got = read_json_keys(reader, ["final/1"], time.monotonic() + 60.0)
+    writer.join(10)
     assert got == {"final/1": {"x": 1}}
-    assert late.looks == 2  # missing at the first look: it waited and looked again
+    assert reader.requests == ["wait", "multi_get"]  # one wait on the store's side, one read: no polling
+    # a key that never comes: asked a second at a time; at the deadline what is there is read
+    other.set("final/3", json.dumps(3))
+    reader.requests.clear()
+    assert read_json_keys(reader, ["final/3", "final/4"], time.monotonic() + 2.5) == {"final/3": 3}
+    assert 2 <= reader.requests.count("wait") <= 3, reader.requests
+
+
+def _wait_for(cond: Any, bound: float = 10.0) -> None:
+    deadline = time.monotonic() + bound
+    while not cond():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- two jobs at one store (DDP846)
@@ -425,3 +442,20 @@ def test_every_rank_agrees_on_one_job_token(store: Any) -> None:
     assert len(tokens) == 1 and None not in tokens
     assert rendezvous.agree_job_token(prefixed(store, "t11/"), 5.0) not in tokens  # another job
     assert s.get("job_token").decode() in tokens
+
+
+def test_present_ranks_finds_the_missing_by_halving_not_one_request_a_rank(store: Any) -> None:
+    s = prefixed(store, "t9/")
+    for r in range(1024):
+        if r not in (5, 700):
+            s.set(f"view/{r}", "{}")
+
+    class Counted:
+        requests = 0
+
+        def check(self, keys: list[str]) -> bool:
+            Counted.requests += 1
+            return s.check(keys)
+
+    assert rendezvous.present_ranks(Counted(), 1024, 5.0) == [r for r in range(1024) if r not in (5, 700)]
+    assert Counted.requests <= 2 * 2 * 10 + 1, Counted.requests  # about 2k log2(N), far below 1,024

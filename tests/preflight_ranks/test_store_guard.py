@@ -1,0 +1,127 @@
+"""processes/store.py: a store operation runs on its caller's thread, watched by the process's one
+watchdog, which ends one past its bound by shutting its connection down; where no connection is
+known, a thread's operations go through one long-lived worker (no thread per operation), and
+one that overruns leaves the worker blocked and the thread's later operations fail at once.
+Against a real TCPStore whose host is stopped (SIGSTOP): torch's client alone would wait on
+forever."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ddp_doctor.processes.store import StoreGuard, StoreTimeout, connect_store, store_call, wait_keys
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+
+def test_calls_run_on_one_worker_not_a_thread_each():
+    guard = StoreGuard()
+    assert guard.call(lambda: 41 + 1, "add", 5.0) == 42
+    before = threading.active_count()
+    names = {guard.call(lambda: threading.current_thread().name, "get", 5.0) for _ in range(200)}
+    assert names == {"ddp-doctor-store-guard"} and threading.active_count() <= before  # (an idle one may end)
+    with pytest.raises(KeyError):  # the call's own error reaches the caller
+        guard.call(lambda: {}["k"], "get", 5.0)
+
+
+def test_an_operation_past_its_bound_fails_and_so_do_the_later_ones_at_once():
+    guard = StoreGuard()
+    release = threading.Event()
+    with pytest.raises(StoreTimeout, match="did not answer get.'verdict'. within 0.5 s"):
+        guard.call(lambda: release.wait(30), "get('verdict')", 0.5)
+    start = time.monotonic()
+    with pytest.raises(StoreTimeout, match="an earlier call .get.'verdict'.. still waits"):
+        guard.call(lambda: 1, "add", 30.0)
+    assert time.monotonic() - start < 1.0
+    release.set()
+
+
+def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(tmp_path):
+    from helpers.procs import free_port
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, torch.distributed as d\n"
+        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
+        "print('up', flush=True)\nsys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        client = connect_store("127.0.0.1", port, hosting=False, timeout=2.0)  # as a rank connects
+        errors: list[BaseException] = []
+
+        def rank() -> None:  # a rank's thread, with its own guard
+            try:
+                assert store_call(lambda: client.add("n", 1), "add", 2.0) == 1
+                os.kill(host.pid, signal.SIGSTOP)
+                wait_keys(client, ["never"], "a key nobody writes", time.monotonic() + 30.0)
+            except BaseException as e:  # noqa: BLE001 - read below
+                errors.append(e)
+        t = threading.Thread(target=rank)
+        start = time.monotonic()
+        t.start()
+        t.join(60)
+        assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
+        assert time.monotonic() - start < 30  # its slices' bounds, not the 30 s deadline
+    finally:
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(10)
+
+
+def _stopped_host(port: int) -> subprocess.Popen:
+    host = subprocess.Popen([sys.executable, "-c", (
+        "import sys, torch.distributed as d\n"
+        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
+        "print('up', flush=True)\nsys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert host.stdout.readline().strip() == "up"
+    return host
+
+
+def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
+    """A client made by connect_store is watched: its calls run on the caller's thread (no worker,
+    no thread per call), and one the store never answers is ended by shutting its connection
+    down: StoreTimeout within the bound, and the later calls fail at once."""
+    from helpers.procs import free_port
+
+    from ddp_doctor.processes import store as st
+    port = free_port()
+    host = _stopped_host(port)
+    try:
+        client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
+        assert st._WATCHDOG.watches()
+        threads = []
+        assert store_call(lambda: (threads.append(threading.current_thread()), client.add("n", 1))[1], "add", 2.0) == 1
+        assert threads == [threading.current_thread()]  # run where it was called
+        os.kill(host.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(StoreTimeout, match="did not answer add.'n'. within 1 s"):
+            store_call(lambda: client.add("n", 1), "add('n')", 1.0)
+        assert time.monotonic() - start < 30  # the bound and a tick, not forever
+        with pytest.raises((RuntimeError, StoreTimeout)):  # the connection is shut: no second wait
+            store_call(lambda: client.get("n"), "get('n')", 1.0)
+    finally:
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(10)
+
+
+def test_the_watchdog_never_shuts_a_socket_whose_number_was_given_to_another(tmp_path):
+    """A closed connection's fd number may be reused: the watchdog shuts a socket down only while
+    its /proc link is the one it noted."""
+    import socket as so
+
+    from ddp_doctor.processes.store import _shut_down, _socket_links
+    a, b = so.socketpair()
+    try:
+        link = _socket_links()[a.fileno()]
+        _shut_down(a.fileno(), "socket:[0]")  # another socket's link: left alone
+        b.sendall(b"x")
+        assert a.recv(1) == b"x"
+        _shut_down(a.fileno(), link)  # its own: shut down, the peer reads the end
+        assert b.recv(1) == b""
+    finally:
+        a.close()
+        b.close()
