@@ -89,15 +89,35 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else 0
 
 
+def _runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    """[0, 1, 2, 3, 7] -> [(0, 3), (7, 7)]: the consecutive runs of a rank list, sorted."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    return runs
+
+
+def _run_text(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def format_ranks(ranks: Iterable[int]) -> str:
     """Compact rank lists for messages: [0, 1, 2, 3, 7] -> "0-3, 7"."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(parts)
+    return ", ".join(_run_text(lo, hi) for lo, hi in _runs(ranks))
+
+
+def brief_ranks(ranks: Iterable[int], parts: int = 6) -> str:
+    """format_ranks for a line a person reads: at most `parts` runs, then how many ranks the
+    rest holds ("0, 8, 16, 24, 32, 40 and 506 more rank(s) in 506 runs"), so a line stays short
+    whatever the world size. Where the full list is kept, it is a finding's `ranks`; the report
+    reads this form back only to recognise a finding's own ranks (report/build.py)."""
+    runs = _runs(ranks)
+    shown = ", ".join(_run_text(lo, hi) for lo, hi in runs[:parts])
+    if len(runs) <= parts:
+        return shown
+    rest = runs[parts:]
+    return (f"{shown} and {sum(hi - lo + 1 for lo, hi in rest)} more rank(s) in {len(rest)} "
+            + ("run" if len(rest) == 1 else "runs"))

@@ -12,7 +12,10 @@ from ddp_doctor.context import RankContext
 from ddp_doctor.facts.env_values import visible_devices
 from ddp_doctor.findings import (
     Problem,
-    format_ranks,  # "0-7, 9"
+    brief_ranks,  # "0-7, 9", at most 6 runs and how many more
+)
+from ddp_doctor.findings import (
+    format_ranks as format_ranks,  # "0-7, 9"; importable from here as before
 )
 from ddp_doctor.registry import check
 
@@ -25,15 +28,22 @@ SOFT_VERSION_KEYS = frozenset({"transformers", "accelerate", "numpy", "ddp_docto
 INFO_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"})
 MAX_GROUPS_SHOWN = 5
 MAX_HOSTS_SHOWN = 3
+# Evidence at 4,096 ranks stays a few KB a finding: the largest groups (the reference and the odd
+# ones most ranks share) and a few ranks' devices are kept, with a count of the rest; the finding's
+# `ranks` still names every odd rank.
+MAX_GROUPS_KEPT = 16
+MAX_DEVICES_KEPT = 16
+MAX_DEVICES_SHOWN = 8
 
 
 # ---------------------------------------------------------------------------------------------
 # Formatting helpers
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
-    """"rank 3" or "ranks 0-7, 9"."""
+    """"rank 3" or "ranks 0-7, 9"; scattered ranks at most 6 runs ("ranks 0, 8, 16, 24, 32, 40 and
+    506 more rank(s) in 506 runs"), so a message stays a line long at any world size."""
     rs = sorted(set(ranks))
-    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {format_ranks(rs)}"
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {brief_ranks(rs)}"
 
 
 def host_label(view: Mapping[str, Any]) -> str:
@@ -77,8 +87,25 @@ def odd_ranks(groups: list[tuple[Hashable, list[int]]]) -> tuple[int, ...]:
     return tuple(sorted(r for _, rs in groups[1:] for r in rs))
 
 
-def _evidence(groups: list[tuple[Hashable, list[int]]]) -> list[dict[str, Any]]:
-    return [{"value": v, "ranks": rs} for v, rs in groups]
+def _evidence(groups: list[tuple[Hashable, list[int]]]) -> dict[str, Any]:
+    """{"groups": [{"value", "ranks"}, ...]}: the MAX_GROUPS_KEPT largest groups, and
+    "groups_left_out" (how many smaller groups were not listed) when there were more."""
+    out: dict[str, Any] = {"groups": [{"value": v, "ranks": rs} for v, rs in groups[:MAX_GROUPS_KEPT]]}
+    if len(groups) > MAX_GROUPS_KEPT:
+        out["groups_left_out"] = len(groups) - MAX_GROUPS_KEPT
+    return out
+
+
+def _devices(views: Views, ranks: list[int]) -> tuple[str, dict[str, Any]]:
+    """"168: cuda:0, 173: cuda:0" for a message (MAX_DEVICES_SHOWN, then how many more) and
+    {"devices": {rank: device}} for the evidence (MAX_DEVICES_KEPT, then "devices_left_out")."""
+    shown = ", ".join(f"{r}: {views[r].get('device')}" for r in ranks[:MAX_DEVICES_SHOWN])
+    if len(ranks) > MAX_DEVICES_SHOWN:
+        shown += f" and {len(ranks) - MAX_DEVICES_SHOWN} more"
+    evidence: dict[str, Any] = {"devices": {str(r): views[r].get("device") for r in ranks[:MAX_DEVICES_KEPT]}}
+    if len(ranks) > MAX_DEVICES_KEPT:
+        evidence["devices_left_out"] = len(ranks) - MAX_DEVICES_KEPT
+    return shown, evidence
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +134,7 @@ def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
                     + describe_groups(views, groups, lambda x: "not installed" if x is None else str(x)),
             severity="warning" if lib in SOFT_VERSION_KEYS else None,
             ranks=odd_ranks(groups),
-            evidence={"library": lib, "groups": _evidence(groups)},
+            evidence={"library": lib, **_evidence(groups)},
         )
 
 
@@ -164,13 +191,12 @@ def gpus_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
         if key is None or len(ranks) < 2 or _one_local_rank(views, ranks):
             continue  # one LOCAL_RANK for all: two launchers on one host, DDP702's finding
         first = views[ranks[0]]
-        devices = ", ".join(f"{r}: {views[r].get('device')}" for r in ranks)
+        devices, kept = _devices(views, ranks)
         yield Problem(
             message=f"{ranks_phrase(ranks)} on host {host_label(first)} all use {_gpu_phrase(views, key, ranks)} "
                     f"(rank: device {devices}).",
             ranks=tuple(ranks),
-            evidence={"host": host_label(first), "device_uuid": first.get("device_uuid"),
-                      "devices": {str(r): views[r].get("device") for r in ranks}})
+            evidence={"host": host_label(first), "device_uuid": first.get("device_uuid"), **kept})
 
 
 @check("DDP702", category="consistency", severity="error", title="Two ranks claim one local rank on a host",
@@ -196,18 +222,18 @@ def local_ranks_unique(ctx: RankContext, views: Views) -> Iterator[Problem]:
         if local_rank is None or len(ranks) < 2:
             continue
         host = host_label(views[ranks[0]])
-        apart = list(ranks)  # ranks that share no GPU with another of this local rank
+        sharing: set[int] = set()  # ranks that share a GPU with another of this local rank
         for key, shared in group_ranks({r: views[r] for r in ranks}, _gpu_key):
             if key is None or len(shared) < 2:
                 continue
-            apart = [r for r in apart if r not in shared]
+            sharing.update(shared)
             yield Problem(
                 message=f"{ranks_phrase(shared)} on host {host} all have LOCAL_RANK={local_rank} and use "
                         f"{_gpu_phrase(views, key, shared)}.",
                 ranks=tuple(shared),
                 evidence={"host": host, "local_rank": local_rank, "shared": "gpu",
-                          "device_uuid": views[shared[0]].get("device_uuid"),
-                          "devices": {str(r): views[r].get("device") for r in shared}})
+                          "device_uuid": views[shared[0]].get("device_uuid"), **_devices(views, shared)[1]})
+        apart = [r for r in ranks if r not in sharing]
         for node_rank, same_launcher in group_ranks({r: views[r] for r in apart}, lambda v: v.get("node_rank")):
             if node_rank is None or len(same_launcher) < 2:
                 continue  # ranks of different launchers (node ranks) that share nothing: fine
@@ -290,7 +316,7 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
         if len(groups) > 1:
             yield Problem(
                 message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
-                ranks=odd_ranks(groups), evidence={"field": field, "groups": _evidence(groups)})
+                ranks=odd_ranks(groups), evidence={"field": field, **_evidence(groups)})
     per_host = {hk: group_ranks({r: views[r] for r in rs}, lambda v: v.get("local_world_size"))
                 for hk, rs in _by_host(views).items()}
     for _hk, groups in per_host.items():
@@ -298,7 +324,7 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
             yield Problem(
                 message="LOCAL_WORLD_SIZE differs between ranks on one host: "
                         + describe_groups(views, groups, _value_label),
-                ranks=odd_ranks(groups), evidence={"field": "local_world_size", "groups": _evidence(groups)})
+                ranks=odd_ranks(groups), evidence={"field": "local_world_size", **_evidence(groups)})
     if all(len(g) == 1 for g in per_host.values()) and len(per_host) > 1:
         groups = group_ranks(views, lambda v: v.get("local_world_size"))
         if len(groups) > 1:
@@ -307,7 +333,7 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
                 severity="warning", ranks=odd_ranks(groups),
                 hint="Uneven nodes work with torchrun but SageMaker and most schedules assume the same "
                      "number of processes per node; check --nproc-per-node on each node.",
-                evidence={"field": "local_world_size", "groups": _evidence(groups)})
+                evidence={"field": "local_world_size", **_evidence(groups)})
 
 
 def _value_label(value: Hashable) -> str:
@@ -344,7 +370,7 @@ def same_code(ctx: RankContext, views: Views) -> Iterator[Problem]:
 
     yield Problem(
         message="The training script differs between ranks: " + describe_groups(views, groups, label),
-        ranks=odd_ranks(groups), evidence={"groups": _evidence(groups)})
+        ranks=odd_ranks(groups), evidence=_evidence(groups))
 
 
 @check("DDP706", category="consistency", severity="warning",
@@ -373,4 +399,4 @@ def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
         yield Problem(
             message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
             severity="info" if name in INFO_ENV else None, ranks=odd_ranks(groups),
-            evidence={"variable": name, "groups": _evidence(groups)})
+            evidence={"variable": name, **_evidence(groups)})

@@ -5,10 +5,10 @@ Pure functions over findings and plain dicts; rendering and writing live in rend
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
-from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks, severity_rank
+from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks, format_ranks, severity_rank
 from ddp_doctor.version import __version__
 
 SCHEMA = "ddp-doctor.report"
@@ -16,25 +16,55 @@ SCHEMA_VERSION = 1
 
 
 # A mention of ranks in a message or hint: "rank 3", "Rank 3", "ranks 0-3, 7", "rank(s) 1, 2",
-# "local rank 1", and torch's log prefix "[rank1]". Only the finding's own ranks are taken out
-# (see _normalise): "after rank 1 failed" in rank 0's finding is part of what it says.
+# "local rank 1", brief_ranks' "ranks 0, 8 and 510 more rank(s) in 510 runs", and torch's log
+# prefix "[rank1]". Only the finding's own ranks are taken out (see _normalise): "after rank 1
+# failed" in rank 0's finding is part of what it says.
 _MENTION = re.compile(
     r"(?<![\w=\[])(?P<word>local\s+ranks?|ranks?\(s\)|ranks?)\s+"
-    r"(?P<list>\d+(?:(?:\s*,\s*|\s*-\s*)\d+)*)(?!\w|\.\d)", re.I)
+    r"(?P<list>\d+(?:(?:\s*,\s*|\s*-\s*)\d+)*)"
+    r"(?P<more>\s+and\s+(?P<count>\d+)\s+more\s+rank\(s\)\s+in\s+\d+\s+runs?)?(?!\w|\.\d)", re.I)
 _PREFIX = re.compile(r"\[rank(?P<n>\d+)\]")
 _PLACEHOLDER = re.compile(r"\x00(?P<kind>[a-z(s)]+)(?P<cap>[01])\x00")
 
 
-def _expand(pieces: list[str]) -> set[int]:
-    """"0-3", "7" -> {0, 1, 2, 3, 7}."""
-    out: set[int] = set()
+# Past this many findings of one problem that differ only in their numbers (a pid, a size, a
+# host's name: one per node of a big job), they are one finding with a few of them as examples
+# (see _fold). Fewer stay apart: "WORLD_SIZE=2" on one rank and "=3" on another is the problem.
+FOLD_AT = 16
+# Evidence kept per merged finding: per-rank evidence and examples, each at most this many
+# entries, with a count of what was left out (docs/report-schema.md, "At scale").
+MAX_KEPT = 16
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _pieces(pieces: list[str], ranks: set[int]) -> Iterator[set[int]]:
+    """The ranks named by each listed piece ("0-3" -> {0, 1, 2, 3}), in order, until one names a
+    rank outside `ranks` (a mention of other ranks, or a range too wide to be ranks)."""
     for p in pieces:
         a, _, b = p.partition("-")
         lo, hi = int(a), int(b or a)
-        if hi - lo > 100000:
-            return {-1}
-        out.update(range(lo, hi + 1))
-    return out
+        if hi - lo > len(ranks) or not all(r in ranks for r in range(lo, hi + 1)):
+            return
+        yield set(range(lo, hi + 1))
+
+
+def _own_prefix(pieces: list[str], ranks: set[int]) -> int:
+    """How many of the listed pieces make the longest prefix naming exactly `ranks` (0: none).
+    One pass over the pieces, whatever their number."""
+    seen: set[int] = set()
+    found = 0
+    for n, named in enumerate(_pieces(pieces, ranks), 1):
+        seen |= named
+        if len(seen) == len(ranks):
+            found = n
+    return found
+
+
+def _own_brief(pieces: list[str], more: int, ranks: set[int]) -> bool:
+    """brief_ranks' "0, 8 and 510 more rank(s) in 510 runs" names `ranks`: every run shown is
+    some of them, and the count says how many are left."""
+    named = list(_pieces(pieces, ranks))
+    return len(named) == len(pieces) and len(set().union(*named)) + more == len(ranks)
 
 
 def _normalise(text: str, ranks: set[int]) -> str:
@@ -47,13 +77,14 @@ def _normalise(text: str, ranks: set[int]) -> str:
 
     def mention(m: re.Match[str]) -> str:
         word = m.group("word")
+        kind = ("local" if word.lower().startswith("local") else
+                "rank(s)" if word.lower().endswith("(s)") else "rank")
+        placeholder = f"\x00{kind}{int(word[0].isupper())}\x00"
         pieces = [p.replace(" ", "") for p in re.split(r"\s*,\s*", m.group("list"))]
-        for n in range(len(pieces), 0, -1):  # the longest prefix of the list naming exactly its ranks
-            if _expand(pieces[:n]) == ranks:
-                kind = ("local" if word.lower().startswith("local") else
-                        "rank(s)" if word.lower().endswith("(s)") else "rank")
-                return f"\x00{kind}{int(word[0].isupper())}\x00{_tail(m.group('list'), pieces[:n])}"
-        return m.group(0)
+        if m.group("more"):
+            return placeholder if _own_brief(pieces, int(m.group("count")), ranks) else m.group(0)
+        n = _own_prefix(pieces, ranks)  # the longest prefix of the list naming exactly its ranks
+        return placeholder + _tail(m.group("list"), pieces[:n]) if n else m.group(0)
 
     text = _MENTION.sub(mention, text)
     return _PREFIX.sub(lambda m: "\x00prefix0\x00" if {int(m.group("n"))} == ranks else m.group(0), text)
@@ -71,8 +102,9 @@ def _tail(listed: str, taken: list[str]) -> str:
 
 
 def _render(text: str, ranks: list[int]) -> str:
-    """A normalised text with the placeholders written out for the merged `ranks`."""
-    listed = format_ranks(ranks)
+    """A normalised text with the placeholders written out for the merged `ranks`: at most 6 runs
+    of them and how many more (brief_ranks), the finding's `ranks` holding them all."""
+    listed = brief_ranks(ranks)
     many = len(set(ranks)) > 1
 
     def one(m: re.Match[str]) -> str:
@@ -92,12 +124,17 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     their ranks ("ranks 0-1 raised X"), at the time it was first seen. Identical texts merge first
     (so "the host of rank 0" in every rank's hint stays what it says); then texts equal but for
     the mention of their own ranks. Messages that differ in anything else (another rank named,
-    another value) stay separate findings. Where the merged findings' evidence differs, each
-    rank's is kept under evidence["per_rank"] (keyed by the rank list as format_ranks writes
-    it), the earliest one's at the top level as before."""
+    another value) stay separate findings, unless FOLD_AT or more of them differ only in their
+    numbers (see _fold). Where the merged findings' evidence differs, each rank's is kept under
+    evidence["per_rank"] (keyed by the rank list as format_ranks writes it; ranks with the same
+    evidence share one entry; at most MAX_KEPT entries, then evidence["per_rank_left_out"]: how
+    many ranks' evidence is not listed), the earliest one's at the top level as before.
+
+    Linear in the findings (a dictionary per pass) but for sorting the ranks and the result."""
     exact = _merge(findings, lambda f: (f.id, f.severity, f.message, f.hint), render=False)
-    return _merge(exact, lambda f: (f.id, f.severity, _normalise(f.message, set(f.ranks)),
-                                    _normalise(f.hint, set(f.ranks))), render=True)
+    by_rank = _merge(exact, lambda f: (f.id, f.severity, _normalise(f.message, set(f.ranks)),
+                                       _normalise(f.hint, set(f.ranks))), render=True)
+    return _fold(by_rank)
 
 
 def _merge(findings: Iterable[Finding], key: Any, *, render: bool) -> list[Finding]:
@@ -109,22 +146,83 @@ def _merge(findings: Iterable[Finding], key: Any, *, render: bool) -> list[Findi
         first = min(group, key=lambda f: f.time)
         ranks = sorted({r for f in group for r in f.ranks})
         evidence = dict(first.evidence)
-        if len(group) > 1:
-            per_rank: dict[str, Any] = {}
-            for f in group:
-                inner = {k: v for k, v in f.evidence.items() if k != "per_rank"}
-                for sub, ev in (f.evidence.get("per_rank") or {format_ranks(f.ranks) or "-": inner}).items():
-                    per_rank.setdefault(sub, ev)
-            if len({repr(v) for v in per_rank.values()}) > 1:
-                evidence["per_rank"] = per_rank
-            else:
-                evidence.pop("per_rank", None)
+        # a check's own per_rank (a rank's error on every rank of a big job) is capped as a merge's
+        if len(group) > 1 or len(evidence.get("per_rank") or ()) > MAX_KEPT:
+            evidence.pop("per_rank", None)
+            evidence.pop("per_rank_left_out", None)
+            evidence.update(_per_rank(group))
         again = render and len(group) > 1
         merged.append(Finding(**{**first.__dict__, "ranks": ranks, "evidence": evidence,
                                  "message": _render(message, ranks) if again else first.message,
                                  "hint": _render(hint, ranks) if again else first.hint,
                                  "time": min(f.time for f in group)}))
     return sorted(merged, key=lambda f: (severity_rank(f.severity), f.time, f.id))
+
+
+def _per_rank(group: list[Finding]) -> dict[str, Any]:
+    """{"per_rank": {ranks: evidence}} for merged findings whose evidence differs, {} where it is
+    the same on every rank. Ranks with equal evidence share an entry; the MAX_KEPT entries of the
+    lowest ranks are kept and "per_rank_left_out" counts the ranks of the others."""
+    entries: dict[str, tuple[list[int], Any]] = {}  # repr(evidence) -> (ranks, evidence)
+    left_out = 0
+    for f in group:
+        left_out += int(f.evidence.get("per_rank_left_out") or 0)
+        merged = f.evidence.get("per_rank")  # a finding merged before (a report read back)
+        pairs = ([(_ranks_of(sub), ev) for sub, ev in merged.items()] if merged else
+                 [(f.ranks, {k: v for k, v in f.evidence.items() if k not in ("per_rank", "per_rank_left_out")})])
+        for ranks, ev in pairs:
+            entries.setdefault(repr(ev), ([], ev))[0].extend(ranks)
+    if len(entries) + (left_out > 0) <= 1:
+        return {}
+    ordered = sorted(entries.values(), key=lambda e: min(e[0], default=-1))
+    out: dict[str, Any] = {"per_rank": {format_ranks(rs) or "-": ev for rs, ev in ordered[:MAX_KEPT]}}
+    left_out += sum(len(set(rs)) for rs, _ in ordered[MAX_KEPT:])
+    if left_out:
+        out["per_rank_left_out"] = left_out
+    return out
+
+
+def _ranks_of(key: str) -> list[int]:
+    """The ranks a per_rank key names ("0-3, 7"; "-" for none)."""
+    out: list[int] = []
+    for piece in key.split(","):
+        a, _, b = piece.strip().partition("-")
+        if a.isdigit() and (not b or b.isdigit()):
+            out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _fold(findings: list[Finding]) -> list[Finding]:
+    """FOLD_AT or more findings of one ID, severity and cause whose message and hint differ only in
+    their numbers (a leftover process's pid on each of 200 nodes) are one finding: the earliest
+    one's message, saying how many more are like it, on all their ranks; the others, at most
+    MAX_KEPT of them, under evidence["variants"] ({"ranks", "message", "evidence"}) and
+    evidence["variants_left_out"] counting the rest. Fewer stay apart, each its own finding."""
+    groups: dict[tuple[Any, ...], list[Finding]] = {}
+    for f in findings:
+        key = (f.id, f.severity, f.phase, f.caused_by, _NUMBER.sub("#", f.message), _NUMBER.sub("#", f.hint))
+        groups.setdefault(key, []).append(f)
+    if all(len(g) < FOLD_AT for g in groups.values()):
+        return findings
+    out: list[Finding] = []
+    for group in groups.values():
+        if len(group) < FOLD_AT:
+            out += group
+            continue
+        group = sorted(group, key=lambda f: (f.time, min(f.ranks, default=-1)))
+        first, others = group[0], group[1:]
+        ranks = sorted({r for f in group for r in f.ranks})
+        more = len(ranks) - len(set(first.ranks))
+        evidence = {**first.evidence, "variants": [
+            {"ranks": sorted(f.ranks), "message": f.message,
+             "evidence": {k: v for k, v in f.evidence.items() if k not in ("per_rank", "per_rank_left_out")}}
+            for f in others[:MAX_KEPT]]}
+        if len(others) > MAX_KEPT:
+            evidence["variants_left_out"] = len(others) - MAX_KEPT
+        message = (f"{first.message} (and {len(others)} more like it with other values"
+                   + (f" on {more} more rank(s)" if more else "") + "; evidence.variants)")
+        out.append(Finding(**{**first.__dict__, "ranks": ranks, "evidence": evidence, "message": message}))
+    return sorted(out, key=lambda f: (severity_rank(f.severity), f.time, f.id))
 
 
 def status_of(findings: Iterable[Finding]) -> str:

@@ -4,7 +4,6 @@ error file and SageMaker's failure file so the platforms show the diagnosis.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -81,7 +80,7 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
     if passed:
         text = redact_text(verdict_line(rep, report_path=path, command=out.command))
     elif out.json:
-        text = json.dumps(redact_obj(rep), indent=2)
+        text = sinks.report_json(redact_obj(rep))
     else:
         text = redact_text(render_text(rep, report_path=path, verbose=out.verbose, command=out.command))
     if prefix:

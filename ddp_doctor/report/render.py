@@ -1,17 +1,43 @@
 """Human-readable text for a report: a verdict line, the root cause, then findings by severity."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ddp_doctor.findings import format_ranks
+from ddp_doctor.findings import brief_ranks
 
 HEADINGS = (("error", "Errors"), ("warning", "Warnings"), ("info", "Info"))
+# The text is read on a screen: past SCREEN_LINES lines it is written again, tighter (see FITS),
+# until it fits; the JSON report keeps everything the text leaves out.
+SCREEN_LINES = 40
+WIDTH = 200
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """How tight the text is written. `width`: a message longer is cut; `per_id`: messages shown
+    of the findings that share an ID (one title, one Fix); `per_heading`: IDs shown under a
+    heading; `consequences`: those listed under the root cause. None: no limit."""
+
+    width: int | None = None
+    per_id: int | None = None
+    per_heading: int | None = None
+    consequences: int | None = None
+
+
+# The full text first (what a small job always gets), then tighter ones while it is too long.
+FITS = (_Fit(), _Fit(WIDTH, 3, 8, 5), _Fit(WIDTH, 1, 5, 3), _Fit(WIDTH, 1, 3, 1))
 
 
 def _ranks(ranks: list[int]) -> str:
     if not ranks:
         return ""
-    return f" [rank {format_ranks(ranks)}]" if len(ranks) == 1 else f" [ranks {format_ranks(ranks)}]"
+    return f" [rank {brief_ranks(ranks)}]" if len(ranks) == 1 else f" [ranks {brief_ranks(ranks)}]"
+
+
+def _cut(line: str, width: int | None) -> str:
+    """A line at most `width` characters long (cut ones end in " ...": the JSON has them whole)."""
+    return line if width is None or len(line) <= width else line[: width - 4] + " ..."
 
 
 def _launcher(world: dict[str, Any]) -> str:
@@ -53,7 +79,18 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
     """The report as text, each finding once: the headline (`command`, e.g. "bench-comm", else the
     report's phase), the root cause with the user's line and, under it, its consequences; then the
     other findings by severity. On a failure the info findings and the measurements are only
-    counted unless `verbose`: the lines that matter come first and alone."""
+    counted unless `verbose`: the lines that matter come first and alone. A text longer than a
+    screen (SCREEN_LINES) is written tighter (FITS): the findings of one ID under one title and one
+    Fix, a few of each, long messages cut; what is left out is counted and stays in the JSON."""
+    for fit in FITS:
+        lines = _lines(report, report_path, verbose, command, fit)
+        if len(lines) <= SCREEN_LINES:
+            break
+    return "\n".join(lines)
+
+
+def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, command: str | None,
+           fit: _Fit) -> list[str]:
     world = report.get("world") or {}
     findings = report.get("findings") or []
     counts = {s: sum(1 for f in findings if f["severity"] == s) for s, _ in HEADINGS}
@@ -62,22 +99,24 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
     lines = [f"ddp-doctor {command or report.get('phase', 'preflight')}: {status} "
              f"({counts['error']} error(s), {counts['warning']} warning(s)) - {_where(world)}"]
     cause = report.get("root_cause")
-    shown: list[dict[str, Any]] = []
+    shown: set[int] = set()  # id() of the findings said under the root cause
     if cause:
         lines.append(f"Root cause: {cause['id']} {cause['title']}{_ranks(cause.get('ranks', []))}")
-        lines.append(f"  {cause['message']}")
+        lines.append(_cut(f"  {cause['message']}", fit.width))
         site = _site(cause)
         if site:
             lines.append(f"  at {site}")
         lines.append(f"  Fix: {cause['hint']}")
-        shown = [f for f in findings if _same(f, cause)]
-        then = [f for f in findings if f.get("caused_by") == cause["id"] and not _same(f, cause)]
+        shown = {id(f) for f in findings if _same(f, cause)}
+        then = [f for f in findings if f.get("caused_by") == cause["id"] and id(f) not in shown]
         if then:
             lines.append("  Then, as a consequence:")
-            for f in then:
-                lines.append(f"    {f['id']}{_ranks(f.get('ranks', []))}: {f['message']}")
-            shown += then
-    rest = [f for f in findings if not any(f is g for g in shown)]
+            for f in then[:fit.consequences]:
+                lines.append(_cut(f"    {f['id']}{_ranks(f.get('ranks', []))}: {f['message']}", fit.width))
+            if fit.consequences is not None and len(then) > fit.consequences:
+                lines.append(f"    ... and {len(then) - fit.consequences} more (in the JSON report)")
+            shown |= {id(f) for f in then}
+    rest = [f for f in findings if id(f) not in shown]
     for severity, heading in HEADINGS:
         group = [f for f in rest if f["severity"] == severity]
         if severity == "error" and cause and group:
@@ -87,11 +126,15 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
                 lines.append(f"{heading}: {len(group)} (shown with --verbose or in the JSON report)")
             continue
         lines.append(f"{heading}:")
-        for f in group:
-            lines.append(f"  {f['id']} {f['title']}{_ranks(f.get('ranks', []))}")
-            lines.append(f"      {f['message']}")
-            if severity != "info" or verbose:
-                lines.append(f"      Fix: {f['hint']}")
+        fix = severity != "info" or verbose
+        if fit.per_id is None:
+            for f in group:
+                lines.append(f"  {f['id']} {f['title']}{_ranks(f.get('ranks', []))}")
+                lines.append(f"      {f['message']}")
+                if fix:
+                    lines.append(f"      Fix: {f['hint']}")
+            continue
+        lines += _by_id(group, fit, fix)
     ar = (report.get("measurements") or {}).get("all_reduce") or []
     if ar and (verbose or not failed):
         big = max(ar, key=lambda m: m.get("bytes", 0))
@@ -99,7 +142,36 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
                      f"busbw {big['busbw_gbps']:.3f} GB/s, {'correct' if big.get('correct') else 'WRONG'}")
     if report_path:
         lines.append(f"Report: {report_path}")
-    return "\n".join(lines)
+    return lines
+
+
+def _by_id(group: list[dict[str, Any]], fit: _Fit, fix: bool) -> list[str]:
+    """The tighter text of one heading's findings: those of one ID under one title (all their
+    ranks) and one Fix, `fit.per_id` messages of them (each with its ranks when the ID's are
+    several findings'), `fit.per_heading` IDs; the rest counted."""
+    ids: dict[str, list[dict[str, Any]]] = {}
+    for f in group:
+        ids.setdefault(f["id"], []).append(f)
+    lines: list[str] = []
+    for same in list(ids.values())[:fit.per_heading]:
+        first = same[0]
+        ranks = sorted({r for f in same for r in f.get("ranks", [])})
+        lines.append(f"  {first['id']} {first['title']}{_ranks(ranks)}")
+        for f in same[:fit.per_id]:
+            # whose message it is, when the title's ranks are several findings' and it does not say
+            own = f.get("ranks") or []
+            tag = _ranks(own).strip() + " " if own != ranks and brief_ranks(own) not in f["message"] else ""
+            lines.append(_cut(f"      {tag}{f['message']}", fit.width))
+        if fit.per_id is not None and len(same) > fit.per_id:
+            lines.append(f"      ... and {len(same) - fit.per_id} more {first['id']} finding(s) (in the JSON report)")
+        if fix:
+            lines.append(f"      Fix: {first['hint']}")
+    hidden = list(ids)[fit.per_heading:] if fit.per_heading is not None else []
+    if hidden:
+        count = sum(len(ids[i]) for i in hidden)
+        names = ", ".join(hidden[:8]) + (f" and {len(hidden) - 8} more" if len(hidden) > 8 else "")
+        lines.append(f"  ... and {count} more finding(s): {names} (in the JSON report)")
+    return lines
 
 
 def verdict_line(report: dict[str, Any], *, report_path: str | None = None, command: str | None = None) -> str:

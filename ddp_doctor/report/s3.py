@@ -13,11 +13,11 @@ Where the report goes, from an S3 URI:
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Mapping
 
 from ddp_doctor.report.redact import redact_obj, redact_text
+from ddp_doctor.report.sinks import report_json
 
 S3_URI_ENV = "DDP_DOCTOR_REPORT_S3_URI"
 REPORT_NAME = "ddp-doctor-report.json"
@@ -88,7 +88,7 @@ def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | 
     except S3UriError as e:
         return f"could not upload the report: {e}"
     try:
-        body = (json.dumps(redact_obj(report), indent=2, default=str) + "\n").encode("utf-8")
+        body = (report_json(redact_obj(report)) + "\n").encode("utf-8")
         if client is None:
             import boto3
             from botocore.config import Config

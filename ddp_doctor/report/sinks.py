@@ -155,12 +155,38 @@ def _error(what: str, path: str, e: BaseException) -> str:
     return f"could not write {what} {path}: {type(e).__name__}: {e}"
 
 
+def report_json(report: dict[str, Any]) -> str:
+    """The report as JSON text, indented as `json.dumps(indent=2)` writes it but for two things
+    that keep a 4,096-rank report small and readable: a list of plain values (a finding's
+    `ranks`) is one line, and so is each rank's entry in the report's `ranks`. The same JSON
+    value, whatever the whitespace (the file, `--json`, S3)."""
+    def text(value: Any, depth: int, one_line_items: bool = False) -> str:
+        pad = "  " * depth
+        if isinstance(value, dict) and value:
+            items = [f"{pad}  {_key(k)}: {text(v, depth + 1, depth == 0 and k == 'ranks')}" for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        if isinstance(value, (list, tuple)) and value and not all(_plain(v) for v in value):
+            items = [f"{pad}  {json.dumps(v, default=str) if one_line_items else text(v, depth + 1)}" for v in value]
+            return "[\n" + ",\n".join(items) + f"\n{pad}]"
+        return json.dumps(value, default=str)
+    return text(report, 0)
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _key(key: Any) -> str:
+    """A dict key as json.dumps writes it (a number or None becomes a string)."""
+    return json.dumps(key) if isinstance(key, str) else json.dumps({key: 0})[1:-4]
+
+
 def write_report_file(report: dict[str, Any], path: str, *, private: bool = False) -> str | None:
     """Write the (redacted) JSON report atomically, creating parent directories; `private`: 0600
     (a rank's report left in a run directory for the parent), else 0644.
     Returns None on success, else the error text."""
     try:
-        text = json.dumps(redact_obj(report), indent=2, sort_keys=False, default=str) + "\n"
+        text = report_json(redact_obj(report)) + "\n"
         if os.environ.get(TEST_ERRORS_ENV):  # the test suite only: every report written is validated
             record_if_invalid(text, path)
         _atomic_write(path, text, 0o600 if private else 0o644)
