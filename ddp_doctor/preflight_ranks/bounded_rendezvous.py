@@ -294,7 +294,8 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
         if n < world_size and wait_keys(store, ["arrived/all"], "every rank's check-in", deadline):
             n = world_size
     arrived = list(range(world_size)) if n >= world_size else present_ranks(store, world_size, bound)
-    missing = [r for r in range(world_size) if r not in arrived]
+    present = set(arrived)
+    missing = [r for r in range(world_size) if r not in present]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
         findings.append(event_finding(
             ev.RANKS_MISSING,
