@@ -78,8 +78,11 @@ def _socket_links() -> dict[int, str]:
 
 
 def _peer_port(fd: int) -> int | None:
+    """The port at the other end of an IP connection on fd; None for anything else."""
     try:
         with socket.socket(fileno=os.dup(fd)) as s:
+            if s.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
             return int(s.getpeername()[1])
     except OSError:  # not connected (a listener), or gone
         return None

@@ -125,3 +125,32 @@ def test_the_watchdog_never_shuts_a_socket_whose_number_was_given_to_another(tmp
     finally:
         a.close()
         b.close()
+
+
+def test_only_the_stores_own_connections_are_noted():
+    """connect_store notes the new sockets connected to the store's port, and no other: not a
+    unix socket, not a listener, not a connection elsewhere made meanwhile."""
+    import socket as so
+
+    from helpers.procs import free_port
+
+    from ddp_doctor.processes import store as st
+    port = free_port()
+    other = so.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    pair = []
+    with st._WATCHDOG.connecting(port):
+        pair += so.socketpair()  # a unix socket made meanwhile
+        elsewhere = so.create_connection(other.getsockname())
+        host = st.connect_store("127.0.0.1", port, hosting=True, timeout=5.0)
+    try:
+        noted = dict(st._WATCHDOG._sockets)
+        assert not {p.fileno() for p in pair} & set(noted) and elsewhere.fileno() not in noted
+        assert noted and all(st._peer_port(fd) == port for fd in noted)
+        assert store_call(lambda: host.add("n", 1), "add", 5.0) == 1
+    finally:
+        elsewhere.close()
+        other.close()
+        for p in pair:
+            p.close()
