@@ -1,0 +1,256 @@
+"""The preflight's rendezvous and view exchange at scale, simulated: RANKS ranks as threads of a few
+processes (--procs), each thread with its own client of one real TCPStore (hosted by this process,
+as rank 0's process hosts it), against a baseline of the same clients doing a plain store barrier
+(each adds one to a counter; the last sets a key the others wait for) in the same run.
+
+The preflight's part runs the project's own code (preflight_ranks/bounded_rendezvous.meet and
+processes/store.read_json_keys, through the same bounded store calls), in the order a preflight
+does: every rank meets (checks in, publishes its view, waits for all), puts its final findings;
+the reporting rank (0) reads every rank's final findings and view and puts the verdict; every other
+rank reads the verdict. Each view is a real rank's size (about 2 KB of JSON).
+
+Figures per world size: the time for every simulated rank to connect its own client (the
+harness's cost, and a real rank's at start), the wall time of each part once all are connected
+(from the moment they are told to start to the last rank done: the median of --rounds rounds,
+taken in turns baseline, preflight, preflight, baseline, ...), their ratio with and without the
+connecting, the requests the clients sent to the store (all clients, counted client-side) per
+second of that part, and the peak memory (the largest process's RSS, this one hosting the store
+included).
+
+    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--timeout 300]
+
+Aim (issue 23): the preflight's part at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
+The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
+and the request counts, not a real cluster's seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import socket
+import statistics
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+VIEW = {"hostname": "algo-1", "pid": 1, "launcher": "torchrun", "backend": "nccl",
+        "versions": {k: "2.13.0" for k in ("python", "torch", "cuda", "nccl", "transformers", "accelerate", "numpy")},
+        "env": {f"NCCL_SETTING_{i}": "value-of-the-setting" for i in range(40)}, "findings": []}
+
+
+def _counting_store(inner: Any) -> Any:
+    import torch.distributed as dist
+
+    class Counting(dist.Store):
+        """The client, counting the requests it sends (one per call; multi_get and wait: one)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.requests = 0
+
+        def _n(self) -> None:
+            self.requests += 1
+
+        def set(self, k, v):  # noqa: ANN001, ANN202 - torch's Store interface
+            self._n()
+            return inner.set(k, v)
+
+        def get(self, k):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.get(k)
+
+        def add(self, k, v):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.add(k, v)
+
+        def check(self, ks):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.check(ks)
+
+        def wait(self, ks, t=None):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.wait(ks, t) if t is not None else inner.wait(ks)
+
+        def multi_get(self, ks):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.multi_get(ks)
+
+        def append(self, k, v):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.append(k, v)
+
+        def compare_set(self, k, e, d):  # noqa: ANN001, ANN202
+            self._n()
+            return inner.compare_set(k, e, d)
+
+    return Counting()
+
+
+def _baseline(store: Any, rank: int, world: int, timeout: float) -> None:
+    """A plain store barrier: add, and the last one sets the key the others wait for."""
+    if int(store.add("barrier", 1)) == world:
+        store.set("barrier/all", "1")
+    else:
+        store.wait(["barrier/all"], timedelta(seconds=timeout))
+
+
+def _rendezvous(store: Any, rank: int, world: int, timeout: float) -> None:
+    """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
+    for all); the reporting rank (0) reads every view."""
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet
+    from ddp_doctor.processes.store import read_json_keys
+    meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
+    assert not meeting.missing, meeting.missing
+    if rank == 0:
+        views = read_json_keys(store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + timeout)
+        assert len(views) == world, len(views)
+
+
+def _preflight(store: Any, rank: int, world: int, timeout: float) -> None:
+    """The preflight's rendezvous and view exchange, with its own functions (see the doc)."""
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet
+    from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
+    meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
+    assert not meeting.missing, meeting.missing
+    final = json.dumps({"findings": [], "measurements": {"stage_seconds": {"total": 1.0}}})
+    store_call(lambda: store.set(f"final/{rank}", final), "final", op_bound(timeout))
+    deadline = time.monotonic() + timeout
+    if rank == 0:
+        finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
+        views = read_json_keys(store, [f"view/{r}" for r in meeting.arrived], deadline)
+        assert len(finals) == len(views) == world, (len(finals), len(views))
+        store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
+    else:
+        assert read_json_keys(store, ["verdict"], deadline), "no verdict"
+
+
+PARTS = ("baseline", "rendezvous", "preflight")  # taken in turns: this order, then the other way
+
+
+def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, ends: dict[int, float],
+              errors: list[str]) -> None:
+    try:
+        fn(store, rank, world, timeout)
+        ends[rank] = time.time()
+    except Exception as e:  # noqa: BLE001 - said by the parent
+        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+
+
+def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any) -> None:
+    import torch.distributed as dist
+    control = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout),
+                            wait_for_workers=False)
+    control.add("ready", 1)
+    control.wait(["go/connect"], timedelta(seconds=timeout))
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddp_doctor.processes.store import connect_store  # as a rank connects (its calls then watched)
+    with ThreadPoolExecutor(64) as pool:  # torch's client now and then takes 5 s to connect: in parallel
+        made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)), ranks)
+        clients = {r: _counting_store(c) for r, c in made}
+    results: dict[str, Any] = {"connected": time.time()}
+    for i in range(rounds):
+        for part in PARTS if i % 2 == 0 else PARTS[::-1]:
+            key = f"{part}-{i}"
+            control.add("ready", 1)
+            control.wait([f"go/{key}"], timedelta(seconds=timeout))
+            before = {r: c.requests for r, c in clients.items()}
+            ends: dict[int, float] = {}
+            errors: list[str] = []
+            fn = {"baseline": _baseline, "rendezvous": _rendezvous, "preflight": _preflight}[part]
+            threads = [threading.Thread(target=_run_part, daemon=True,
+                                        args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
+                                              ends, errors)) for r in ranks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout + 30)
+            if errors or len(ends) < len(ranks):
+                out.put({"error": errors[:3] or [f"{len(ranks) - len(ends)} rank(s) did not finish"]})
+                return
+            results.setdefault(part, []).append((max(ends.values()),
+                                                 sum(c.requests - before[r] for r, c in clients.items())))
+    out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+
+
+def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, Any]:
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    shares = [list(range(world))[i::procs] for i in range(procs)]
+    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out)) for share in shares]
+    for w in workers:
+        w.start()
+    starts: dict[str, float] = {}
+    try:
+        keys = ["connect"] + [f"{part}-{i}" for i in range(rounds) for part in (PARTS if i % 2 == 0 else PARTS[::-1])]
+        for n, key in enumerate(keys, 1):
+            deadline = time.monotonic() + timeout
+            while int(host.add("ready", 0)) < procs * n:  # every process says "ready" once per part
+                if time.monotonic() > deadline or not all(w.is_alive() for w in workers):
+                    said = [] if out.empty() else [out.get(timeout=5)]  # a worker that failed says why
+                    raise SystemExit(f"{world} ranks: the workers did not get ready for {key}: {said}")
+                time.sleep(0.05)
+            starts[key] = time.time()
+            host.set(f"go/{key}", "1")
+        got = [out.get(timeout=timeout + 60) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(10)
+            if w.is_alive():
+                w.kill()
+    bad = [g["error"] for g in got if "error" in g]
+    if bad:
+        raise SystemExit(f"{world} ranks: {bad[0]}")
+    figures: dict[str, Any] = {"connect": max(g["results"]["connected"] for g in got) - starts["connect"]}
+    for part in PARTS:
+        secs, reqs = [], []
+        for i in range(rounds):
+            key = f"{part}-{i}"
+            secs.append(max(g["results"][part][i][0] for g in got) - starts[key])
+            reqs.append(sum(g["results"][part][i][1] for g in got))
+        figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs)}
+    figures["rss_mb"] = max([g["rss_kb"] for g in got] + [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]) / 1024
+    return figures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
+    ap.add_argument("--procs", type=int, default=4, help="processes the simulated ranks are spread over")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take")
+    args = ap.parse_args()
+    print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'rendezvous s':>13} {'ratio':>6} {'preflight s':>12} "
+          f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
+          f"{'peak RSS MB':>12}")
+    for world in args.ranks:
+        f = measure(world, min(args.procs, world), args.rounds, args.timeout)
+        b, r, p, c = f["baseline"], f["rendezvous"], f["preflight"], f["connect"]
+        print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
+              f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
+              f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
+              f"{p['requests'] / world:>9.1f} {f['rss_mb']:>12.0f}", flush=True)
+    print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
+          f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
+          f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
+          f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank. Median of "
+          f"{args.rounds} rounds each, in turns; {args.procs} processes; requests counted client-side.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
