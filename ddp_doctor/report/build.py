@@ -197,9 +197,14 @@ def _fold(findings: list[Finding]) -> list[Finding]:
     their numbers (a leftover process's pid on each of 200 nodes) are one finding: the earliest
     one's message, saying how many more are like it, on all their ranks; the others, at most
     MAX_KEPT of them, under evidence["variants"] ({"ranks", "message", "evidence"}) and
-    evidence["variants_left_out"] counting the rest. Fewer stay apart, each its own finding."""
+    evidence["variants_left_out"] counting the rest. Fewer stay apart, each its own finding, and
+    so does every error that is not a consequence: the root cause is the earliest of those, and
+    names its own ranks, never a fold's."""
     groups: dict[tuple[Any, ...], list[Finding]] = {}
-    for f in findings:
+    for n, f in enumerate(findings):
+        if f.severity == "error" and f.caused_by is None:  # a root cause candidate names its own ranks
+            groups[(n,)] = [f]
+            continue
         key = (f.id, f.severity, f.phase, f.caused_by, _NUMBER.sub("#", f.message), _NUMBER.sub("#", f.hint))
         groups.setdefault(key, []).append(f)
     if all(len(g) < FOLD_AT for g in groups.values()):

@@ -203,10 +203,15 @@ def test_a_checks_own_per_rank_evidence_is_capped_too() -> None:
     assert merged.evidence["per_rank_left_out"] == WORLD - MAX_KEPT
 
 
+def W(rank: int, message: str) -> Finding:
+    return Finding(id="DDP816", category="host", severity="warning", title="Leftover processes",
+                   message=message, hint="End them.", ranks=[rank], time=float(rank))
+
+
 def test_fewer_findings_than_fold_at_that_differ_in_a_value_stay_apart() -> None:
-    few = [F(r, f"rank {r}: WORLD_SIZE={r + 2}") for r in range(FOLD_AT - 1)]
+    few = [W(r, f"rank {r}: WORLD_SIZE={r + 2}") for r in range(FOLD_AT - 1)]
     assert len(merge_findings(few)) == FOLD_AT - 1
-    (folded,) = merge_findings(few + [F(FOLD_AT - 1, f"rank {FOLD_AT - 1}: WORLD_SIZE={FOLD_AT + 1}")])
+    (folded,) = merge_findings(few + [W(FOLD_AT - 1, f"rank {FOLD_AT - 1}: WORLD_SIZE={FOLD_AT + 1}")])
     assert folded.ranks == list(range(FOLD_AT))
     assert folded.message == f"rank 0: WORLD_SIZE=2 (and {FOLD_AT - 1} more like it with other values on " \
                              f"{FOLD_AT - 1} more rank(s); evidence.variants)"
@@ -273,3 +278,13 @@ def test_a_small_world_reads_as_before() -> None:
     (gpu,) = found["DDP701"]
     assert gpu["evidence"]["devices"] == {"4": "cuda:0", "7": "cuda:0"} and "devices_left_out" not in gpu["evidence"]
     assert [f["id"] for f in found["DDP508"]] == ["DDP508"] * 4  # a finding per GPU, below FOLD_AT
+
+
+def test_errors_that_may_be_the_root_cause_are_never_folded() -> None:
+    """Independent errors alike but for their numbers stay apart: the root cause is the earliest
+    of them and names its own rank, not every rank that failed alike after it."""
+    from ddp_doctor.report.build import build_report
+    errors = [F(r, f"rank {r} raised ValueError: bad batch at step {100 + r}") for r in range(3, 3 + 2 * FOLD_AT)]
+    rep = build_report(world={}, ranks=[], findings=errors)
+    assert len(rep["findings"]) == 2 * FOLD_AT
+    assert rep["root_cause"]["ranks"] == [3] and "step 103" in rep["root_cause"]["message"]
