@@ -17,7 +17,7 @@ from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
 from ddp_doctor.checks.wrapped_errors import RealError, real_error, user_frame
 from ddp_doctor.facts.frames import not_user_code_dirs
-from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
+from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks
 
 MESSAGE_LIMIT = 600
 # Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.
@@ -164,7 +164,7 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
     tail = ""
     if same_on:
         ranks = sorted({rank, *same_on})
-        who = f"ranks {format_ranks(ranks)} each"
+        who = f"ranks {brief_ranks(ranks)} each"
         tail = f" (as rank {rank} wrote it; the other ranks' texts differ only by their own rank numbers)"
         evidence["per_rank"] = {str(r): {"error": _short(_error_line(e), 300)}
                                 for r, e in sorted({rank: exc, **same_on}.items())}

@@ -21,7 +21,7 @@ from typing import Any
 
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.internal import event_finding
-from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.findings import Finding, brief_ranks
 from ddp_doctor.processes.store import (
     connect_store,
     count_and_wait,
@@ -300,7 +300,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
         findings.append(event_finding(
             ev.RANKS_MISSING,
             f"WORLD_SIZE={world_size} but only {len(arrived)} rank(s) checked in within {timeout:g} s: "
-            f"arrived {format_ranks(arrived) or 'none'}; missing {format_ranks(missing) or 'none'}",
+            f"arrived {brief_ranks(arrived) or 'none'}; missing {brief_ranks(missing) or 'none'}",
             rank=rank, ranks=missing or [rank],
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": n, "timeout_s": timeout}))
