@@ -203,6 +203,8 @@ def _shut_down(fd: int, link: str) -> None:
 
 
 _WATCHDOG = StoreWatchdog()
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads or connections
+    os.register_at_fork(after_in_child=_WATCHDOG.__init__)
 
 
 class StoreGuard:

@@ -154,3 +154,19 @@ def test_only_the_stores_own_connections_are_noted():
         other.close()
         for p in pair:
             p.close()
+
+
+def test_a_forked_child_starts_with_a_watchdog_of_its_own():
+    """The parent's noted connections and its watchdog's lock are not the child's (a DataLoader
+    worker, a forked rank): the child's calls run, unwatched until it connects."""
+    from ddp_doctor.processes import store as st
+    with st._WATCHDOG._lock:  # held by another thread at the fork
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                ok = not st._WATCHDOG.watches() and store_call(lambda: 7, "x", 2.0) == 7
+            finally:
+                os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
