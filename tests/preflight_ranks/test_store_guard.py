@@ -72,6 +72,16 @@ def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(tmp_path):
         host.wait(10)
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP, and wait (bounded) until the process is stopped: a thread of it running on another
+    core stops at its next chance, and may answer one more request meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the store host did not stop"
+        time.sleep(0.01)
+
+
 def _stopped_host(port: int) -> subprocess.Popen:
     host = subprocess.Popen([sys.executable, "-c", (
         "import sys, torch.distributed as d\n"
@@ -96,7 +106,7 @@ def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
         threads = []
         assert store_call(lambda: (threads.append(threading.current_thread()), client.add("n", 1))[1], "add", 2.0) == 1
         assert threads == [threading.current_thread()]  # run where it was called
-        os.kill(host.pid, signal.SIGSTOP)
+        _stop(host.pid)
         start = time.monotonic()
         with pytest.raises(StoreTimeout, match="did not answer add.'n'. within 1 s"):
             store_call(lambda: client.add("n", 1), "add('n')", 1.0)
@@ -140,12 +150,13 @@ def test_only_the_stores_own_connections_are_noted():
     other.bind(("127.0.0.1", 0))
     other.listen()
     pair = []
+    before = dict(st._WATCHDOG._sockets)  # an earlier test's client may still be open
     with st._WATCHDOG.connecting(port):
         pair += so.socketpair()  # a unix socket made meanwhile
         elsewhere = so.create_connection(other.getsockname())
         host = st.connect_store("127.0.0.1", port, hosting=True, timeout=5.0)
     try:
-        noted = dict(st._WATCHDOG._sockets)
+        noted = {fd: link for fd, link in st._WATCHDOG._sockets.items() if before.get(fd) != link}
         assert not {p.fileno() for p in pair} & set(noted) and elsewhere.fileno() not in noted
         assert noted and all(st._peer_port(fd) == port for fd in noted)
         assert store_call(lambda: host.add("n", 1), "add", 5.0) == 1
@@ -159,14 +170,29 @@ def test_only_the_stores_own_connections_are_noted():
 def test_a_forked_child_starts_with_a_watchdog_of_its_own():
     """The parent's noted connections and its watchdog's lock are not the child's (a DataLoader
     worker, a forked rank): the child's calls run, unwatched until it connects."""
+    import socket as so
+
     from ddp_doctor.processes import store as st
-    with st._WATCHDOG._lock:  # held by another thread at the fork
-        pid = os.fork()
-        if pid == 0:
-            ok = False
-            try:
-                ok = not st._WATCHDOG.watches() and store_call(lambda: 7, "x", 2.0) == 7
-            finally:
-                os._exit(0 if ok else 1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    a, b = so.socketpair()
+    st._WATCHDOG._sockets[a.fileno()] = st._socket_links()[a.fileno()]  # the parent watches one
+    try:
+        with st._WATCHDOG._lock:  # held by another thread at the fork
+            pid = os.fork()
+            if pid == 0:
+                ok = False
+                try:
+                    ok = not st._WATCHDOG.watches() and store_call(lambda: 7, "x", 2.0) == 7
+                finally:
+                    os._exit(0 if ok else 1)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:  # stuck on the parent's lock
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's store call waited on its parent's watchdog")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        st._WATCHDOG._sockets.pop(a.fileno(), None)
+        a.close()
+        b.close()
