@@ -102,10 +102,23 @@ def _host_checked_in(port: int) -> bool:
         return False
 
 
+def _in_store(port: int, key: str) -> bool:
+    """The preflight's `key` is in the store on `port`."""
+    import torch.distributed as dist
+
+    from ddp_doctor.processes.store import prefixed
+    try:
+        client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5), wait_for_workers=False)
+        return bool(prefixed(client, PREFIX).check([key]))
+    except Exception:  # noqa: BLE001 - not listening (yet, or any more)
+        return False
+
+
 def _hand_launched(base: Path) -> dict:
     """Job a and job b, ranks 0 and 1 each, all on one MASTER_PORT. Let go in this order: a's
     rank 0 (it hosts the store), then b's rank 0 (the port is taken: it finds a's rendezvous),
-    then both ranks 1 (one of them claims a rank already claimed)."""
+    then both ranks 1 (one of them claims a rank already claimed); a's rank 0 goes on to its
+    verdict only once both have been at its store."""
     port = free_port()
     procs = {}
     for name in ("a0", "a1", "b0", "b1"):
@@ -113,7 +126,8 @@ def _hand_launched(base: Path) -> dict:
         (d / "held").mkdir(parents=True)
         env = clean_env(RANK=name[1], LOCAL_RANK=name[1], WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=str(base),
-                        DDP_DOCTOR_CHECK_MODULES="tests.plugins.held_check", PYTHONPATH=str(ROOT),
+                        DDP_DOCTOR_CHECK_MODULES="tests.plugins.held_check"
+                        + (",tests.plugins.held_init" if name == "a0" else ""), PYTHONPATH=str(ROOT),
                         HELD_CHECK_DIR=str(d / "held"))
         procs[name] = start([*DDP, "run", "--skip", "communication", "--timeout", "60", "--report",
                              str(d / "r.json"), str(SCRIPTS / "ok_allreduce.py")], env, str(d))
@@ -131,10 +145,16 @@ def _hand_launched(base: Path) -> dict:
         results = {"b0": finish(procs["b0"], 120)}
         release("a1")
         release("b1")
+        # a's rank 0 is held as its init returns (tests/plugins/held_init.py), its store up, until
+        # both ranks 1 have been there: the first met it, the second found rank 1 claimed
+        wait_for(lambda: (base / "a0" / "held" / "init-held").exists() and _in_store(port, "claim/1"), 120,
+                 "both ranks 1 at a's store")
+        (base / "a0" / "held" / "release-init").touch()
         results.update({name: finish(procs[name], 120) for name in ("a0", "a1", "b1")})
     finally:
         for name, p in procs.items():
             release(name)
+            (base / name / "held" / "release-init").touch()
             if p.poll() is None:
                 kill_tree(p.pid)
     return {"port": port, "results": results,
