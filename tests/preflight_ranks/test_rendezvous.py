@@ -364,7 +364,8 @@ def test_read_json_keys_waits_on_the_store_for_late_keys_without_polling(store: 
     reader = Counted()
     other = prefixed(client_of(store), "t5/")  # another rank: its own connection
     # the key is written once the reader is waiting for it (its wait is the first request it sends)
-    writer = threading.Thread(target=lambda: (_wait_for(lambda: reader.requests),
+    from helpers.procs import wait_for
+    writer = threading.Thread(target=lambda: (wait_for(lambda: reader.requests, 10.0, "the reader's first request"),
                                               other.set("final/1", json.dumps({"x": 1}))))
     writer.start()
     got = read_json_keys(reader, ["final/1"], time.monotonic() + 60.0)
@@ -376,13 +377,6 @@ def test_read_json_keys_waits_on_the_store_for_late_keys_without_polling(store: 
     reader.requests.clear()
     assert read_json_keys(reader, ["final/3", "final/4"], time.monotonic() + 2.5) == {"final/3": 3}
     assert reader.requests.count("wait") == 1, reader.requests
-
-
-def _wait_for(cond: Any, bound: float = 10.0) -> None:
-    deadline = time.monotonic() + bound
-    while not cond():
-        assert time.monotonic() < deadline, "not within the bound"
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- two jobs at one store (DDP846)

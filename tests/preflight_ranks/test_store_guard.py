@@ -75,11 +75,10 @@ def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(tmp_path):
 def _stop(pid: int) -> None:
     """SIGSTOP, and wait (bounded) until the process is stopped: a thread of it running on another
     core stops at its next chance, and may answer one more request meanwhile."""
+    from helpers.procs import wait_for
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, "the store host did not stop"
-        time.sleep(0.01)
+    wait_for(lambda: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T", 10.0,
+             "the store host to stop", interval=0.01)
 
 
 def _stopped_host(port: int) -> subprocess.Popen:
@@ -184,14 +183,16 @@ def test_a_forked_child_starts_with_a_watchdog_of_its_own():
                     ok = not st._WATCHDOG.watches() and store_call(lambda: 7, "x", 2.0) == 7
                 finally:
                     os._exit(0 if ok else 1)
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:  # stuck on the parent's lock
+        from helpers.procs import wait_for
+        ended: list[int] = []
+        try:
+            wait_for(lambda: ended.extend(x for x in [os.waitpid(pid, os.WNOHANG)] if x[0]) or ended, 30.0,
+                     "the forked child to end (stuck on its parent's watchdog lock?)")
+        except AssertionError:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            pytest.fail("the forked child's store call waited on its parent's watchdog")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+            raise
+        assert os.waitstatus_to_exitcode(ended[0][1]) == 0
     finally:
         st._WATCHDOG._sockets.pop(a.fileno(), None)
         a.close()
