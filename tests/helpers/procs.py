@@ -244,9 +244,17 @@ def assert_healthy(report: dict) -> None:
 
 
 def last_stall_lines(lines: list[str]) -> list[str]:
-    """The --progress lines of the last stall: each line of one stall says a longer wait than the one
-    before; a shorter one starts a new stall (a short stall at start-up has lines of its own)."""
+    """The --progress lines of the last stall. Each line is said at a fifth of the bound it names
+    ("the job is ended at N s"), one line per fifth: a line whose fifth is not past the one before
+    starts a new stall (a short stall at start-up has lines of its own, and its last wait may be
+    shorter or longer than the first of the next stall, so the waits alone cannot tell them apart)."""
+    import math
     import re
-    waits = [float(re.search(r"no progress for ([0-9.]+) s", ln).group(1)) for ln in lines]
-    start = max((i for i in range(1, len(waits)) if waits[i] <= waits[i - 1]), default=0)
+    fifths = []
+    for ln in lines:
+        wait = float(re.search(r"no progress for ([0-9.]+) s", ln).group(1))
+        end = float(re.search(r"ended at ([0-9.]+) s", ln).group(1))
+        fifths.append((end, math.floor(wait * 5 / end + 1e-6)))
+    start = max((i for i in range(1, len(fifths))
+                 if fifths[i][0] != fifths[i - 1][0] or fifths[i][1] <= fifths[i - 1][1]), default=0)
     return lines[start:]
