@@ -12,7 +12,9 @@ call_with_time_limit here too.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -24,7 +26,6 @@ from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, brief_ranks
 from ddp_doctor.processes.store import (
     connect_store,
-    count_and_wait,
     op_bound,
     prefixed,
     read_json_keys,
@@ -240,13 +241,58 @@ def is_local_host(host: str) -> bool | None:
 
 # ---------------------------------------------------------------- the store exchange
 
+ALL_HERE = "arrived/all"  # set by rank 0 once every rank's view is in the store
+PART = "$part"  # in a view put in the store: {PART: digest} stands for the value in part/<digest>
+PART_MIN = 256  # characters: a view's list or dict this long (as JSON) is put once by its content
+
+
+def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The keys and texts that put `view` in the store: view/<rank>, where each long list or dict
+    (the versions, the communication settings, the script's digest: alike on most ranks) stands
+    as a reference to part/<digest of its text>, and those parts. The reporting rank then reads
+    and parses each distinct value once, not once a rank (read_views)."""
+    small: dict[str, Any] = {}
+    parts: dict[str, str] = {}
+    for k, v in view.items():
+        if isinstance(v, (dict, list)):
+            text = json.dumps(v)
+            if len(text) >= PART_MIN:
+                digest = hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
+                parts[f"part/{digest}"] = text
+                v = {PART: digest}
+        small[k] = v
+    return [f"view/{rank}", *parts], [json.dumps(small), *parts.values()]
+
+
+def read_views(store: Any, ranks: list[int], deadline: float) -> dict[int, dict[str, Any]]:
+    """The views of `ranks` that are in the store by the deadline, as their ranks made them: two
+    reads in all (the views, then each distinct part once; see view_keys). Ranks with alike
+    values share one parsed copy of it: read them, never change them."""
+    got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline)
+    views = {int(k.rsplit("/", 1)[1]): v for k, v in got.items() if isinstance(v, dict)}
+    wanted = {v[PART] for view in views.values() for v in view.values()
+              if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str)}
+    parts = read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0) if wanted else {}
+    for view in views.values():
+        for k, v in view.items():
+            if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str):
+                view[k] = parts.get(f"part/{v[PART]}")
+    return views
+
+
 @dataclass
 class Meeting:
-    """What a rank learned at the store."""
+    """What a rank learned at the store: the ranks that came are 0..world_size-1 but the missing
+    (a list made only when asked for: a rank whose world all came does nothing of the world's size)."""
     store: Any
-    arrived: list[int]
+    world_size: int
     missing: list[int]
     findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def arrived(self) -> list[int]:
+        gone = set(self.missing)
+        return [r for r in range(self.world_size) if r not in gone] if gone else list(range(self.world_size))
 
     @property
     def complete(self) -> bool:
@@ -255,31 +301,33 @@ class Meeting:
     @property
     def reporter(self) -> int:
         """Rank 0 reports when it is there; otherwise the lowest rank that arrived."""
-        return min(self.arrived) if self.arrived else -1
+        gone = set(self.missing)
+        return next((r for r in range(self.world_size) if r not in gone), -1)
 
 
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
 
-    Three requests a rank when all goes well, whatever the world size: the view put only if its
-    key is free (compare_set: the claim and the view at once), one count, one wait. The wait is
-    the store's: the rank whose check-in completes the world says so in one key, which the others
-    wait for on the store's side (no polling). Only when some rank is missing does each find who
-    came (present_ranks: a few requests per missing rank).
+    Two round trips a rank when all goes well, whatever the world size, as a plain store barrier
+    (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
+    claimant's is kept), the view (a set, which torch's client sends without waiting for an
+    answer), and one wait on the store's side (no polling). Rank 0 waits for every rank's view
+    key in that one request, then says "all here" in one key, which the others wait for. Only when
+    some rank is missing does each find who came (present_ranks: a few requests per missing rank).
 
     A process that claims a rank already claimed is not a member: it leaves the first claimant's
     view alone and is counted among the extras (add_extra), which fails everyone there (crowd).
-    A RANK outside 0..WORLD_SIZE-1 is not counted either (its own check says why)."""
+    A RANK outside 0..WORLD_SIZE-1 is not waited for either (its own check says why)."""
     findings: list[Finding] = []
     bound = op_bound(timeout)
     deadline = time.monotonic() + timeout
-    import uuid
-    # the claim's own token in the text: two claimants whose views are alike still tell theirs apart
-    text = json.dumps({**view, "claim": uuid.uuid4().hex})
-    got = store_call(lambda: store.compare_set(f"view/{rank}", "", text), "compare_set(view)", bound)
-    first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == text
-    member = first and 0 <= rank < world_size
-    if not first:  # counted among the later claimants (the first one never counts itself)
+    token = os.urandom(16).hex()
+    got = store_call(lambda: store.compare_set(f"owner/{rank}", "", token), "compare_set(owner)", bound)
+    first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == token
+    if first:
+        keys, texts = view_keys(rank, view)
+        store_call(lambda: store.multi_set(keys, texts), "multi_set(view)", bound)
+    else:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
@@ -287,13 +335,15 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"rank": rank, "claims": claims}))
         add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
                           "why": "claimed a rank already claimed"}, bound)
-    if member:
-        n = count_and_wait(store, "arrived", world_size, "every rank's check-in", deadline)
+    if first and rank == 0:  # the first claimant of rank 0 sees every view arrive, and says so
+        complete = wait_keys(store, [f"view/{r}" for r in range(world_size)], "every rank's check-in", deadline)
+        if complete:
+            store_call(lambda: store.set(ALL_HERE, "1"), f"set({ALL_HERE!r})", bound)
     else:
-        n = int(store_call(lambda: store.add("arrived", 0), "add(arrived)", bound))
-        if n < world_size and wait_keys(store, ["arrived/all"], "every rank's check-in", deadline):
-            n = world_size
-    arrived = list(range(world_size)) if n >= world_size else present_ranks(store, world_size, bound)
+        complete = wait_keys(store, [ALL_HERE], "every rank's check-in", deadline)
+    if complete:  # nothing a rank computes here grows with the world size
+        return Meeting(store=store, world_size=world_size, missing=[], findings=findings)
+    arrived = present_ranks(store, world_size, bound)
     present = set(arrived)
     missing = [r for r in range(world_size) if r not in present]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
@@ -303,13 +353,8 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             f"arrived {brief_ranks(arrived) or 'none'}; missing {brief_ranks(missing) or 'none'}",
             rank=rank, ranks=missing or [rank],
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
-                      "check_ins": n, "timeout_s": timeout}))
-    return Meeting(store=store, arrived=arrived, missing=missing, findings=findings)
-
-
-def without_claim(view: Any) -> Any:
-    """A view as its rank made it, read back from the store (meet adds its claim's token)."""
-    return {k: v for k, v in view.items() if k != "claim"} if isinstance(view, dict) else view
+                      "check_ins": len(arrived), "timeout_s": timeout}))
+    return Meeting(store=store, world_size=world_size, missing=missing, findings=findings)
 
 
 def present_ranks(store: Any, world_size: int, bound: float) -> list[int]:
@@ -359,12 +404,13 @@ class Crowd:
 
 
 def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
-    """None while this store holds no more processes than `world_size` ranks; else who is there.
-    Read by the reporting rank just before its verdict, by the others once they have read it."""
-    members = int(store_call(lambda: store.add("arrived", 0), "add(arrived)", bound))
+    """None while this store holds no more processes than `world_size` ranks (one request); else
+    who is there. Read by the reporting rank just before its verdict, by the others once they have
+    read it. A member is the first claimant of a rank in 0..world_size-1 (its view is there)."""
     extra = int(store_call(lambda: store.add("extra", 0), "add(extra)", bound))
-    if members <= world_size and extra == 0:
+    if extra == 0:
         return None
+    members = len(present_ranks(store, world_size, bound))
     soon = time.monotonic() + 1.0  # a key counted a moment ago is being written
     extras = [v for v in read_json_keys(store, [f"extra/{k}" for k in range(1, min(extra, MAX_NAMED) + 1)],
                                         soon).values() if isinstance(v, dict)]

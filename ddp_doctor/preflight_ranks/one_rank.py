@@ -309,8 +309,7 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = {int(k.split("/")[1]): rendezvous.without_claim(v) for k, v in read_json_keys(
-            store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + 1.0).items()}
+        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0)
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:

@@ -298,20 +298,6 @@ def wait_keys(store: Any, keys: list[str], what: str, deadline: float) -> bool:
     return bool(store_call(lambda: store.check(keys), f"check({what})", op_bound(1.0)))
 
 
-def count_and_wait(store: Any, counter: str, target: int, what: str, deadline: float) -> int:
-    """Add one to `counter`; the caller that brings it to `target` says so in `counter`/all, and
-    each waits for that on the store's side until the deadline. Returns the count seen last
-    (target when everyone came)."""
-    bound = op_bound(deadline - time.monotonic())
-    n = int(store_call(lambda: store.add(counter, 1), f"add({counter!r})", bound))
-    if n == target:
-        store_call(lambda: store.set(f"{counter}/all", "1"), f"set({counter!r}/all)", bound)
-        return n
-    if n > target or wait_keys(store, [f"{counter}/all"], what, deadline):
-        return max(n, target)
-    return int(store_call(lambda: store.add(counter, 0), f"add({counter!r})", op_bound(1.0)))
-
-
 def op_bound(timeout: float) -> float:
     """How long one store operation may take: far above a working store's milliseconds."""
     return max(2.0, min(timeout, 30.0))

@@ -284,7 +284,7 @@ def test_meet_single_rank_is_complete(store: Any) -> None:
     assert m.reporter == 0
     got = read_json_keys(prefixed(store, "t1/"), ["view/0", "view/9"],
                                     time.monotonic() + 0.2)
-    assert {k: rendezvous.without_claim(v) for k, v in got.items()} == {"view/0": view(0)}
+    assert got == {"view/0": view(0)}
 
 
 def test_meet_with_missing_rank_is_bounded(store: Any) -> None:
@@ -312,11 +312,63 @@ def test_meet_two_ranks_through_the_store(store: Any) -> None:
     for t in threads:
         t.join(120)
     assert sorted(results) == [0, 1], "a rank never returned from the meeting"
-    # nobody waited for the bound: both checked in, so each wait ended on the count, not the 60 s
-    assert prefixed(store, "t3/").add("arrived", 0) == 2
+    # nobody waited for the bound: both checked in, so rank 0 said so, which ended the other's wait
+    assert prefixed(store, "t3/").check([rendezvous.ALL_HERE])
     for r in (0, 1):
         assert results[r].complete and results[r].arrived == [0, 1] and results[r].findings == []
         assert results[r].reporter == 0
+
+
+class Counted:
+    """A store client, noting the requests a rank sends (by name)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.requests = inner, []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def call(*args: Any) -> Any:
+            self.requests.append(name)
+            return method(*args)
+        return call
+
+
+def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> None:
+    """Every rank claims its rank, puts its view and waits once: two round trips, as a plain
+    barrier's add and wait; rank 0's one wait is on every view, and one key more says they are all
+    there. Nothing is polled."""
+    clients = {r: Counted(prefixed(store if r == 0 else client_of(store), "t12/")) for r in range(4)}
+    results: dict[int, Meeting] = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(
+        r, rendezvous.meet(clients[r], r, 4, view(r), 60.0))) for r in (3, 1, 2, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == [0, 1, 2, 3] and all(m.complete and not m.findings for m in results.values())
+    assert clients[0].requests == ["compare_set", "multi_set", "wait", "set"]
+    for r in (1, 2, 3):  # a set is sent without waiting for an answer: two round trips
+        assert clients[r].requests == ["compare_set", "multi_set", "wait"], (r, clients[r].requests)
+    quiet = Counted(prefixed(store, "t12/"))
+    assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add"]  # no crowd: one request
+
+
+def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_once(store: Any) -> None:
+    """Long values alike on many ranks (versions, NCCL settings) are put once by their content: the
+    reporting rank reads N small views and each distinct value once, and gets every view as made."""
+    s = prefixed(store, "t13/")
+    env = {f"NCCL_SETTING_{i}": "value" for i in range(30)}
+    views = {r: view(r) | {"env": env if r != 2 else {**env, "NCCL_SETTING_0": "other"},
+                          "versions": {"torch": "2.13.0"}, "findings": []} for r in range(4)}
+    for r, v in views.items():
+        keys, texts = rendezvous.view_keys(r, v)
+        s.multi_set(keys, texts)
+    assert rendezvous.read_views(s, [0, 1, 2, 3, 7], time.monotonic() + 1.0) == views  # 7 never came
+    small = json.loads(s.get("view/0"))
+    assert small["versions"] == {"torch": "2.13.0"} and set(small["env"]) == {rendezvous.PART}  # short: kept
+    parts = {json.loads(s.get(f"view/{r}"))["env"][rendezvous.PART] for r in range(4)}
+    assert len(parts) == 2 and all(json.loads(s.get(f"part/{d}")) in (env, views[2]["env"]) for d in parts)
 
 
 def test_duplicate_rank_claim(store: Any) -> None:
