@@ -303,10 +303,12 @@ class HangExchange:
         return copied
 
     def _share(self, where: str | None, stack: str) -> list[int]:
-        """Post this rank's ending, then copy the other nodes' as they appear, until all are here or
-        HANG_SHARE_WAIT passed. A failed connection or store call (a loaded host, the store's own
-        1 s bound) is tried again within that bound: one slow answer must not leave this node's
-        report without the other nodes' ranks."""
+        """Post this rank's ending, then copy the other nodes' once they are there, or those there
+        when HANG_SHARE_WAIT passed: the store answers a wait for their keys when they all exist
+        (one request, not a look every moment by every rank of the job). A failed connection or
+        store call (a loaded host, the store's own 1 s bound) is tried again within that bound:
+        one slow answer must not leave this node's report without the other nodes' ranks."""
+        from datetime import timedelta
         prefix = f"{_prefix(self.env)}/hang"
         ending = ending_of(self.run_dir, self.rank)
         ending.update(redact_obj({"where": where, "stack": stack[-20000:]}))
@@ -316,7 +318,7 @@ class HangExchange:
             world = int(self.env.get("WORLD_SIZE") or 0)
         except ValueError:
             world = 0
-        wanted = {r for r in range(min(world, MAX_FETCH)) if r not in local}
+        wanted = [r for r in range(min(world, MAX_FETCH)) if r not in local]
         copied: list[int] = []
         told = False
         deadline = time.monotonic() + HANG_SHARE_WAIT
@@ -327,23 +329,35 @@ class HangExchange:
                     return copied
                 if not told:
                     store.set(f"{prefix}/{self.rank}", posted)
-                    store.append(f"{prefix}/hung", f"{self.rank},")
                     store.set(f"{prefix}/asked", "1")
                     told = True
-                listed = {int(x) for x in store.get(f"{prefix}/hung").decode().split(",") if x.strip().isdigit()}
-                for r in sorted((listed & wanted) - set(copied)):
-                    d = json.loads(store.get(f"{prefix}/{r}"))
-                    _keep(self.run_dir, r, d)
-                    if d.get("stack"):
-                        with records.open_private(records.stack_path(self.run_dir, r)) as f:
-                            f.write(str(d["stack"]))
-                    copied.append(r)
+                left = [r for r in wanted if r not in copied]
+                keys = [f"{prefix}/{r}" for r in left]
+                remaining = deadline - time.monotonic()
+                if keys and remaining > 0:
+                    try:
+                        store.wait(keys, timedelta(seconds=remaining))
+                        there = left
+                    except RuntimeError as e:  # the bound passed (torch says so in several ways): those there
+                        if time.monotonic() < deadline - 0.1:
+                            raise OSError(f"the store's wait failed early: {e}") from e
+                        there = [r for r, k in zip(left, keys) if store.check([k])]
+                    texts = store.multi_get([f"{prefix}/{r}" for r in there]) if there else []
+                    for r, text in zip(there, texts):
+                        d = json.loads(text)
+                        _keep(self.run_dir, r, d)
+                        if d.get("stack"):
+                            with records.open_private(records.stack_path(self.run_dir, r)) as f:
+                                f.write(str(d["stack"]))
+                        copied.append(r)
             except (RuntimeError, OSError, ValueError) as e:  # StoreTimeout is an OSError
                 self._store = None  # a new connection on the next try
                 self.last_error = f"{type(e).__name__}: {e}"
-            if wanted <= set(copied) or time.monotonic() >= deadline:
+                if time.monotonic() + 0.2 < deadline:
+                    time.sleep(0.2)  # not a poll: a pause before the next connection
+                    continue
+            if set(wanted) <= set(copied) or time.monotonic() >= deadline:
                 return copied
-            time.sleep(0.2)
 
 
 def wait_shared(run_dir: str, ranks: list[int], since: float, bound: float) -> None:
