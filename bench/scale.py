@@ -21,7 +21,8 @@ included).
 
 Aim (issue 23): the preflight's part at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
-and the request counts, not a real cluster's seconds.
+and the request counts, not a real cluster's seconds. The reporting rank (0) has a process of its
+own, as in a job; the other ranks share --procs more.
 """
 from __future__ import annotations
 
@@ -105,18 +106,17 @@ def _baseline(store: Any, rank: int, world: int, timeout: float) -> None:
 def _rendezvous(store: Any, rank: int, world: int, timeout: float) -> None:
     """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
     for all); the reporting rank (0) reads every view."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet
-    from ddp_doctor.processes.store import read_json_keys
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
     assert not meeting.missing, meeting.missing
     if rank == 0:
-        views = read_json_keys(store, [f"view/{r}" for r in meeting.arrived], time.monotonic() + timeout)
-        assert len(views) == world, len(views)
+        views = read_views(store, meeting.arrived, time.monotonic() + timeout)
+        assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
 
 
 def _preflight(store: Any, rank: int, world: int, timeout: float) -> None:
     """The preflight's rendezvous and view exchange, with its own functions (see the doc)."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
     meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
     assert not meeting.missing, meeting.missing
@@ -125,7 +125,7 @@ def _preflight(store: Any, rank: int, world: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     if rank == 0:
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views = read_json_keys(store, [f"view/{r}" for r in meeting.arrived], deadline)
+        views = read_views(store, meeting.arrived, deadline)
         assert len(finals) == len(views) == world, (len(finals), len(views))
         store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
     else:
@@ -190,23 +190,30 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
                          wait_for_workers=False)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    shares = [list(range(world))[i::procs] for i in range(procs)]
+    # the reporting rank (0) in a process of its own, as in a job: its serial part (the wait for
+    # every view, reading them) is not held up by hundreds of simulated ranks' interpreter lock
+    shares = [[0]] + [part for part in (list(range(1, world))[i::procs] for i in range(procs)) if part]
     workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out)) for share in shares]
     for w in workers:
         w.start()
     starts: dict[str, float] = {}
+    cpu: dict[str, float] = {}  # this process's CPU seconds (its store's, all but the polling) from each go
     try:
         keys = ["connect"] + [f"{part}-{i}" for i in range(rounds) for part in (PARTS if i % 2 == 0 else PARTS[::-1])]
         for n, key in enumerate(keys, 1):
             deadline = time.monotonic() + timeout
-            while int(host.add("ready", 0)) < procs * n:  # every process says "ready" once per part
+            while int(host.add("ready", 0)) < len(workers) * n:  # every process says "ready" once per part
                 if time.monotonic() > deadline or not all(w.is_alive() for w in workers):
                     said = [] if out.empty() else [out.get(timeout=5)]  # a worker that failed says why
                     raise SystemExit(f"{world} ranks: the workers did not get ready for {key}: {said}")
                 time.sleep(0.05)
+            if n > 1:
+                cpu[keys[n - 2]] = time.process_time() - cpu[keys[n - 2]]
+            cpu[key] = time.process_time()
             starts[key] = time.time()
             host.set(f"go/{key}", "1")
         got = [out.get(timeout=timeout + 60) for _ in workers]
+        cpu[keys[-1]] = time.process_time() - cpu[keys[-1]]
     finally:
         for w in workers:
             w.join(10)
@@ -217,12 +224,14 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
         raise SystemExit(f"{world} ranks: {bad[0]}")
     figures: dict[str, Any] = {"connect": max(g["results"]["connected"] for g in got) - starts["connect"]}
     for part in PARTS:
-        secs, reqs = [], []
+        secs, reqs, used = [], [], []
         for i in range(rounds):
             key = f"{part}-{i}"
             secs.append(max(g["results"][part][i][0] for g in got) - starts[key])
             reqs.append(sum(g["results"][part][i][1] for g in got))
-        figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs)}
+            used.append(cpu[key])
+        figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs),
+                         "store_cpu": statistics.median(used)}
     figures["rss_mb"] = max([g["rss_kb"] for g in got] + [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]) / 1024
     return figures
 
@@ -230,25 +239,29 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
-    ap.add_argument("--procs", type=int, default=4, help="processes the simulated ranks are spread over")
+    ap.add_argument("--procs", type=int, default=4, help="processes ranks 1.. are spread over (rank 0 has one more)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take")
     args = ap.parse_args()
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'rendezvous s':>13} {'ratio':>6} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
-          f"{'peak RSS MB':>12}")
+          f"{'store CPU ms b/r/p':>19} {'peak RSS MB':>12}")
     for world in args.ranks:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout)
         b, r, p, c = f["baseline"], f["rendezvous"], f["preflight"], f["connect"]
         print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
               f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
-              f"{p['requests'] / world:>9.1f} {f['rss_mb']:>12.0f}", flush=True)
+              f"{p['requests'] / world:>9.1f} "
+              f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
           f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
-          f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank. Median of "
-          f"{args.rounds} rounds each, in turns; {args.procs} processes; requests counted client-side.")
+          f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
+          f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
+          f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start. Median of "
+          f"{args.rounds} rounds each, in turns; rank 0 in a process of its own, the others in {args.procs}; requests "
+          f"counted client-side.")
     return 0
 
 
