@@ -310,10 +310,11 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
 
     Two round trips a rank when all goes well, whatever the world size, as a plain store barrier
     (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
-    claimant's is kept), the view (a set, which torch's client sends without waiting for an
-    answer), and one wait on the store's side (no polling). Rank 0 waits for every rank's view
-    key in that one request, then says "all here" in one key, which the others wait for. Only when
-    some rank is missing does each find who came (present_ranks: a few requests per missing rank).
+    claimant's is kept), the view (a multi_set of it and its long values, view_keys, which torch's
+    client sends without waiting for an answer), and one wait on the store's side (no polling).
+    Rank 0 waits for every rank's view key in that one request, then says "all here" in one key,
+    which the others wait for. Only when some rank is missing does each find who came
+    (present_ranks: a few requests per missing rank).
 
     A process that claims a rank already claimed is not a member: it leaves the first claimant's
     view alone and is counted among the extras (add_extra), which fails everyone there (crowd).
