@@ -405,13 +405,16 @@ class Crowd:
 
 
 def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
-    """None while this store holds no more processes than `world_size` ranks (one request); else
+    """None while this store holds no more processes than `world_size` ranks (two requests); else
     who is there. Read by the reporting rank just before its verdict, by the others once they have
-    read it. A member is the first claimant of a rank in 0..world_size-1 (its view is there)."""
+    read it. A member is the first claimant of a rank (its view is there): those of 0..world_size-1,
+    and those of a larger world met here (another job's ranks past this world's, counted up to
+    twice this world)."""
     extra = int(store_call(lambda: store.add("extra", 0), "add(extra)", bound))
-    if extra == 0:
+    beyond = bool(store_call(lambda: store.check([f"owner/{world_size}"]), "check(owner past the world)", bound))
+    if extra == 0 and not beyond:
         return None
-    members = len(present_ranks(store, world_size, bound))
+    members = len(present_ranks(store, 2 * world_size if beyond else world_size, bound))
     soon = time.monotonic() + 1.0  # a key counted a moment ago is being written
     extras = [v for v in read_json_keys(store, [f"extra/{k}" for k in range(1, min(extra, MAX_NAMED) + 1)],
                                         soon).values() if isinstance(v, dict)]

@@ -351,7 +351,7 @@ def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> 
     for r in (1, 2, 3):  # a set is sent without waiting for an answer: two round trips
         assert clients[r].requests == ["compare_set", "multi_set", "wait"], (r, clients[r].requests)
     quiet = Counted(prefixed(store, "t12/"))
-    assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add"]  # no crowd: one request
+    assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add", "check"]  # no crowd: two requests
 
 
 def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_once(store: Any) -> None:
@@ -460,6 +460,30 @@ def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store
         in f.message
     assert "rank 1: pid 11 on host test-host, pid 12 on host test-host" in f.message, f.message
     assert "MASTER_PORT" in (f.hint or "")
+
+
+def test_ranks_of_a_larger_world_at_this_store_make_a_crowd(store: Any) -> None:
+    """Two jobs at one port, the second one larger: its ranks past the first's world claim ranks
+    nobody else claims, so no claim is doubled; the store still holds more processes than the
+    first world has ranks, and that world's ranks read a crowd."""
+    s = prefixed(store, "t14/")
+    results: dict[int, Meeting] = {}
+    clients = {0: store, 1: client_of(store)}
+    first = [threading.Thread(target=lambda r=r: results.__setitem__(
+        r, rendezvous.meet(prefixed(clients[r], "t14/"), r, 2, view(r), 30.0))) for r in (0, 1)]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(60)
+    assert sorted(results) == [0, 1] and rendezvous.crowd(s, 2, 5.0) is None
+    # rank 2 of a job of 4 (its ranks 0 and 1 elsewhere or late): it finds "all here" said by the
+    # first job's rank 0, and is no duplicate
+    later = rendezvous.meet(prefixed(client_of(store), "t14/"), 2, 4, view(2), 5.0)
+    assert not later.findings
+    c = rendezvous.crowd(s, 2, 5.0)
+    assert c is not None and (c.members, c.extra) == (3, 0)
+    f = rendezvous.crowd_finding(c, "127.0.0.1", 29500, 0)
+    assert "3 processes met at the rendezvous" in f.message and "for WORLD_SIZE=2" in f.message, f.message
 
 
 def test_a_rank_0_that_could_not_host_is_counted_where_another_jobs_rendezvous_runs(store: Any) -> None:
