@@ -67,6 +67,8 @@ def shapes(tmp_path_factory):
             target = [str(FR_DUMPING), *target]
             env = {**env, "FR_DUMP_DIR": str(_mkdir(base / f"{name}-dumps")), "TORCH_FR_BUFFER_SIZE": "2000",
                    "PG_TIMEOUT": "8"}
+        if name in INIT_SHAPES:  # each rank's own timeout printed before torchrun stops the other
+            env = {**env, "EXIT_TOGETHER_DIR": str(_mkdir(base / f"{name}-printed"))}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     "--log-dir", str(base / f"{name}-logs"), "--tee", "3", *target]
         # one stream, as a terminal or a job's log has it: the ranks' lines and the agent's summary interleaved

@@ -4,12 +4,16 @@ NCCL timeout) when the script raises, ends, or gets SIGTERM: what a team's own h
 keep the evidence of a job that runs without ddp-doctor. PG_TIMEOUT=S: the process group's
 timeout, as the script's own init_process_group(timeout=...) would set it. The dump goes to $FR_DUMP_DIR/
 nccl_trace_rank_<RANK>, torch's default name. Needs TORCH_FR_BUFFER_SIZE set (the recorder is off
-without it)."""
+without it). EXIT_TOGETHER_DIR=D: a rank that raises prints its traceback, then waits (bounded) until
+every local rank has printed its own before it exits: torchrun stops the others at the first exit,
+and two ranks whose init times out a start-up apart would otherwise leave one traceback or two by
+chance; the test reads what each rank waited for."""
 import atexit
 import os
 import runpy
 import signal
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -47,5 +51,14 @@ try:
     runpy.run_path(script, run_name="__main__")
 except BaseException:
     dump()
-    raise
+    together = os.environ.get("EXIT_TOGETHER_DIR")
+    if not together:
+        raise
+    sys.excepthook(*sys.exc_info())
+    sys.stderr.flush()
+    open(os.path.join(together, f"printed.{os.environ['LOCAL_RANK']}"), "w").close()
+    deadline = time.monotonic() + 30  # the peer's own init timeout comes within PG_TIMEOUT
+    while len(os.listdir(together)) < int(os.environ["LOCAL_WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(1)
 del dist
