@@ -246,6 +246,10 @@ PART = "$part"  # in a view put in the store: {PART: digest} stands for the valu
 PART_MIN = 256  # characters: a view's list or dict this long (as JSON) is put once by its content
 
 
+# compact, and no check for cycles (a view is plain data): a rank's view is encoded as it checks in
+_ENCODE = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
+
+
 def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The keys and texts that put `view` in the store: view/<rank>, where each long list or dict
     (the versions, the communication settings, the script's digest: alike on most ranks) stands
@@ -254,14 +258,14 @@ def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
     small: dict[str, Any] = {}
     parts: dict[str, str] = {}
     for k, v in view.items():
-        if isinstance(v, (dict, list)):
-            text = json.dumps(v)
+        if v and isinstance(v, (dict, list)):
+            text = _ENCODE(v)
             if len(text) >= PART_MIN:
                 digest = hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
                 parts[f"part/{digest}"] = text
                 v = {PART: digest}
         small[k] = v
-    return [f"view/{rank}", *parts], [json.dumps(small), *parts.values()]
+    return [f"view/{rank}", *parts], [_ENCODE(small), *parts.values()]
 
 
 def read_views(store: Any, ranks: list[int], deadline: float) -> dict[int, dict[str, Any]]:

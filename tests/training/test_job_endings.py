@@ -77,6 +77,60 @@ def test_rank_0_waits_a_bounded_moment_and_says_which_ranks_still_run(tmp_path, 
     assert set(records.read_outcomes(node0)) == {0, 1}  # nothing of the other node's was made up
 
 
+class _Watched:
+    """A store client that notes when it is asked to wait and how often the list of endings is read."""
+
+    def __init__(self, inner, waiting):
+        self.inner, self.waiting, self.list_reads = inner, waiting, 0
+
+    def wait(self, keys, *rest):
+        self.waiting.set()
+        return self.inner.wait(keys, *rest)
+
+    def get(self, key):
+        self.list_reads += key.endswith("/ended")
+        return self.inner.get(key)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("who", ["failed rank", "rank 0"])
+def test_a_rank_waiting_for_the_jobs_end_waits_on_the_stores_side_and_copies_what_came(tmp_path, store_env,
+                                                                                       monkeypatch, who):
+    """A failed rank (and rank 0, ended well) waits for the other ranks' endings in one wait on the
+    store, not by reading the list of endings, which grows with the world, over and over; the rank
+    whose ending completes the job says so, and the waiting rank then copies every ending."""
+    import threading
+    waiting, clients = threading.Event(), []
+    connect = endings._connect
+
+    def watched(env, timeout):
+        clients.append(_Watched(connect(env, timeout), waiting))
+        return clients[-1]
+
+    monkeypatch.setattr(endings, "_connect", watched)
+    node0 = _node(tmp_path, "node0", [0, 1], {} if who == "rank 0" else {0: 1})
+    node1 = _node(tmp_path, "node1", [2, 3], {})
+    if who == "rank 0":
+        endings.exchange(node0, 1, failed=False, env=store_env)
+        job = endings.exchange(node0, 0, failed=False, env=store_env)
+        waiter = threading.Thread(target=lambda: out.append(endings.wait_for_job(node0, job, 60.0, env=store_env)))
+    else:
+        waiter = threading.Thread(target=lambda: out.append(endings.exchange(node0, 0, failed=True, env=store_env)))
+    out: list = []
+    waiter.start()
+    assert waiting.wait(30), "the rank never waited on the store's side"
+    others = [1, 2, 3] if who == "failed rank" else [2, 3]
+    for r in others:
+        endings.exchange(node0 if r < 2 else node1, r, failed=False, env=store_env)
+    waiter.join(30)
+    (job,) = out
+    assert job.complete and sorted(job.copied) == [2, 3], (job.ended, job.copied)
+    assert records.read_outcomes(node0)[3]["remote"] is True
+    assert clients[0 if who == "failed rank" else 2].list_reads <= 2  # before and after its one wait
+
+
 def test_without_a_store_nothing_is_known_and_nothing_raises(tmp_path):
     env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}  # no MASTER_ADDR/PORT
     job = endings.exchange(str(tmp_path), 0, failed=False, env=env)
@@ -127,6 +181,35 @@ def test_a_hang_shared_across_nodes_survives_a_first_connection_that_fails(tmp_p
     assert list(hung) == [0] and hung[0]["where"] == "train.py:14 in <module>" and hung[0]["in_collective"]
     with open(records.stack_path(node1, 0), encoding="utf-8") as f:
         assert f.read() == "in all_reduce"
+
+
+def test_a_stalled_rank_watches_for_another_nodes_hang_in_one_wait_on_the_stores_side(tmp_path, store_env,
+                                                                                       monkeypatch):
+    """A rank stalled on node 1 learns that node 0 found the job hung through one wait that the
+    store answers when node 0 asks, not a look every few seconds by every stalled rank of the job."""
+    import threading
+
+    from helpers.procs import wait_for
+    env = {**store_env, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    waiting, clients = threading.Event(), []
+    connect = endings._connect
+
+    def watched(e, timeout):
+        clients.append(_Watched(connect(e, timeout), waiting))
+        return clients[-1]
+
+    monkeypatch.setattr(endings, "_connect", watched)
+    node1 = str(tmp_path / "node1")
+    os.makedirs(node1)
+    stalled = endings.HangExchange(node1, 1, env=env)
+    assert stalled.asked(100.0) is False
+    assert waiting.wait(30), "the rank never waited on the store's side"
+    for now in (101.0, 103.0, 106.0):  # the watchdog's later ticks read what the watch saw
+        assert stalled.asked(now) is False
+    torch_dist.TCPStore("127.0.0.1", int(env["MASTER_PORT"]), is_master=False).set(
+        f"{endings._prefix(env)}/hang/asked", "1")  # node 0 found the job hung
+    wait_for(lambda: stalled.asked(110.0), 30, "the stalled rank to see the other node's hang")
+    assert len(clients) == 1 and clients[0].list_reads == 0
 
 
 def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_path, capsys):

@@ -38,7 +38,9 @@ def test_a_rank_killed_by_sigkill_is_the_root_cause_and_the_report_says_fail(run
     assert cause["id"] == "DDP803" and cause["ranks"] == [0], rep["findings"]
     assert "killed without an ending" in cause["message"] and "OOM killer" in cause["message"]
     peer = [f for f in rep["findings"] if f["ranks"] == [1] and f["severity"] == "error"]
-    assert peer and all(f["caused_by"] == "DDP803" for f in peer), peer
+    assert peer and all(f["caused_by"] == "DDP803" for f in peer), (
+        [(f["id"], f["severity"], f["ranks"], f.get("caused_by"), f["message"][:300]) for f in rep["findings"]],
+        res.output[-3000:])
 
 
 def test_a_rank_that_fails_after_rank_0_ended_well_makes_the_report_fail_where_it_was_asked(runs):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,20 +152,49 @@ def _exchange(run_dir: str, rank: int, failed: bool, gone: dict[int, dict[str, A
             store.set(f"{prefix}/{r}", json.dumps(redact_obj(
                 {"rank": r, "host": os.uname().nodename, "gone": {**hb, "seen_by": rank}}), default=str))
         store.append(f"{prefix}/ended", f"{r}~,")
-    job = JobEndings(world=_world(env), ended=_listed(store, prefix))
+    job = _look(store, prefix, JobEndings(world=_world(env)))
     if not failed and not job.complete:
         return job
     # Peers that failed at about the same time (or saw a rank of their node vanish) publish a
-    # moment later: a failed rank looks until every rank has an ending, within its bound.
-    while True:
+    # moment later: a failed rank copies what is there, then waits on the store's side until the
+    # job's last ending is in (the rank that puts it says so in one key) or its bound, and copies
+    # the rest: no rereading of a list that grows with the world while it waits.
+    _copy_what_is_listed(store, prefix, run_dir, job, deadline)
+    if not job.complete and failed:
+        _await_all(store, prefix, deadline - 1.0)  # a second left to copy what came late
         try:
-            job.ended = _listed(store, prefix)
-            _copy(store, prefix, run_dir, job, deadline)
-        except (RuntimeError, OSError, ValueError):  # one slow answer: look again within the bound
+            _look(store, prefix, job)
+        except (RuntimeError, OSError, ValueError):  # one slow answer: the first look's list stands
             pass
-        if job.complete or not failed or time.monotonic() + 0.25 >= deadline:
-            return job
-        time.sleep(0.25)
+        _copy_what_is_listed(store, prefix, run_dir, job, deadline)
+    return job
+
+
+def _look(store: Any, prefix: str, job: JobEndings) -> JobEndings:
+    """`job` with the endings the store lists now; when every rank has one, says so in one key
+    (`{prefix}/all`) that the ranks waiting for the job's end wait for on the store's side. Each
+    rank looks after putting its own ending, so the rank whose ending completes the job sees it."""
+    job.ended = _listed(store, prefix)
+    if job.complete:
+        store.set(f"{prefix}/all", "1")
+    return job
+
+
+def _await_all(store: Any, prefix: str, deadline: float) -> None:
+    """Wait on the store's side, until `deadline`, for the job's last ending; never raises."""
+    from ddp_doctor.processes.store import wait_keys
+    try:
+        wait_keys(store, [f"{prefix}/all"], "the job's last ending", deadline)
+    except Exception:  # noqa: BLE001 - a slow or gone store: what is listed then is what is known
+        pass
+
+
+def _copy_what_is_listed(store: Any, prefix: str, run_dir: str, job: JobEndings, deadline: float) -> None:
+    """_copy, where one slow or malformed answer leaves the rest to the next copy (or uncopied)."""
+    try:
+        _copy(store, prefix, run_dir, job, deadline)
+    except (RuntimeError, OSError, ValueError):
+        pass
 
 
 def _copy(store: Any, prefix: str, run_dir: str, job: JobEndings, deadline: float) -> None:
@@ -189,8 +219,9 @@ def job_end_wait(env: Any = None) -> float:
 
 def wait_for_job(run_dir: str, job: JobEndings, bound: float, env: Any = None) -> JobEndings:
     """Rank 0 ended well and the job had not: wait up to `bound` seconds for every rank's ending
-    (looked at twice a second), then copy the other nodes' endings here. Never raises; the store
-    gone (node 0's launcher ended) ends the wait with what was seen."""
+    (on the store's side: the rank whose ending completes the job says so in one key), then copy
+    the other nodes' endings here. Never raises; the store gone (node 0's launcher ended) ends the
+    wait with what was seen."""
     env = os.environ if env is None else env
     if job.world <= 0:
         return job
@@ -204,12 +235,8 @@ def _wait_for_job(run_dir: str, job: JobEndings, bound: float, env: Any) -> JobE
     if store is None:
         return job
     prefix = _prefix(env)
-    deadline = time.monotonic() + bound
-    while True:
-        job.ended = _listed(store, prefix)
-        if job.complete or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)
+    _await_all(store, prefix, time.monotonic() + bound)
+    _look(store, prefix, job)
     if job.complete:
         _copy(store, prefix, run_dir, job, time.monotonic() + STORE_BOUND)
     return job
@@ -241,14 +268,16 @@ def remote_gone(run_dir: str) -> dict[int, dict[str, Any]]:
 # A hang leaves every rank blocked, so no rank reaches an ending to put in the store. When a node's
 # parent finds its ranks hung, each of them (its watchdog thread) puts its hang ending (ledger,
 # where it is, its stack) under `hang/RANK`, and raises `hang/asked`. The ranks of the other nodes
-# are stalled too (waiting for the blocked one, or blocked themselves); a stalled rank's watchdog
-# looks at `hang/asked` every few seconds and answers with its own hang ending. Each rank that
+# are stalled too (waiting for the blocked one, or blocked themselves); a rank's watchdog, from the
+# rank's first stall on, waits for `hang/asked` on the store's side and answers with its own hang
+# ending while the rank is stalled. Each rank that
 # answers copies the other nodes' hang endings into its run directory (bounded), so every node's
 # report lines up every rank's ledger and names the rank on another node, with its line.
 
 HANG_SHARE_WAIT = 6.0  # seconds a rank waits for the other nodes' hang endings
-HANG_LOOK_AFTER = 3.0  # a rank stalled this long starts looking for another node's hang
-HANG_LOOK_EVERY = 2.0  # seconds between two looks
+HANG_LOOK_AFTER = 3.0  # a rank stalled this long starts watching for another node's hang
+HANG_WATCH_S = 300.0  # one wait of the watch on the store's side (then it waits again)
+HANG_WATCH_RETRY_S = (2.0, 60.0)  # s: the pause after a failed connection or wait, doubled up to the last
 
 
 def multi_node(env: Any = None) -> bool:
@@ -268,7 +297,8 @@ class HangExchange:
         self.run_dir, self.rank = run_dir, rank
         self.env = os.environ if env is None else env
         self._store: Any = None
-        self._last_look = 0.0
+        self._watch: threading.Thread | None = None
+        self._hang_found = threading.Event()
         self.done = False
         self.last_error: str | None = None  # the last store call that failed while sharing
 
@@ -278,16 +308,35 @@ class HangExchange:
         return self._store
 
     def asked(self, now: float) -> bool:
-        """Whether another node found a hang (looked at most every HANG_LOOK_EVERY seconds)."""
-        if now - self._last_look < HANG_LOOK_EVERY:
-            return False
-        self._last_look = now
-        out = call_with_time_limit(lambda: bool(self._client().check([f"{_prefix(self.env)}/hang/asked"])),
-                                   2.0, name="ddp-doctor-hang-look")
-        if not (out.finished and out.error is None):
-            self._store = None  # a new connection next time
-            return False
-        return bool(out.value)
+        """Whether another node found a hang. The first call (this rank's first stall) starts a
+        watch that waits for it on the store's side: one request for as long as the job runs, not
+        a look every few seconds by every stalled rank of the job, each in a thread of its own."""
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watch_for_hang, name="ddp-doctor-hang-watch", daemon=True)
+            self._watch.start()
+        return self._hang_found.is_set()
+
+    def _watch_for_hang(self) -> None:
+        """Wait for `hang/asked` on a client of its own (a wait holds its connection); a wait that
+        ends at its bound is made again, a failed one after a pause that doubles. Never raises."""
+        from datetime import timedelta
+        key = f"{_prefix(self.env)}/hang/asked"
+        store, pause = None, HANG_WATCH_RETRY_S[0]
+        while not self.done:
+            started = time.monotonic()
+            try:
+                store = store or _connect(self.env, 1.0)
+                if store is None:  # no MASTER_ADDR/MASTER_PORT: no store to meet at
+                    return
+                store.wait([key], timedelta(seconds=HANG_WATCH_S))
+                self._hang_found.set()
+                return
+            except Exception:  # noqa: BLE001 - its bound (wait again), or a store gone or unreachable
+                if time.monotonic() - started >= HANG_WATCH_S - 1.0:
+                    continue
+                store = None
+                time.sleep(pause)  # not a poll: a pause before the next connection
+                pause = min(2 * pause, HANG_WATCH_RETRY_S[1])
 
     def share(self, where: str | None, stack: str) -> list[int]:
         """Put this rank's hang ending in the store and ask the other nodes; copy theirs here.
