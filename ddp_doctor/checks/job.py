@@ -21,7 +21,12 @@ from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_find
 from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftovers import leftover_findings
 from ddp_doctor.checks.probe_records import by_rank
-from ddp_doctor.checks.rank_endings import launcher_failed_finding, training_findings, vanished_finding
+from ddp_doctor.checks.rank_endings import (
+    launcher_failed_finding,
+    stopped_after_failure_findings,
+    training_findings,
+    vanished_finding,
+)
 from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
 from ddp_doctor.checks.training_probes import probe_findings
@@ -95,6 +100,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     else:
         more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes, unlogged=ev.unlogged)
         findings += more + [vanished_finding(r, hb) for r, hb in sorted(ev.vanished.items())]
+        findings += stopped_after_failure_findings(ev.outcomes, findings)
         if code == 0 and ev.launcher_code and not ev.outcomes:
             code = ev.launcher_code  # the launcher itself failed
             if not ev.started and not any(f.severity == "error" for f in earlier + findings):

@@ -389,6 +389,27 @@ def _others_failed(rank: int, outcomes: dict[int, dict[str, Any]], exits: dict[i
     return any(c not in (0, -signal.SIGTERM) for r, c in exits.items() if r != rank)
 
 
+def stopped_after_failure_findings(outcomes: dict[int, dict[str, Any]], findings: list[Finding]) -> list[Finding]:
+    """DDP802 for each rank that recorded a stop signal (its launcher's SIGTERM: under an outside
+    launcher the rank itself notes it, no launcher of ours sees its exit) and no error of its own,
+    when another rank failed or vanished (an error finding names it): the launcher stopped the
+    survivors, a consequence. Before its own collective's lost-peer error, or after: a race."""
+    failed = {r for f in findings if f.severity == "error" for r in f.ranks or ()}
+    named = {r for f in findings for r in f.ranks or ()}
+    out = []
+    for r, o in sorted(outcomes.items()):
+        stop = o.get("interrupted")
+        if not isinstance(stop, dict) or o.get("exception") or r in named or not failed - {r}:
+            continue
+        others = sorted(failed - {r})
+        out.append(event_finding(
+            failures.PEER_FAILED, f"rank {r} was stopped by its launcher ({stop.get('signal') or 'a signal'}) after "
+            f"rank{'s' if len(others) > 1 else ''} {brief_ranks(others)} failed", rank=r, phase="training",
+            caused_by=ROOT_CAUSE,
+            evidence={"signal": stop.get("signal"), "exit_status": o.get("exit_code"), "after_ranks": others}))
+    return out
+
+
 def launcher_failed_finding(code: int) -> Finding:
     """torch's elastic launcher exited with an error before any rank started (a bad launcher
     option, a rendezvous it could not set up): never a "pass" with a non-zero exit."""

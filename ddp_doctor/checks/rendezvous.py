@@ -124,8 +124,9 @@ SHARED_RENDEZVOUS = declare(
     doc="""
     What: More processes met at the rendezvous store than its world has ranks: a rank claimed by
     two processes, the ranks of a larger world (another job's, from rank WORLD_SIZE on), or a
-    rank 0 that could not host the store because another job's rendezvous holds MASTER_PORT. The finding names every process it saw (rank,
-    pid, host) and how many checked in for WORLD_SIZE.
+    rank 0 that could not host the store because another job's rendezvous holds MASTER_PORT.
+    The finding names every process it saw (rank, pid, host) and how many checked in for
+    WORLD_SIZE.
     Why: Two jobs (or one job started twice) were given the same MASTER_ADDR and MASTER_PORT, as
     hand-written launch scripts with a fixed port do. Their processes meet in one store and form
     one group from parts of both: a job could train with another job's ranks while its own wait

@@ -36,7 +36,8 @@ PEER_FAILED = declare(
     "DDP802", category="training_failure", severity="error", title="A rank failed after a peer failed",
     doc="""
     What: This rank failed after another rank had already failed; its error is a consequence (for
-    example gloo's "Connection closed by peer", a collective timeout, a store that went away).
+    example gloo's "Connection closed by peer", a collective timeout, a store that went away), or
+    its launcher stopped it (SIGTERM) once that rank had failed or vanished.
     Why: When one rank dies, its peers blocked in a collective with it fail too; their errors hide
     the real cause if read first.
     Fix: Fix the root-cause rank's error; this rank's failure should then disappear.

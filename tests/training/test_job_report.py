@@ -19,6 +19,28 @@ def test_a_failing_rank_is_judged_and_its_status_is_the_jobs():
     assert rep["root_cause"]["id"] == "DDP800" and rep["root_cause"]["ranks"] == [1]
 
 
+STOPPED = {"exit_code": 143, "exception": None, "phase": "training",
+           "interrupted": {"signal": "SIGTERM", "signo": 15, "sender_pid": 7}}
+
+
+def test_a_rank_its_launcher_stopped_after_a_peer_vanished_is_named_as_the_consequence():
+    """Under an outside launcher a rank notes the launcher's SIGTERM itself: when it came before the
+    rank's own lost-peer error (a race), the report still names the rank and what it was stopped for;
+    a stop with no failure anywhere is the whole job's stop, never a consequence."""
+    gone = {0: {"pid": 41, "time": 9.0, "where": "train.py:12 in <module>"}}
+    rep, code = job_report(JobEvidence(ranks=[0, 1], outcomes={1: STOPPED}, vanished=gone), world={})
+    assert rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP803" and rep["root_cause"]["ranks"] == [0]
+    (stopped,) = [f for f in rep["findings"] if f["ranks"] == [1]]
+    assert stopped["id"] == "DDP802" and stopped["caused_by"] == "DDP803" and stopped["severity"] == "error"
+    assert "stopped by its launcher (SIGTERM) after rank 0 failed" in stopped["message"]
+    # after a peer's own error too; and a rank that also raised is judged by its error, once
+    rep, _ = job_report(JobEvidence(ranks=[0, 1, 2], outcomes={**FAILED, 2: STOPPED}), world={})
+    assert [(f["id"], f["ranks"]) for f in rep["findings"] if f["ranks"] == [2]] == [("DDP802", [2])]
+    # nobody failed: nothing here (the job's own stop, DDP808, says it when the job was stopped)
+    rep, _ = job_report(JobEvidence(ranks=[0, 1], outcomes={0: STOPPED, 1: STOPPED}), world={})
+    assert not [f for f in rep["findings"] if f["id"] == "DDP802"]
+
+
 def test_a_rule_that_raises_is_ddp001_and_the_report_is_still_built(monkeypatch):
     def broken(ev, earlier):
         raise KeyError("a bug in a rule")
