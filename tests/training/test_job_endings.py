@@ -95,12 +95,9 @@ class _Watched:
         return getattr(self.inner, name)
 
 
-@pytest.mark.parametrize("who", ["failed rank", "rank 0"])
-def test_a_rank_waiting_for_the_jobs_end_waits_on_the_stores_side_and_copies_what_came(tmp_path, store_env,
-                                                                                       monkeypatch, who):
-    """A failed rank (and rank 0, ended well) waits for the other ranks' endings in one wait on the
-    store, not by reading the list of endings, which grows with the world, over and over; the rank
-    whose ending completes the job says so, and the waiting rank then copies every ending."""
+@pytest.fixture
+def watched_clients(monkeypatch):
+    """(an event set when any client made by endings._connect is asked to wait, those clients)."""
     import threading
     waiting, clients = threading.Event(), []
     connect = endings._connect
@@ -110,6 +107,17 @@ def test_a_rank_waiting_for_the_jobs_end_waits_on_the_stores_side_and_copies_wha
         return clients[-1]
 
     monkeypatch.setattr(endings, "_connect", watched)
+    return waiting, clients
+
+
+@pytest.mark.parametrize("who", ["failed rank", "rank 0"])
+def test_a_rank_waiting_for_the_jobs_end_waits_on_the_stores_side_and_copies_what_came(tmp_path, store_env,
+                                                                                       watched_clients, who):
+    """A failed rank (and rank 0, ended well) waits for the other ranks' endings in one wait on the
+    store, not by reading the list of endings, which grows with the world, over and over; the rank
+    whose ending completes the job says so, and the waiting rank then copies every ending."""
+    import threading
+    waiting, clients = watched_clients
     node0 = _node(tmp_path, "node0", [0, 1], {} if who == "rank 0" else {0: 1})
     node1 = _node(tmp_path, "node1", [2, 3], {})
     if who == "rank 0":
@@ -184,21 +192,12 @@ def test_a_hang_shared_across_nodes_survives_a_first_connection_that_fails(tmp_p
 
 
 def test_a_stalled_rank_watches_for_another_nodes_hang_in_one_wait_on_the_stores_side(tmp_path, store_env,
-                                                                                       monkeypatch):
+                                                                                       watched_clients):
     """A rank stalled on node 1 learns that node 0 found the job hung through one wait that the
     store answers when node 0 asks, not a look every few seconds by every stalled rank of the job."""
-    import threading
-
     from helpers.procs import wait_for
     env = {**store_env, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
-    waiting, clients = threading.Event(), []
-    connect = endings._connect
-
-    def watched(e, timeout):
-        clients.append(_Watched(connect(e, timeout), waiting))
-        return clients[-1]
-
-    monkeypatch.setattr(endings, "_connect", watched)
+    waiting, clients = watched_clients
     node1 = str(tmp_path / "node1")
     os.makedirs(node1)
     stalled = endings.HangExchange(node1, 1, env=env)
