@@ -133,4 +133,23 @@ def init_wait_verdict(findings: list[Finding], outcomes: dict[int, dict[str, Any
         for f in findings:
             if f.phase == "training" and f.severity == "error" and f.ranks and set(f.ranks) <= set(cause.ranks):
                 f.caused_by = cause.id
+    if not found:
+        _name_the_awaited(findings, outcomes, launched)
     return findings + found
+
+
+def _name_the_awaited(findings: list[Finding], outcomes: dict[int, dict[str, Any]], launched: list[int]) -> None:
+    """The waits do not decide: a rank's init timed out waiting for a launched rank that left no
+    wait of its own (it started late, failed before init, or its launcher stopped it before its
+    own wait ended: torchrun stops the others at the first exit). Its timeout finding then says
+    which rank it waited for, and that where that rank was is not known from the waits."""
+    keys, clients, _ = _waits(outcomes)
+    for f in findings:
+        r = f.ranks[0] if f.ranks and len(f.ranks) == 1 else None
+        k = keys.get(r) if r is not None else None
+        if f.id != "DDP835" or k is None or k == r or k not in launched or k in keys or k in clients:
+            continue
+        f.message += (f"; it waited for rank {k} to join (the key init_process_group still lacked), and rank "
+                      f"{k}'s own init left no wait to read: whether it started late, failed before its init, "
+                      f"or was stopped before its own wait ended is not known from these waits")
+        f.evidence["awaited_rank"] = k

@@ -69,3 +69,19 @@ def test_the_ranks_own_store_timeouts_become_its_consequences():
                             launched_known="one node")
     assert [f.caused_by for f in out if f.id == "DDP835"] == ["DDP867", "DDP867"]
     assert [f.id for f in out if f.caused_by is None] == ["DDP867"]
+
+
+def test_a_wait_that_does_not_decide_names_the_rank_it_waited_for_and_says_what_is_not_known():
+    """torchrun stops the other ranks at the first exit: rank 1 may be stopped before its own init
+    wait ends. Rank 0's timeout then names rank 1 and says the waits do not tell why it lacked."""
+    sig = classify(f"torch.distributed.DistStoreError: {_key(1)}")
+    timeout = event_finding(sig.entry, f"rank 0 raised DistStoreError: {_key(1)}", rank=0, phase="training")
+    out = init_wait_verdict([timeout], {0: _timed_out(_key(1))}, [0, 1], launched_known="one node")
+    assert [f.id for f in out] == ["DDP835"] and out[0].caused_by is None
+    assert "waited for rank 1 to join" in out[0].message and "not known" in out[0].message
+    assert out[0].evidence["awaited_rank"] == 1
+    # both waits there: decided (DDP867), and the timeouts say nothing more
+    both = [event_finding(sig.entry, f"rank {r} raised DistStoreError: {_key(1)}", rank=r, phase="training")
+            for r in (0, 1)]
+    out = init_wait_verdict(both, {0: _timed_out(_key(1)), 1: _timed_out(_key(1))}, [0, 1], launched_known="one node")
+    assert not [f for f in out if "not known" in f.message]
