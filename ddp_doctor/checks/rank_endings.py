@@ -395,13 +395,12 @@ def stopped_after_failure_findings(outcomes: dict[int, dict[str, Any]], findings
     when another rank failed or vanished (an error finding names it): the launcher stopped the
     survivors, a consequence. Before its own collective's lost-peer error, or after: a race."""
     failing = {r for f in findings if f.severity == "error" for r in f.ranks or ()}
-    named = {r for f in findings for r in f.ranks or ()}
     out = []
     for r, o in sorted(outcomes.items()):
         stop = o.get("interrupted")
-        if not isinstance(stop, dict) or o.get("exception") or r in named or not failing - {r}:
-            continue
-        others = sorted(failing - {r})
+        if not isinstance(stop, dict) or o.get("exception") or r in failing or not failing:
+            continue  # not stopped, or judged by its own error; or nobody failed: the job's own stop
+        others = sorted(failing)
         out.append(event_finding(
             failures.PEER_FAILED, f"rank {r} was stopped by its launcher ({stop.get('signal') or 'a signal'}) after "
             f"rank{'s' if len(others) > 1 else ''} {brief_ranks(others)} failed", rank=r, phase="training",
