@@ -268,15 +268,18 @@ def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
     return [f"view/{rank}", *parts], [_ENCODE(small), *parts.values()]
 
 
-def read_views(store: Any, ranks: list[int], deadline: float) -> dict[int, dict[str, Any]]:
+def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False) -> dict[int, dict[str, Any]]:
     """The views of `ranks` that are in the store by the deadline, as their ranks made them: two
     reads in all (the views, then each distinct part once; see view_keys). Ranks with alike
-    values share one parsed copy of it: read them, never change them."""
-    got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline)
+    values share one parsed copy of it: read them, never change them. `present`: every one of
+    `ranks` is known to have checked in (Meeting.arrived): no wait for them first. A view's
+    parts went in with it (one multi_set), so they are there once it is."""
+    got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
     views = {int(k.rsplit("/", 1)[1]): v for k, v in got.items() if isinstance(v, dict)}
     wanted = {v[PART] for view in views.values() for v in view.values()
               if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str)}
-    parts = read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0) if wanted else {}
+    parts = read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
+                           present=present) if wanted else {}
     for view in views.values():
         for k, v in view.items():
             if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str):
@@ -309,8 +312,11 @@ class Meeting:
         return next((r for r in range(self.world_size) if r not in gone), -1)
 
 
-def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float) -> Meeting:
+def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float,
+         texts: tuple[list[str], list[str]] | None = None) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
+    `texts`: view_keys(rank, view), made as the view was (the rank's own work, before it reaches
+    the store); made here when not given.
 
     Two round trips a rank when all goes well, whatever the world size, as a plain store barrier
     (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
@@ -330,8 +336,8 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     got = store_call(lambda: store.compare_set(f"owner/{rank}", "", token), "compare_set(owner)", bound)
     first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == token
     if first:
-        keys, texts = view_keys(rank, view)
-        store_call(lambda: store.multi_set(keys, texts), "multi_set(view)", bound)
+        keys, values = texts or view_keys(rank, view)
+        store_call(lambda: store.multi_set(keys, values), "multi_set(view)", bound)
     else:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         findings.append(event_finding(

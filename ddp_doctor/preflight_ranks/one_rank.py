@@ -207,8 +207,9 @@ class RankPreflight:
         ws = ctx.world_size or 1
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
+            texts = rendezvous.view_keys(self.rank, self.view)  # the view as sent: made before the rank checks in
             with self._stage("rendezvous"):
-                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout)
+                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, texts)
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
@@ -309,7 +310,7 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0)
+        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0, present=True)
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:

@@ -308,14 +308,15 @@ def prefixed(store: Any, prefix: str) -> Any:
     return dist.PrefixStore(prefix, store)
 
 
-def read_json_keys(store: Any, keys: list[str], deadline: float) -> dict[str, Any]:
+def read_json_keys(store: Any, keys: list[str], deadline: float, *, present: bool = False) -> dict[str, Any]:
     """Read the keys that appear before the deadline; the absent ones are left out. The store
     answers when they all exist (one wait), and they are read in one request; at the deadline,
-    those there are read one by one."""
+    those there are read one by one. `present`: the caller knows every key exists (a wait for
+    them was answered): they are read at once, without that wait."""
     if not keys:
         return {}
     bound = op_bound(deadline - time.monotonic())
-    if wait_keys(store, keys, f"{len(keys)} key(s)", deadline):
+    if present or wait_keys(store, keys, f"{len(keys)} key(s)", deadline):
         if hasattr(store, "multi_get"):  # torch >= 2.4
             values = store_call(lambda: store.multi_get(keys), f"multi_get({len(keys)} key(s))", bound)
         else:

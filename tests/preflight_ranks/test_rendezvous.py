@@ -287,6 +287,18 @@ def test_meet_single_rank_is_complete(store: Any) -> None:
     assert got == {"view/0": view(0)}
 
 
+def test_meet_sends_the_texts_the_rank_made_with_its_view(store: Any) -> None:
+    """A rank makes its view's texts as it makes the view (before it reaches the store): meet sends
+    those, and the views read back are what the ranks made."""
+    s = prefixed(store, "t1b/")
+    made = view(0) | {"env": {f"NCCL_SETTING_{i}": "value" for i in range(30)}}
+    texts = rendezvous.view_keys(0, made)
+    assert len(texts[0]) == 2  # the view and its long value, put once by its content
+    assert rendezvous.meet(s, 0, 1, made, 2.0, texts).complete
+    assert [s.get(k).decode() for k in texts[0]] == texts[1]
+    assert rendezvous.read_views(s, [0], time.monotonic() + 1.0, present=True) == {0: made}
+
+
 def test_meet_with_missing_rank_is_bounded(store: Any) -> None:
     m = rendezvous.meet(prefixed(store, "t2/"), 0, 2, view(0), 0.5)
     assert not m.complete and m.arrived == [0] and m.missing == [1]
@@ -365,6 +377,9 @@ def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_o
         keys, texts = rendezvous.view_keys(r, v)
         s.multi_set(keys, texts)
     assert rendezvous.read_views(s, [0, 1, 2, 3, 7], time.monotonic() + 1.0) == views  # 7 never came
+    known = Counted(s)  # the ranks a meeting found there: read at once, with no wait for them first
+    assert rendezvous.read_views(known, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == views
+    assert known.requests == ["multi_get", "multi_get"], known.requests  # the views, then the parts
     small = json.loads(s.get("view/0"))
     assert small["versions"] == {"torch": "2.13.0"} and set(small["env"]) == {rendezvous.PART}  # short: kept
     parts = {json.loads(s.get(f"view/{r}"))["env"][rendezvous.PART] for r in range(4)}
