@@ -5,9 +5,11 @@ as rank 0's process hosts it), against a baseline of the same clients doing a pl
 
 The preflight's part runs the project's own code (preflight_ranks/bounded_rendezvous.meet and
 processes/store.read_json_keys, through the same bounded store calls), in the order a preflight
-does: every rank meets (checks in, publishes its view, waits for all), puts its final findings;
-the reporting rank (0) reads every rank's final findings and view and puts the verdict; every other
-rank reads the verdict. Each view is a real rank's size (about 2 KB of JSON).
+does: every rank has made its view and its texts as sent (view_keys) before the start, as a rank
+has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
+it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
+all), puts its final findings; the reporting rank (0) reads every rank's final findings and view
+and puts the verdict; every other rank reads the verdict. Each view is a real rank's size (about 2 KB of JSON).
 
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
@@ -51,7 +53,9 @@ def _counting_store(inner: Any) -> Any:
     import torch.distributed as dist
 
     class Counting(dist.Store):
-        """The client, counting the requests it sends (one per call; multi_get and wait: one)."""
+        """The client, counting the requests it sends (one per call; multi_get, multi_set and wait: one).
+        Every call the project makes is passed on as it is: torch's Store in Python turns a call it
+        lacks into others (a multi_set into one set a key)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -84,6 +88,10 @@ def _counting_store(inner: Any) -> Any:
             self._n()
             return inner.multi_get(ks)
 
+        def multi_set(self, ks, vs):  # noqa: ANN001, ANN202 - else torch's default sends one set a key
+            self._n()
+            return inner.multi_set(ks, vs)
+
         def append(self, k, v):  # noqa: ANN001, ANN202
             self._n()
             return inner.append(k, v)
@@ -95,7 +103,7 @@ def _counting_store(inner: Any) -> Any:
     return Counting()
 
 
-def _baseline(store: Any, rank: int, world: int, timeout: float) -> None:
+def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """A plain store barrier: add, and the last one sets the key the others wait for."""
     if int(store.add("barrier", 1)) == world:
         store.set("barrier/all", "1")
@@ -103,29 +111,29 @@ def _baseline(store: Any, rank: int, world: int, timeout: float) -> None:
         store.wait(["barrier/all"], timedelta(seconds=timeout))
 
 
-def _rendezvous(store: Any, rank: int, world: int, timeout: float) -> None:
+def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
     for all); the reporting rank (0) reads every view."""
     from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
-    meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
+    meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     if rank == 0:
-        views = read_views(store, meeting.arrived, time.monotonic() + timeout)
+        views = read_views(store, meeting.arrived, time.monotonic() + timeout, present=True)
         assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
 
 
-def _preflight(store: Any, rank: int, world: int, timeout: float) -> None:
+def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The preflight's rendezvous and view exchange, with its own functions (see the doc)."""
     from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
-    meeting = meet(store, rank, world, {**VIEW, "rank": rank}, timeout)
+    meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     final = json.dumps({"findings": [], "measurements": {"stage_seconds": {"total": 1.0}}})
     store_call(lambda: store.set(f"final/{rank}", final), "final", op_bound(timeout))
     deadline = time.monotonic() + timeout
     if rank == 0:
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views = read_views(store, meeting.arrived, deadline)
+        views = read_views(store, meeting.arrived, deadline, present=True)
         assert len(finals) == len(views) == world, (len(finals), len(views))
         store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
     else:
@@ -135,10 +143,10 @@ def _preflight(store: Any, rank: int, world: int, timeout: float) -> None:
 PARTS = ("baseline", "rendezvous", "preflight")  # taken in turns: this order, then the other way
 
 
-def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, ends: dict[int, float],
+def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: Any, ends: dict[int, float],
               errors: list[str]) -> None:
     try:
-        fn(store, rank, world, timeout)
+        fn(store, rank, world, timeout, view)
         ends[rank] = time.time()
     except Exception as e:  # noqa: BLE001 - said by the parent
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
@@ -157,6 +165,14 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
         made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)), ranks)
         clients = {r: _counting_store(c) for r, c in made}
     results: dict[str, Any] = {"connected": time.time()}
+    # each rank's view and its texts as sent (view_keys), made before it checks in, as a rank does
+    # (one_rank: the view is made, then the rendezvous): its own work, timed here a rank at a time
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_keys
+    views, used = {}, time.process_time()
+    for r in ranks:
+        v = {**VIEW, "rank": r}
+        views[r] = (v, view_keys(r, v))
+    results["encode_us"] = (time.process_time() - used) / len(ranks) * 1e6
     for i in range(rounds):
         for part in PARTS if i % 2 == 0 else PARTS[::-1]:
             key = f"{part}-{i}"
@@ -168,7 +184,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             fn = {"baseline": _baseline, "rendezvous": _rendezvous, "preflight": _preflight}[part]
             threads = [threading.Thread(target=_run_part, daemon=True,
                                         args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
-                                              ends, errors)) for r in ranks]
+                                              views[r], ends, errors)) for r in ranks]
             for t in threads:
                 t.start()
             for t in threads:
@@ -222,7 +238,8 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
     bad = [g["error"] for g in got if "error" in g]
     if bad:
         raise SystemExit(f"{world} ranks: {bad[0]}")
-    figures: dict[str, Any] = {"connect": max(g["results"]["connected"] for g in got) - starts["connect"]}
+    figures: dict[str, Any] = {"connect": max(g["results"]["connected"] for g in got) - starts["connect"],
+                               "encode_us": statistics.median(g["results"]["encode_us"] for g in got)}
     for part in PARTS:
         secs, reqs, used = [], [], []
         for i in range(rounds):
@@ -245,7 +262,7 @@ def main() -> int:
     args = ap.parse_args()
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'rendezvous s':>13} {'ratio':>6} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
-          f"{'store CPU ms b/r/p':>19} {'peak RSS MB':>12}")
+          f"{'store CPU ms b/r/p':>19} {'view us':>8} {'peak RSS MB':>12}")
     for world in args.ranks:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout)
         b, r, p, c = f["baseline"], f["rendezvous"], f["preflight"], f["connect"]
@@ -253,13 +270,16 @@ def main() -> int:
               f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
               f"{p['requests'] / world:>9.1f} "
-              f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['rss_mb']:>12.0f}", flush=True)
+              f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['encode_us']:>8.1f} "
+              f"{f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
           f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
           f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
           f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
-          f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start. Median of "
+          f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; view us: the "
+          f"CPU time a rank takes to make its view's texts (view_keys), before the start, as a rank makes them "
+          f"before it checks in (a real rank's own work, in parallel with the others'). Median of "
           f"{args.rounds} rounds each, in turns; rank 0 in a process of its own, the others in {args.procs}; requests "
           f"counted client-side.")
     return 0
