@@ -139,7 +139,8 @@ class StoreWatchdog:
             self._open[token] = time.monotonic() + bound
             wake = self._idle
             self._idle = False
-            if self._thread is None or not self._thread.is_alive():
+            # the thread ends only while idle (and says so), so a busy one is alive: looked at on a wake
+            if wake and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="ddp-doctor-store-watchdog", daemon=True)
                 self._thread.start()
         if wake:
@@ -163,6 +164,15 @@ class StoreWatchdog:
             return False
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:  # ended by an error, not idle: the next call finds no watch and starts another
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                    self._idle = True
+
+    def _watch(self) -> None:
         while True:
             with self._lock:
                 if not self._open:
@@ -172,7 +182,7 @@ class StoreWatchdog:
             if idle:  # no call open: wait for one (its caller wakes us), or end
                 if not self._wake.wait(self.IDLE_S):
                     with self._lock:
-                        if self._idle:
+                        if self._idle:  # under the lock: a call made from now on starts another
                             self._thread = None
                             return
                 continue
@@ -240,6 +250,15 @@ class StoreGuard:
                 self._worker.start()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:  # ended by an error, not idle: the next call finds no watch and starts another
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                    self._idle = True
+
+    def _watch(self) -> None:
         while True:
             try:
                 fn, out, done = self._jobs.get(timeout=self.IDLE_S)

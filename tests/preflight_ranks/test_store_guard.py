@@ -197,3 +197,38 @@ def test_a_forked_child_starts_with_a_watchdog_of_its_own():
         st._WATCHDOG._sockets.pop(a.fileno(), None)
         a.close()
         b.close()
+
+
+def test_a_watchdog_whose_thread_ended_idle_watches_the_next_call_again():
+    """The watch thread ends after IDLE_S without a call; the next call starts another, which ends
+    that call past its bound by shutting its connection down (a socket pair stands for a store
+    connection that never answers)."""
+    import socket as so
+
+    from helpers.procs import wait_for
+
+    from ddp_doctor.processes.store import StoreWatchdog, _socket_links
+    dog = StoreWatchdog()
+    dog.IDLE_S = 0.2
+    a, b = so.socketpair()
+    try:
+        dog._sockets = {a.fileno(): _socket_links()[a.fileno()]}
+        assert dog.call(lambda: 7, "add", 5.0) == 7
+        first = dog._thread
+        wait_for(lambda: dog._thread is None and not first.is_alive(), 30.0, "the idle watch thread to end")
+        errors: list[BaseException] = []
+
+        def blocked() -> None:  # no answer ever comes: only a watch ends it
+            try:
+                dog.call(lambda: a.recv(1), "get", 0.5)
+            except BaseException as e:  # noqa: BLE001 - looked at below
+                errors.append(e)
+        caller = threading.Thread(target=blocked, daemon=True)
+        caller.start()
+        caller.join(30)
+        ended = not caller.is_alive()
+    finally:
+        b.close()  # ends a call no watch ended, so that a failing test does not hang
+        a.close()
+    assert ended and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
+    assert "did not answer get within 0.5 s" in str(errors[0]) and dog._thread is not first
