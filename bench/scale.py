@@ -9,19 +9,22 @@ does: every rank has made its view and its texts as sent (view_keys) before the 
 has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
 it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
 all), puts its final findings; the reporting rank (0) reads every rank's final findings and view
-and puts the verdict; every other rank reads the verdict. Each view is a real rank's size (about 2 KB of JSON).
+and puts the verdict; every other rank reads the verdict. Each view is a real rank's size (about 2
+KB of JSON). A third part, the floor, sends the rendezvous's own requests bare (the claim, the view,
+one wait; rank 0's wait, key and read of every view) with no bound on a call and no check of an
+answer: what any check-in that claims a rank and sends a view costs these clients.
 
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
 (from the moment they are told to start to the last rank done: the median of --rounds rounds,
-taken in turns baseline, preflight, preflight, baseline, ...), their ratio with and without the
-connecting, the requests the clients sent to the store (all clients, counted client-side) per
+taken in turns baseline, floor, rendezvous, preflight, then the other way, ...), their ratio to
+the barrier, the requests the clients sent to the store (all clients, counted client-side) per
 second of that part, and the peak memory (the largest process's RSS, this one hosting the store
 included).
 
-    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--timeout 300]
+    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--timeout 900]
 
-Aim (issue 23): the preflight's part at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
+Aim (issue 23): the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
 and the request counts, not a real cluster's seconds. The reporting rank (0) has a process of its
 own, as in a job; the other ranks share --procs more.
@@ -111,6 +114,23 @@ def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> N
         store.wait(["barrier/all"], timedelta(seconds=timeout))
 
 
+def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
+    """The requests of a check-in that claims its rank and sends its view, bare: the rendezvous's
+    own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for every view, its
+    key, its read of every view) with nothing else, no bound on a call and no check of an answer:
+    the least such a check-in costs these clients."""
+    keys, texts = view[1]
+    store.compare_set(f"owner/{rank}", "", "0" * 32)
+    store.multi_set(keys, texts)
+    if rank == 0:
+        every = [f"view/{r}" for r in range(world)]
+        store.wait(every, timedelta(seconds=timeout))
+        store.set("arrived/all", "1")
+        [json.loads(v) for v in store.multi_get(every)]
+    else:
+        store.wait(["arrived/all"], timedelta(seconds=timeout))
+
+
 def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
     for all); the reporting rank (0) reads every view."""
@@ -140,7 +160,7 @@ def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> 
         assert read_json_keys(store, ["verdict"], deadline), "no verdict"
 
 
-PARTS = ("baseline", "rendezvous", "preflight")  # taken in turns: this order, then the other way
+PARTS = ("baseline", "floor", "rendezvous", "preflight")  # taken in turns: this order, then the other way
 
 
 def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: Any, ends: dict[int, float],
@@ -181,7 +201,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             before = {r: c.requests for r, c in clients.items()}
             ends: dict[int, float] = {}
             errors: list[str] = []
-            fn = {"baseline": _baseline, "rendezvous": _rendezvous, "preflight": _preflight}[part]
+            fn = {"baseline": _baseline, "floor": _floor, "rendezvous": _rendezvous, "preflight": _preflight}[part]
             threads = [threading.Thread(target=_run_part, daemon=True,
                                         args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
                                               views[r], ends, errors)) for r in ranks]
@@ -258,21 +278,25 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--procs", type=int, default=4, help="processes ranks 1.. are spread over (rank 0 has one more)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take")
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
     args = ap.parse_args()
-    print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'rendezvous s':>13} {'ratio':>6} {'preflight s':>12} "
+    print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'floor s':>8} {'ratio':>6} {'rendezvous s':>13} "
+          f"{'ratio':>6} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
           f"{'store CPU ms b/r/p':>19} {'view us':>8} {'peak RSS MB':>12}")
     for world in args.ranks:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout)
-        b, r, p, c = f["baseline"], f["rendezvous"], f["preflight"], f["connect"]
-        print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
+        b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
+        print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {fl['seconds']:>8.3f} {fl['seconds'] / b['seconds']:>6.2f} "
+              f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
               f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
               f"{p['requests'] / world:>9.1f} "
               f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['encode_us']:>8.1f} "
               f"{f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
+          f"floor (the rendezvous's requests bare: a claim, the view, a wait; rank 0 reading every view), "
           f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
           f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
