@@ -129,7 +129,7 @@ signature("DDP824", "NCCL watchdog timeout", [
     is expected, raise the timeout (init_process_group(timeout=...), Trainer's ddp_timeout).
     """)
 
-signature("DDP835", "Rendezvous store timed out waiting for ranks", [
+signature("DDP835", "A wait at the rendezvous store timed out", [
     r"waiting for clients\. \d+/\d+ clients joined",
     r"DistStoreError",
     r"Socket Timeout",
