@@ -250,15 +250,6 @@ class StoreGuard:
                 self._worker.start()
 
     def _run(self) -> None:
-        try:
-            self._watch()
-        finally:  # ended by an error, not idle: the next call finds no watch and starts another
-            with self._lock:
-                if self._thread is threading.current_thread():
-                    self._thread = None
-                    self._idle = True
-
-    def _watch(self) -> None:
         while True:
             try:
                 fn, out, done = self._jobs.get(timeout=self.IDLE_S)

@@ -232,3 +232,18 @@ def test_a_watchdog_whose_thread_ended_idle_watches_the_next_call_again():
         a.close()
     assert ended and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
     assert "did not answer get within 0.5 s" in str(errors[0]) and dog._thread is not first
+
+
+def test_an_idle_guard_worker_ends_quietly_and_the_next_call_starts_another(monkeypatch):
+    """A thread's guard worker ends after IDLE_S without work, with no error of its own (an
+    exception there would print a traceback on the rank's stderr), and the next call is served."""
+    from helpers.procs import wait_for
+    raised: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    guard = StoreGuard()
+    guard.IDLE_S = 0.2
+    assert guard.call(lambda: 1, "add", 5.0) == 1
+    first = guard._worker
+    wait_for(lambda: guard._worker is None and not first.is_alive(), 30.0, "the idle worker to end")
+    assert guard.call(lambda: 2, "add", 5.0) == 2 and guard._worker is not first
+    assert raised == []
