@@ -114,13 +114,22 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def _where(ledger: dict[str, Any]) -> tuple[str, int, int] | None:
-    """The place its samples found the rank most often: (place, count, total samples)."""
+    """The place its samples found the rank most often: (place, count, total samples); places
+    found as often as each other are all named (_most_often)."""
     samples = ledger.get("samples") or {}
     places = samples.get("where") or {}
     if not places:
         return None
-    place = max(places, key=lambda p: places[p])
-    return place, int(places[place]), int(samples.get("total") or sum(places.values()))
+    place, n = _most_often(places)
+    return place, n, int(samples.get("total") or sum(places.values()))
+
+
+def _most_often(places: dict[str, Any]) -> tuple[str, int]:
+    """(the place found most often, its count); on a tie every place found that often, in words
+    ("A and B"), since the samples do not tell one of them from the others."""
+    n = max(int(c) for c in places.values())
+    top = sorted(p for p, c in places.items() if int(c) == n)
+    return (top[0] if len(top) == 1 else ", ".join(top[:-1]) + " and " + top[-1]), n
 
 
 def _last_arriver(ranks: list[Any], times: dict[Any, dict[tuple[str, int], int]],
@@ -314,10 +323,12 @@ def _doing_node(mine: list[int], others: list[int], lag: float, data: dict[int, 
         for what, n in (samples.get("doing") or {}).items():
             doing[what] = doing.get(what, 0) + int(n)
     if places:
-        place = max(places, key=lambda p: places[p])
-        return (f"before arriving its ranks work at {place} ({places[place]} of their {sum(places.values())} "
-                f"stack samples outside a collective{_activities(doing)}): the same work is slower there (GPU "
-                "clocks, temperature, another process, a slower storage path)")
+        place, n = _most_often(places)
+        total = sum(places.values())
+        few = ", too few to be sure" if total < MIN_SAMPLES else ""
+        return (f"before arriving its ranks work at {place} ({n}{' each' if ' and ' in place else ''} of their "
+                f"{total} stack samples outside a collective{few}{_activities(doing)}): the same work is slower "
+                "there (GPU clocks, temperature, another process, a slower storage path)")
     return "where its ranks spend that time is unknown (no stack sample outside a collective, no DataLoader measured)"
 
 
@@ -351,7 +362,8 @@ def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], led
     if where is not None:
         place, n, total = where
         few = ", too few to be sure" if total < MIN_SAMPLES else ""
-        return (f"before arriving it works at {place} ({n} of its {total} stack samples outside a collective{few}"
+        return (f"before arriving it works at {place} ({n}{' each' if ' and ' in place else ''} of its {total} "
+                f"stack samples outside a collective{few}"
                 + _activities((ledger.get("samples") or {}).get("doing"))
                 + (f"; its data waits, {mine * 1000:.1f} ms per batch, do not explain the lag)" if mine is not None
                    else ")"))

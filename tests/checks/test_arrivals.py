@@ -107,7 +107,17 @@ def test_a_slow_node_is_named_with_what_its_ranks_did():
     where = {"total": 4, "where": {"train.py:30 in <module>": 3, "train.py:9 in load": 1}}
     job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, samples={2: where, 3: where})
     (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR})
-    assert "its ranks work at train.py:30 in <module> (6 of their 8 stack samples" in f.message, f.message
+    assert "its ranks work at train.py:30 in <module> (6 of their 8 stack samples outside a collective, too few " \
+        "to be sure)" in f.message, f.message
+    tied = {"total": 4, "where": {"train.py:30 in <module>": 2, "train.py:31 in <module>": 2}}
+    job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, samples={2: tied, 3: tied})
+    (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR})  # the samples do not tell them apart
+    assert "work at train.py:30 in <module> and train.py:31 in <module> (4 each of their 8 stack samples" \
+        in f.message, f.message
+    many = {"total": 6, "where": {"train.py:30 in <module>": 5, "train.py:31 in <module>": 1}}
+    job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, samples={2: many, 3: many})
+    (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR})
+    assert "work at train.py:30 in <module> (10 of their 12 stack samples outside a collective)" in f.message
     probes = {r: {"loaders": [{"iterations": [{"training": True}], "data_times": [0.5] + [d] * 20}]}
               for r, d in ((0, 0.001), (1, 0.001), (2, 0.041), (3, 0.042))}
     (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR}, probes)

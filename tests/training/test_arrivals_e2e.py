@@ -42,7 +42,8 @@ def _two_nodes(d: Path) -> list:
 
     def env_for(host: str) -> dict[str, str]:  # a node's own disk: its run directory, its report
         (d / f"tmp-{host}").mkdir(exist_ok=True)
-        return clean_env(TMPDIR=str(d / f"tmp-{host}"), DDP_DOCTOR_REPORT=str(d / f"{host}.json"))
+        # 100 steps: the slow node's ranks sleep about 5 s, a dozen stack samples (one a second) to say where
+        return clean_env(TMPDIR=str(d / f"tmp-{host}"), DDP_DOCTOR_REPORT=str(d / f"{host}.json"), STEPS="100")
 
     return run_nodes(d, ["algo-1", "algo-2"], ["run", "--select", "DDP407", str(SCRIPTS / "node_slow_compute.py")],
                      nproc=2, env_for=env_for, timeout=180)
