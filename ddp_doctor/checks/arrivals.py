@@ -113,8 +113,8 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _where(ledger: dict[str, Any]) -> tuple[str, int, int] | None:
-    """The place its samples found the rank most often: (place, count, total samples); places
+def _where(ledger: dict[str, Any]) -> tuple[str, str, int] | None:
+    """The place its samples found the rank most often: (place, count in words, total samples); places
     found as often as each other are all named (_most_often)."""
     samples = ledger.get("samples") or {}
     places = samples.get("where") or {}
@@ -124,12 +124,14 @@ def _where(ledger: dict[str, Any]) -> tuple[str, int, int] | None:
     return place, n, int(samples.get("total") or sum(places.values()))
 
 
-def _most_often(places: dict[str, Any]) -> tuple[str, int]:
-    """(the place found most often, its count); on a tie every place found that often, in words
-    ("A and B"), since the samples do not tell one of them from the others."""
+def _most_often(places: dict[str, Any]) -> tuple[str, str]:
+    """(the place found most often, its count in words); on a tie every place found that often
+    ("A and B", "4 each"), since the samples do not tell one of them from the others."""
     n = max(int(c) for c in places.values())
     top = sorted(p for p, c in places.items() if int(c) == n)
-    return (top[0] if len(top) == 1 else ", ".join(top[:-1]) + " and " + top[-1]), n
+    if len(top) == 1:
+        return top[0], str(n)
+    return ", ".join(top[:-1]) + " and " + top[-1], f"{n} each"
 
 
 def _last_arriver(ranks: list[Any], times: dict[Any, dict[tuple[str, int], int]],
@@ -326,7 +328,7 @@ def _doing_node(mine: list[int], others: list[int], lag: float, data: dict[int, 
         place, n = _most_often(places)
         total = sum(places.values())
         few = ", too few to be sure" if total < MIN_SAMPLES else ""
-        return (f"before arriving its ranks work at {place} ({n}{' each' if ' and ' in place else ''} of their "
+        return (f"before arriving its ranks work at {place} ({n} of their "
                 f"{total} stack samples outside a collective{few}{_activities(doing)}): the same work is slower "
                 "there (GPU clocks, temperature, another process, a slower storage path)")
     return "where its ranks spend that time is unknown (no stack sample outside a collective, no DataLoader measured)"
@@ -362,7 +364,7 @@ def _doing(rank: int, others: list[int], lag: float, data: dict[int, float], led
     if where is not None:
         place, n, total = where
         few = ", too few to be sure" if total < MIN_SAMPLES else ""
-        return (f"before arriving it works at {place} ({n}{' each' if ' and ' in place else ''} of its {total} "
+        return (f"before arriving it works at {place} ({n} of its {total} "
                 f"stack samples outside a collective{few}"
                 + _activities((ledger.get("samples") or {}).get("doing"))
                 + (f"; its data waits, {mine * 1000:.1f} ms per batch, do not explain the lag)" if mine is not None
