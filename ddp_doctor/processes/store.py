@@ -99,8 +99,7 @@ class StoreWatchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._open: dict[int, float] = {}  # call -> its deadline (monotonic)
-        self._cut: set[int] = set()  # calls whose connections were shut down past their deadline
+        self._open: dict[int, float] = {}  # call -> its deadline (monotonic): popped by the call or the watch
         self._sockets: dict[int, str] = {}  # fd -> /proc link of each store connection (client side)
         self._tokens = itertools.count()
         self._thread: threading.Thread | None = None
@@ -134,34 +133,31 @@ class StoreWatchdog:
         return self._Connecting(self, port)
 
     def call(self, fn: Callable[[], T], what: str, bound: float) -> T:
+        # no lock on a call's way: hundreds of a process's threads may call at once (a lock held
+        # as the interpreter switches threads queues them all behind it); a note is one dict
+        # operation, and whoever pops it first owns it: the call (it came back in time) or the
+        # watch (past its deadline, it shuts the connections down)
         token = next(self._tokens)
-        with self._lock:
-            self._open[token] = time.monotonic() + bound
-            wake = self._idle
-            self._idle = False
-            # the thread ends only while idle (and says so), so a busy one is alive: looked at on a wake
-            if wake and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(target=self._run, name="ddp-doctor-store-watchdog", daemon=True)
-                self._thread.start()
-        if wake:
-            self._wake.set()
+        self._open[token] = time.monotonic() + bound
+        if self._idle:  # the watch sleeps, or has ended: once after an idle spell
+            self._rouse()
         try:
             value = fn()
         except BaseException:
-            if self._close(token):
+            if self._open.pop(token, None) is None:  # the watch took it: ended by the shut down
                 raise StoreTimeout(f"the store did not answer {what} within {bound:g} s") from None
             raise
-        if self._close(token):  # it came back only because its connection was shut down
+        if self._open.pop(token, None) is None:  # it came back only because its connection was shut down
             raise StoreTimeout(f"the store did not answer {what} within {bound:g} s")
         return value
 
-    def _close(self, token: int) -> bool:
-        with self._lock:
-            self._open.pop(token, None)
-            if token in self._cut:
-                self._cut.discard(token)
-                return True
-            return False
+    def _rouse(self) -> None:
+        with self._lock:  # the thread ends only under this lock, and only while no call is noted
+            self._idle = False
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ddp-doctor-store-watchdog", daemon=True)
+                self._thread.start()
+        self._wake.set()
 
     def _run(self) -> None:
         try:
@@ -174,30 +170,27 @@ class StoreWatchdog:
 
     def _watch(self) -> None:
         while True:
-            with self._lock:
+            if not self._open:
+                self._wake.clear()
+                self._idle = True
+                # a call noted before `idle` was set read it unset and woke nobody: look again
+                # (a call noted after reads it set and wakes this thread)
                 if not self._open:
-                    self._idle = True
-                    self._wake.clear()
-                idle = self._idle
-            if idle:  # no call open: wait for one (its caller wakes us), or end
-                if not self._wake.wait(self.IDLE_S):
-                    with self._lock:
-                        if self._idle:  # under the lock: a call made from now on starts another
-                            self._thread = None
-                            return
-                continue
+                    if not self._wake.wait(self.IDLE_S):
+                        with self._lock:
+                            if self._idle and not self._open:  # a call from now on starts another
+                                self._thread = None
+                                return
+                    continue
+                self._idle = False
             time.sleep(self.TICK_S)  # the watch's tick: a deadline is met within it
-            with self._lock:
-                now = time.monotonic()
-                late = [t for t, deadline in self._open.items() if deadline <= now]
-                sockets: dict[int, str] = {}
-                if late:
-                    self._cut.update(late)
-                    for t in late:
-                        del self._open[t]
+            now = time.monotonic()
+            late = [t for t, deadline in self._open.copy().items() if deadline <= now]
+            if [t for t in late if self._open.pop(t, None) is not None]:  # those the calls did not take back
+                with self._lock:
                     sockets, self._sockets = self._sockets, {}
-            for fd, link in sockets.items():
-                _shut_down(fd, link)
+                for fd, link in sockets.items():
+                    _shut_down(fd, link)
 
 
 def _shut_down(fd: int, link: str) -> None:

@@ -234,6 +234,49 @@ def test_a_watchdog_whose_thread_ended_idle_watches_the_next_call_again():
     assert "did not answer get within 0.5 s" in str(errors[0]) and dog._thread is not first
 
 
+def test_calls_from_many_threads_at_once_are_noted_and_taken_back_without_a_lock():
+    """Hundreds of threads of one process call at once (a rank's threads, the scale bench's
+    simulated ranks): each gets its own value, and every note is taken back by its call (none is
+    left for the watch to find late, none raises)."""
+    from ddp_doctor.processes.store import StoreWatchdog
+    dog = StoreWatchdog()
+    start = threading.Barrier(200)
+    got: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        start.wait(30)
+        try:
+            got[i] = dog.call(lambda: (time.sleep(0.001), i)[1], "add", 30.0)
+        except BaseException as e:  # noqa: BLE001 - looked at below
+            got[i] = e
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {i: i for i in range(200)} and dog._open == {}
+
+
+def test_a_call_the_watch_took_past_its_deadline_is_a_timeout_even_if_it_then_returns():
+    """The watch and the call both try to take the call's note back: whoever takes it owns it. A
+    call whose note the watch took (past its deadline, its connections shut down) raises
+    StoreTimeout, even when what it ran returns a value afterwards."""
+    from helpers.procs import wait_for
+
+    from ddp_doctor.processes.store import StoreWatchdog
+    dog = StoreWatchdog()
+    dog.TICK_S = 0.05
+    taken = threading.Event()
+
+    def slow() -> int:  # returns only once the watch has taken this call's note
+        wait_for(lambda: not dog._open, 30.0, "the watch to take the late call")
+        taken.set()
+        return 5
+    with pytest.raises(StoreTimeout, match="did not answer get within 0.1 s"):
+        dog.call(slow, "get", 0.1)
+    assert taken.is_set() and dog.call(lambda: 6, "get", 30.0) == 6  # the next call is its own
+
+
 def test_an_idle_guard_worker_ends_quietly_and_the_next_call_starts_another(monkeypatch):
     """A thread's guard worker ends after IDLE_S without work, with no error of its own (an
     exception there would print a traceback on the rank's stderr), and the next call is served."""
