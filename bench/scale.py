@@ -117,8 +117,8 @@ def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> N
 def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The requests of a check-in that claims its rank and sends its view, bare: the rendezvous's
     own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for every view, its
-    key, its read of every view) with nothing else, no bound on a call and no check of an answer:
-    the least such a check-in costs these clients."""
+    key, its read of every view and of its own long values) with nothing else, no bound on a call
+    and no check of an answer: the least such a check-in costs these clients."""
     keys, texts = view[1]
     store.compare_set(f"owner/{rank}", "", "0" * 32)
     store.multi_set(keys, texts)
@@ -126,7 +126,7 @@ def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> None
         every = [f"view/{r}" for r in range(world)]
         store.wait(every, timedelta(seconds=timeout))
         store.set("arrived/all", "1")
-        [json.loads(v) for v in store.multi_get(every)]
+        [json.loads(v) for v in store.multi_get(every + keys[1:])]  # with its own parts, as the rendezvous reads
     else:
         store.wait(["arrived/all"], timedelta(seconds=timeout))
 
@@ -138,7 +138,7 @@ def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) ->
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     if rank == 0:
-        views = read_views(store, meeting.arrived, time.monotonic() + timeout, present=True)
+        views = read_views(store, meeting.arrived, time.monotonic() + timeout, present=True, own_parts=view[1][0][1:])
         assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
 
 
@@ -153,7 +153,7 @@ def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> 
     deadline = time.monotonic() + timeout
     if rank == 0:
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views = read_views(store, meeting.arrived, deadline, present=True)
+        views = read_views(store, meeting.arrived, deadline, present=True, own_parts=view[1][0][1:])
         assert len(finals) == len(views) == world, (len(finals), len(views))
         store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
     else:

@@ -242,7 +242,7 @@ def is_local_host(host: str) -> bool | None:
 # ---------------------------------------------------------------- the store exchange
 
 ALL_HERE = "arrived/all"  # set by rank 0 once every rank's view is in the store
-PART = "$part"  # in a view put in the store: {PART: digest} stands for the value in part/<digest>
+PARTS = "$parts"  # in a view put in the store: {key: digest}: the key's value is in part/<digest>
 PART_MIN = 256  # characters: a view's list or dict this long (as JSON) is put once by its content
 
 
@@ -252,38 +252,56 @@ _ENCODE = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
 def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The keys and texts that put `view` in the store: view/<rank>, where each long list or dict
-    (the versions, the communication settings, the script's digest: alike on most ranks) stands
-    as a reference to part/<digest of its text>, and those parts. The reporting rank then reads
-    and parses each distinct value once, not once a rank (read_views)."""
+    (the communication settings, the findings: alike on most ranks) is left out (None in its
+    place) and put once by its content in part/<digest of its text>, the view naming them in
+    PARTS ({key: digest}), and those parts. The reporting rank then reads and parses each
+    distinct value once, not once a rank, and looks only at the keys PARTS names (read_views)."""
     small: dict[str, Any] = {}
     parts: dict[str, str] = {}
+    refs: dict[str, str] = {}
     for k, v in view.items():
         if v and isinstance(v, (dict, list)):
             text = _ENCODE(v)
             if len(text) >= PART_MIN:
                 digest = hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
                 parts[f"part/{digest}"] = text
-                v = {PART: digest}
+                refs[k] = digest
+                v = None
         small[k] = v
+    if refs:
+        small[PARTS] = refs
     return [f"view/{rank}", *parts], [_ENCODE(small), *parts.values()]
 
 
-def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False) -> dict[int, dict[str, Any]]:
-    """The views of `ranks` that are in the store by the deadline, as their ranks made them: two
-    reads in all (the views, then each distinct part once; see view_keys). Ranks with alike
-    values share one parsed copy of it: read them, never change them. `present`: every one of
-    `ranks` is known to have checked in (Meeting.arrived): no wait for them first. A view's
-    parts went in with it (one multi_set), so they are there once it is."""
-    got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
-    views = {int(k.rsplit("/", 1)[1]): v for k, v in got.items() if isinstance(v, dict)}
-    wanted = {v[PART] for view in views.values() for v in view.values()
-              if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str)}
-    parts = read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
-                           present=present) if wanted else {}
-    for view in views.values():
-        for k, v in view.items():
-            if isinstance(v, dict) and len(v) == 1 and isinstance(v.get(PART), str):
-                view[k] = parts.get(f"part/{v[PART]}")
+def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False,
+               own_parts: list[str] | None = None) -> dict[int, dict[str, Any]]:
+    """The views of `ranks` that are in the store by the deadline, as their ranks made them: the
+    views, then each distinct part once (see view_keys). Ranks with alike values share one parsed
+    copy of it: read them, never change them. `present`: every one of `ranks` is known to have
+    checked in (Meeting.arrived): no wait for them first. A view's parts went in with it (one
+    multi_set), so they are there once it is. `own_parts`: the part keys the reader put with its
+    own view (view_keys): read in the same request as the views, so that when every rank's long
+    values are the reader's (the usual job) the views take one request, not two."""
+    own = [k for k in own_parts or () if k.startswith("part/")]
+    got = read_json_keys(store, [f"view/{r}" for r in ranks] + own, deadline, present=present)
+    parts = {k: got.pop(k) for k in own if k in got}
+    views: dict[int, dict[str, Any]] = {}
+    refs: dict[int, dict[str, Any]] = {}
+    for k, v in got.items():
+        if isinstance(v, dict):
+            r = int(k.rsplit("/", 1)[1])
+            views[r] = v
+            named = v.pop(PARTS, None)
+            if isinstance(named, dict) and named:
+                refs[r] = named
+    wanted = {d for named in refs.values() for d in named.values() if isinstance(d, str)} - {k[5:] for k in parts}
+    if wanted:
+        parts.update(read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
+                                    present=present))
+    for r, named in refs.items():
+        view = views[r]
+        for k, d in named.items():
+            view[k] = parts.get(f"part/{d}") if isinstance(d, str) else None
     return views
 
 

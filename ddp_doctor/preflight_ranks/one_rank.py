@@ -64,6 +64,7 @@ class RankPreflight:
         self.findings: list[Finding] = []
         self.measurements: dict[str, Any] = {}
         self._readers = 0  # how many ranks read the verdict from the store (set at the rendezvous)
+        self._sent: list[str] = []  # the keys this rank put its view in (view_keys)
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
@@ -208,6 +209,7 @@ class RankPreflight:
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
             texts = rendezvous.view_keys(self.rank, self.view)  # the view as sent: made before the rank checks in
+            self._sent = texts[0]
             with self._stage("rendezvous"):
                 meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, texts)
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
@@ -310,7 +312,8 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0, present=True)
+        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0, present=True,
+                                              own_parts=self._sent[1:])
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:

@@ -335,13 +335,14 @@ class Counted:
     """A store client, noting the requests a rank sends (by name)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.requests = inner, []
+        self.inner, self.requests, self.sizes = inner, [], []
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
 
         def call(*args: Any) -> Any:
             self.requests.append(name)
+            self.sizes.append(len(args[0]) if args and isinstance(args[0], list) else 1)  # keys asked for
             return method(*args)
         return call
 
@@ -380,9 +381,17 @@ def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_o
     known = Counted(s)  # the ranks a meeting found there: read at once, with no wait for them first
     assert rendezvous.read_views(known, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == views
     assert known.requests == ["multi_get", "multi_get"], known.requests  # the views, then the parts
-    small = json.loads(s.get("view/0"))
-    assert small["versions"] == {"torch": "2.13.0"} and set(small["env"]) == {rendezvous.PART}  # short: kept
-    parts = {json.loads(s.get(f"view/{r}"))["env"][rendezvous.PART] for r in range(4)}
+    mine = Counted(s)  # the reader's own parts read with the views: one request when every rank's are alike
+    keys0 = rendezvous.view_keys(0, views[0])[0]
+    assert rendezvous.read_views(mine, [0, 1, 3], time.monotonic() + 1.0, present=True, own_parts=keys0) == {
+        r: views[r] for r in (0, 1, 3)} and mine.requests == ["multi_get"], mine.requests
+    other = Counted(s)  # rank 2's differ: read in a second request, only they
+    assert rendezvous.read_views(other, [0, 1, 2, 3], time.monotonic() + 1.0, present=True, own_parts=keys0) == views
+    assert other.requests == ["multi_get", "multi_get"] and other.sizes[-1] == 1, (other.requests, other.sizes)
+    small = json.loads(s.get("view/0"))  # short values kept; a long one named in PARTS, None in its place
+    assert small["versions"] == {"torch": "2.13.0"} and small["env"] is None and set(small[rendezvous.PARTS]) == {"env"}
+    assert list(small)[:-1] == list(views[0])  # the view's keys in their order
+    parts = {json.loads(s.get(f"view/{r}"))[rendezvous.PARTS]["env"] for r in range(4)}
     assert len(parts) == 2 and all(json.loads(s.get(f"part/{d}")) in (env, views[2]["env"]) for d in parts)
 
 
