@@ -114,7 +114,7 @@ def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> N
         store.wait(["barrier/all"], timedelta(seconds=timeout))
 
 
-def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
+def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> float | None:
     """The requests of a check-in that claims its rank and sends its view, bare: the rendezvous's
     own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for every view, its
     key, its read of every view and of its own long values) with nothing else, no bound on a call
@@ -126,20 +126,25 @@ def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> None
         every = [f"view/{r}" for r in range(world)]
         store.wait(every, timedelta(seconds=timeout))
         store.set("arrived/all", "1")
+        released = time.time()
         [json.loads(v) for v in store.multi_get(every + keys[1:])]  # with its own parts, as the rendezvous reads
-    else:
-        store.wait(["arrived/all"], timedelta(seconds=timeout))
+        return released
+    store.wait(["arrived/all"], timedelta(seconds=timeout))
+    return None
 
 
-def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
+def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) -> float | None:
     """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
-    for all); the reporting rank (0) reads every view."""
+    for all); the reporting rank (0) reads every view. Rank 0 returns when it released the others."""
     from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     if rank == 0:
+        released = time.time()
         views = read_views(store, meeting.arrived, time.monotonic() + timeout, present=True, own_parts=view[1][0][1:])
         assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
+        return released
+    return None
 
 
 def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
@@ -164,10 +169,12 @@ PARTS = ("baseline", "floor", "rendezvous", "preflight")  # taken in turns: this
 
 
 def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: Any, ends: dict[int, float],
-              errors: list[str]) -> None:
+              errors: list[str], released: dict[int, float]) -> None:
     try:
-        fn(store, rank, world, timeout, view)
+        at = fn(store, rank, world, timeout, view)
         ends[rank] = time.time()
+        if at is not None:
+            released[rank] = at
     except Exception as e:  # noqa: BLE001 - said by the parent
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
@@ -201,10 +208,11 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             before = {r: c.requests for r, c in clients.items()}
             ends: dict[int, float] = {}
             errors: list[str] = []
+            released: dict[int, float] = {}  # rank 0's release of the others (floor, rendezvous)
             fn = {"baseline": _baseline, "floor": _floor, "rendezvous": _rendezvous, "preflight": _preflight}[part]
             threads = [threading.Thread(target=_run_part, daemon=True,
                                         args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
-                                              views[r], ends, errors)) for r in ranks]
+                                              views[r], ends, errors, released)) for r in ranks]
             for t in threads:
                 t.start()
             for t in threads:
@@ -214,6 +222,8 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
                 return
             results.setdefault(part, []).append((max(ends.values()),
                                                  sum(c.requests - before[r] for r, c in clients.items())))
+            if 0 in released:  # rank 0's read of the views, from its release of the others
+                results.setdefault(f"{part}/read", []).append(ends[0] - released[0])
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
 
 
@@ -269,6 +279,9 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
             used.append(cpu[key])
         figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs),
                          "store_cpu": statistics.median(used)}
+    for part in ("floor", "rendezvous"):
+        reads = [x for g in got for x in g["results"].get(f"{part}/read", [])]
+        figures[part]["read"] = statistics.median(reads)
     figures["rss_mb"] = max([g["rss_kb"] for g in got] + [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]) / 1024
     return figures
 
@@ -284,7 +297,7 @@ def main() -> int:
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'floor s':>8} {'ratio':>6} {'rendezvous s':>13} "
           f"{'ratio':>6} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
-          f"{'store CPU ms b/r/p':>19} {'view us':>8} {'peak RSS MB':>12}")
+          f"{'store CPU ms b/r/p':>19} {'view us':>8} {'read ms f/r':>12} {'peak RSS MB':>12}")
     for world in args.ranks:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
@@ -294,6 +307,7 @@ def main() -> int:
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
               f"{p['requests'] / world:>9.1f} "
               f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['encode_us']:>8.1f} "
+              f"{'/'.join(str(round(x['read'] * 1000)) for x in (fl, r)):>12} "
               f"{f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
           f"floor (the rendezvous's requests bare: a claim, the view, a wait; rank 0 reading every view), "
@@ -303,7 +317,9 @@ def main() -> int:
           f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
           f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; view us: the "
           f"CPU time a rank takes to make its view's texts (view_keys), before the start, as a rank makes them "
-          f"before it checks in (a real rank's own work, in parallel with the others'). Median of "
+          f"before it checks in (a real rank's own work, in parallel with the others'); read ms: rank 0's read "
+          f"of every view, from its release of the others to its end, in floor and rendezvous (the others wake "
+          f"meanwhile). Median of "
           f"{args.rounds} rounds each, in turns; rank 0 in a process of its own, the others in {args.procs}; requests "
           f"counted client-side.")
     return 0
