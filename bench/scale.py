@@ -116,19 +116,21 @@ def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> N
 
 def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> float | None:
     """The requests of a check-in that claims its rank and sends its view, bare: the rendezvous's
-    own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for every view, its
-    key, its read of every view and of its own long values) with nothing else, no bound on a call
-    and no check of an answer: the least such a check-in costs these clients."""
+    own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for each chunk of
+    views and its read of them, then its key) with nothing else, no bound on a call and no check
+    of an answer: the least such a check-in costs these clients."""
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import READ_CHUNK
     keys, texts = view[1]
     store.compare_set(f"owner/{rank}", "", "0" * 32)
     store.multi_set(keys, texts)
     if rank == 0:
-        every = [f"view/{r}" for r in range(world)]
-        store.wait(every, timedelta(seconds=timeout))
+        [json.loads(t) for t in texts[1:]]  # its own long values, as the rendezvous parses them
+        for lo in range(0, world, READ_CHUNK):
+            chunk = [f"view/{r}" for r in range(lo, min(lo + READ_CHUNK, world))]
+            store.wait(chunk, timedelta(seconds=timeout))
+            [json.loads(v) for v in store.multi_get(chunk)]
         store.set("arrived/all", "1")
-        released = time.time()
-        [json.loads(v) for v in store.multi_get(every + keys[1:])]  # with its own parts, as the rendezvous reads
-        return released
+        return time.time()
     store.wait(["arrived/all"], timedelta(seconds=timeout))
     return None
 
@@ -139,9 +141,10 @@ def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) ->
     from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
-    if rank == 0:
+    if rank == 0:  # the views it read as they came, and any other
         released = time.time()
-        views = read_views(store, meeting.arrived, time.monotonic() + timeout, present=True, own_parts=view[1][0][1:])
+        views = {**meeting.views, **read_views(store, [r for r in meeting.arrived if r not in meeting.views],
+                                               time.monotonic() + timeout, present=True, own=view[1])}
         assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
         return released
     return None
@@ -158,7 +161,8 @@ def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> 
     deadline = time.monotonic() + timeout
     if rank == 0:
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views = read_views(store, meeting.arrived, deadline, present=True, own_parts=view[1][0][1:])
+        views = {**meeting.views, **read_views(store, [r for r in meeting.arrived if r not in meeting.views],
+                                               deadline, present=True, own=view[1])}
         assert len(finals) == len(views) == world, (len(finals), len(views))
         store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
     else:
@@ -179,8 +183,10 @@ def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: 
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
 
-def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any) -> None:
+def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any, nice: int) -> None:
     import torch.distributed as dist
+    if nice and 0 not in ranks:
+        os.nice(nice)
     control = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout),
                             wait_for_workers=False)
     control.add("ready", 1)
@@ -227,7 +233,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
 
 
-def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, Any]:
+def measure(world: int, procs: int, rounds: int, timeout: float, nice: int = 0) -> dict[str, Any]:
     import torch.distributed as dist
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,7 +245,7 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
     # the reporting rank (0) in a process of its own, as in a job: its serial part (the wait for
     # every view, reading them) is not held up by hundreds of simulated ranks' interpreter lock
     shares = [[0]] + [part for part in (list(range(1, world))[i::procs] for i in range(procs)) if part]
-    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out)) for share in shares]
+    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out, nice)) for share in shares]
     for w in workers:
         w.start()
     starts: dict[str, float] = {}
@@ -291,6 +297,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--procs", type=int, default=4, help="processes ranks 1.. are spread over (rank 0 has one more)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="niceness of the processes of ranks 1.. (rank 0's and the store's keep theirs)")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
     args = ap.parse_args()
@@ -299,7 +307,7 @@ def main() -> int:
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
           f"{'store CPU ms b/r/p':>19} {'view us':>8} {'read ms f/r':>12} {'peak RSS MB':>12}")
     for world in args.ranks:
-        f = measure(world, min(args.procs, world), args.rounds, args.timeout)
+        f = measure(world, min(args.procs, world), args.rounds, args.timeout, args.nice)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
         print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {fl['seconds']:>8.3f} {fl['seconds'] / b['seconds']:>6.2f} "
               f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "

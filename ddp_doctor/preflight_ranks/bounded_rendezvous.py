@@ -273,36 +273,50 @@ def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
     return [f"view/{rank}", *parts], [_ENCODE(small), *parts.values()]
 
 
+class ViewReader:
+    """Reads views as their ranks made them, each distinct long value read and parsed once over
+    all its reads (see view_keys). Ranks with alike values share one parsed copy of it: read
+    them, never change them."""
+
+    def __init__(self, own: tuple[list[str], list[str]] | None = None) -> None:
+        # the reader's own long values (view_keys' parts, with their texts): on most ranks alike,
+        # so in the usual job no part is read from the store at all
+        self.parts: dict[str, Any] = {k: json.loads(t) for k, t in zip(own[0][1:], own[1][1:])} if own else {}
+
+    def read(self, store: Any, ranks: list[int], deadline: float, *,
+             present: bool = False) -> dict[int, dict[str, Any]]:
+        """The views of `ranks` that are in the store by the deadline. `present`: every one of
+        `ranks` is known to have checked in: no wait for them first. A view's parts went in with
+        it (one multi_set), so they are there once it is."""
+        got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
+        views: dict[int, dict[str, Any]] = {}
+        refs: dict[int, dict[str, Any]] = {}
+        for k, v in got.items():
+            if isinstance(v, dict):
+                r = int(k.rsplit("/", 1)[1])
+                views[r] = v
+                named = v.pop(PARTS, None)
+                if isinstance(named, dict) and named:
+                    refs[r] = named
+        parts = self.parts
+        wanted = {d for named in refs.values() for d in named.values()
+                  if isinstance(d, str) and f"part/{d}" not in parts}
+        if wanted:
+            parts.update(read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
+                                        present=present))
+        for r, named in refs.items():
+            view = views[r]
+            for k, d in named.items():
+                view[k] = parts.get(f"part/{d}") if isinstance(d, str) else None
+        return views
+
+
 def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False,
-               own_parts: list[str] | None = None) -> dict[int, dict[str, Any]]:
-    """The views of `ranks` that are in the store by the deadline, as their ranks made them: the
-    views, then each distinct part once (see view_keys). Ranks with alike values share one parsed
-    copy of it: read them, never change them. `present`: every one of `ranks` is known to have
-    checked in (Meeting.arrived): no wait for them first. A view's parts went in with it (one
-    multi_set), so they are there once it is. `own_parts`: the part keys the reader put with its
-    own view (view_keys): read in the same request as the views, so that when every rank's long
-    values are the reader's (the usual job) the views take one request, not two."""
-    own = [k for k in own_parts or () if k.startswith("part/")]
-    got = read_json_keys(store, [f"view/{r}" for r in ranks] + own, deadline, present=present)
-    parts = {k: got.pop(k) for k in own if k in got}
-    views: dict[int, dict[str, Any]] = {}
-    refs: dict[int, dict[str, Any]] = {}
-    for k, v in got.items():
-        if isinstance(v, dict):
-            r = int(k.rsplit("/", 1)[1])
-            views[r] = v
-            named = v.pop(PARTS, None)
-            if isinstance(named, dict) and named:
-                refs[r] = named
-    wanted = {d for named in refs.values() for d in named.values() if isinstance(d, str)} - {k[5:] for k in parts}
-    if wanted:
-        parts.update(read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
-                                    present=present))
-    for r, named in refs.items():
-        view = views[r]
-        for k, d in named.items():
-            view[k] = parts.get(f"part/{d}") if isinstance(d, str) else None
-    return views
+               own: tuple[list[str], list[str]] | None = None) -> dict[int, dict[str, Any]]:
+    """The views of `ranks` that are in the store by the deadline (ViewReader.read): the views in
+    one request, then each distinct part the reader does not have (`own`: its own view_keys) in
+    one more."""
+    return ViewReader(own).read(store, ranks, deadline, present=present)
 
 
 @dataclass
@@ -313,6 +327,7 @@ class Meeting:
     world_size: int
     missing: list[int]
     findings: list[Finding] = field(default_factory=list)
+    views: dict[int, dict[str, Any]] = field(default_factory=dict)  # those rank 0 read as they came
 
     @property
     def arrived(self) -> list[int]:
@@ -340,9 +355,10 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
     claimant's is kept), the view (a multi_set of it and its long values, view_keys, which torch's
     client sends without waiting for an answer), and one wait on the store's side (no polling).
-    Rank 0 waits for every rank's view key in that one request, then says "all here" in one key,
-    which the others wait for. Only when some rank is missing does each find who came
-    (present_ranks: a few requests per missing rank).
+    Rank 0 waits for the views a chunk of ranks at a time (one wait each) and reads each chunk
+    as it is complete (Meeting.views), then says "all here" in one key, which the others wait
+    for. Only when some rank is missing does each find who came (present_ranks: a few requests
+    per missing rank).
 
     A process that claims a rank already claimed is not a member: it leaves the first claimant's
     view alone and is counted among the extras (add_extra), which fails everyone there (crowd).
@@ -353,8 +369,9 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     token = os.urandom(16).hex()
     got = store_call(lambda: store.compare_set(f"owner/{rank}", "", token), "compare_set(owner)", bound)
     first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == token
-    if first:
-        keys, values = texts or view_keys(rank, view)
+    sent = (texts or view_keys(rank, view)) if first else None
+    if sent is not None:
+        keys, values = sent
         store_call(lambda: store.multi_set(keys, values), "multi_set(view)", bound)
     else:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
@@ -364,14 +381,15 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"rank": rank, "claims": claims}))
         add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
                           "why": "claimed a rank already claimed"}, bound)
-    if first and rank == 0:  # the first claimant of rank 0 sees every view arrive, and says so
-        complete = wait_keys(store, [f"view/{r}" for r in range(world_size)], "every rank's check-in", deadline)
+    views: dict[int, dict[str, Any]] = {}
+    if sent is not None and rank == 0:  # the first claimant of rank 0 sees every view arrive, and says so
+        complete = _read_as_they_come(store, world_size, deadline, ViewReader(sent), views)
         if complete:
             store_call(lambda: store.set(ALL_HERE, "1"), f"set({ALL_HERE!r})", bound)
     else:
         complete = wait_keys(store, [ALL_HERE], "every rank's check-in", deadline)
-    if complete:  # nothing a rank computes here grows with the world size
-        return Meeting(store=store, world_size=world_size, missing=[], findings=findings)
+    if complete:  # nothing a rank but rank 0 computes here grows with the world size
+        return Meeting(store=store, world_size=world_size, missing=[], findings=findings, views=views)
     arrived = present_ranks(store, world_size, bound)
     present = set(arrived)
     missing = [r for r in range(world_size) if r not in present]
@@ -383,7 +401,25 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             rank=rank, ranks=missing or [rank],
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": len(arrived), "timeout_s": timeout}))
-    return Meeting(store=store, world_size=world_size, missing=missing, findings=findings)
+    return Meeting(store=store, world_size=world_size, missing=missing, findings=findings, views=views)
+
+
+READ_CHUNK = 128  # ranks whose views rank 0 waits for and reads at a time, while the later ones come
+
+
+def _read_as_they_come(store: Any, world_size: int, deadline: float, reader: ViewReader,
+                       views: dict[int, dict[str, Any]]) -> bool:
+    """Rank 0's wait for every view: READ_CHUNK ranks at a time (one wait each, on the store's
+    side), reading each chunk's views once it is all there, while the later ranks still come; so
+    that once the last rank is in, all but its chunk are read, and the release of the others
+    (ALL_HERE) is not followed by reading them all. True when every view came by the deadline
+    (`views` then holds them all; else those of the chunks that came whole)."""
+    for lo in range(0, world_size, READ_CHUNK):
+        ranks = list(range(lo, min(lo + READ_CHUNK, world_size)))
+        if not wait_keys(store, [f"view/{r}" for r in ranks], "every rank's check-in", deadline):
+            return False
+        views.update(reader.read(store, ranks, deadline, present=True))
+    return True
 
 
 def present_ranks(store: Any, world_size: int, bound: float) -> list[int]:

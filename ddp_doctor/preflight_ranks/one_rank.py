@@ -64,7 +64,7 @@ class RankPreflight:
         self.findings: list[Finding] = []
         self.measurements: dict[str, Any] = {}
         self._readers = 0  # how many ranks read the verdict from the store (set at the rendezvous)
-        self._sent: list[str] = []  # the keys this rank put its view in (view_keys)
+        self._sent: tuple[list[str], list[str]] | None = None  # this rank's view as put (view_keys)
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
@@ -209,7 +209,7 @@ class RankPreflight:
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
             texts = rendezvous.view_keys(self.rank, self.view)  # the view as sent: made before the rank checks in
-            self._sent = texts[0]
+            self._sent = texts
             with self._stage("rendezvous"):
                 meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, texts)
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
@@ -312,8 +312,13 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
-        views_by_rank = rendezvous.read_views(store, meeting.arrived, time.monotonic() + 1.0, present=True,
-                                              own_parts=self._sent[1:])
+        # rank 0 read the views at the meeting, as they came; a reporter standing in for a missing
+        # rank 0 (or a rank 0 whose meeting was cut short) reads the others' now
+        views_by_rank = dict(meeting.views)
+        unread = [r for r in meeting.arrived if r not in views_by_rank]
+        if unread:
+            views_by_rank.update(rendezvous.read_views(store, unread, time.monotonic() + 1.0, present=True,
+                                                       own=self._sent))
         findings: list[Finding] = []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:

@@ -294,7 +294,8 @@ def test_meet_sends_the_texts_the_rank_made_with_its_view(store: Any) -> None:
     made = view(0) | {"env": {f"NCCL_SETTING_{i}": "value" for i in range(30)}}
     texts = rendezvous.view_keys(0, made)
     assert len(texts[0]) == 2  # the view and its long value, put once by its content
-    assert rendezvous.meet(s, 0, 1, made, 2.0, texts).complete
+    met = rendezvous.meet(s, 0, 1, made, 2.0, texts)
+    assert met.complete and met.views == {0: made}  # rank 0 read every view at the meeting
     assert [s.get(k).decode() for k in texts[0]] == texts[1]
     assert rendezvous.read_views(s, [0], time.monotonic() + 1.0, present=True) == {0: made}
 
@@ -349,8 +350,8 @@ class Counted:
 
 def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> None:
     """Every rank claims its rank, puts its view and waits once: two round trips, as a plain
-    barrier's add and wait; rank 0's one wait is on every view, and one key more says they are all
-    there. Nothing is polled."""
+    barrier's add and wait; rank 0 waits for the views (a chunk at a time: here one) and reads them,
+    and one key more says they are all there. Nothing is polled."""
     clients = {r: Counted(prefixed(store if r == 0 else client_of(store), "t12/")) for r in range(4)}
     results: dict[int, Meeting] = {}
     threads = [threading.Thread(target=lambda r=r: results.__setitem__(
@@ -360,11 +361,37 @@ def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> 
     for t in threads:
         t.join(120)
     assert sorted(results) == [0, 1, 2, 3] and all(m.complete and not m.findings for m in results.values())
-    assert clients[0].requests == ["compare_set", "multi_set", "wait", "set"]
+    assert clients[0].requests == ["compare_set", "multi_set", "wait", "multi_get", "set"]
+    assert results[0].views == {r: view(r) for r in range(4)} and all(not results[r].views for r in (1, 2, 3))
     for r in (1, 2, 3):  # a set is sent without waiting for an answer: two round trips
         assert clients[r].requests == ["compare_set", "multi_set", "wait"], (r, clients[r].requests)
     quiet = Counted(prefixed(store, "t12/"))
     assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add", "check"]  # no crowd: two requests
+
+
+def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monkeypatch: Any) -> None:
+    """Rank 0 waits for the views READ_CHUNK ranks at a time and reads each chunk once it is all
+    there, while later ranks still come: once the last is in, only its chunk is left to read. A
+    chunk that never completes ends the meeting at the deadline with the views of the chunks that
+    came whole, and the reporter reads the others' afterwards."""
+    monkeypatch.setattr(rendezvous, "READ_CHUNK", 2)
+    s = prefixed(store, "t14/")
+    for r in (1, 2, 3, 4):  # the other ranks' check-ins, before rank 0's
+        keys, texts = rendezvous.view_keys(r, view(r))
+        s.multi_set(keys, texts)
+    zero = Counted(s)
+    met = rendezvous.meet(zero, 0, 5, view(0), 5.0)
+    assert met.complete and met.views == {r: view(r) for r in range(5)}
+    assert zero.requests == ["compare_set", "multi_set"] + ["wait", "multi_get"] * 3 + ["set"], zero.requests
+    assert [n for q, n in zip(zero.requests, zero.sizes) if q == "wait"] == [2, 2, 1]  # ranks 0-1, 2-3, 4
+    t = prefixed(store, "t15/")  # rank 3 never comes: ranks 0-1 read, 2-3 never whole, 4 not waited for
+    for r in (1, 2, 4):
+        keys, texts = rendezvous.view_keys(r, view(r))
+        t.multi_set(keys, texts)
+    cut = rendezvous.meet(t, 0, 5, view(0), 1.0)
+    assert cut.missing == [3] and sorted(cut.views) == [0, 1]
+    assert rendezvous.read_views(t, [r for r in cut.arrived if r not in cut.views], time.monotonic() + 1.0,
+                                 present=True) == {2: view(2), 4: view(4)}
 
 
 def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_once(store: Any) -> None:
@@ -381,13 +408,18 @@ def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_o
     known = Counted(s)  # the ranks a meeting found there: read at once, with no wait for them first
     assert rendezvous.read_views(known, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == views
     assert known.requests == ["multi_get", "multi_get"], known.requests  # the views, then the parts
-    mine = Counted(s)  # the reader's own parts read with the views: one request when every rank's are alike
-    keys0 = rendezvous.view_keys(0, views[0])[0]
-    assert rendezvous.read_views(mine, [0, 1, 3], time.monotonic() + 1.0, present=True, own_parts=keys0) == {
+    mine = Counted(s)  # the reader has its own long values: when every rank's are alike, no part is read
+    own = rendezvous.view_keys(0, views[0])
+    assert rendezvous.read_views(mine, [0, 1, 3], time.monotonic() + 1.0, present=True, own=own) == {
         r: views[r] for r in (0, 1, 3)} and mine.requests == ["multi_get"], mine.requests
     other = Counted(s)  # rank 2's differ: read in a second request, only they
-    assert rendezvous.read_views(other, [0, 1, 2, 3], time.monotonic() + 1.0, present=True, own_parts=keys0) == views
+    assert rendezvous.read_views(other, [0, 1, 2, 3], time.monotonic() + 1.0, present=True, own=own) == views
     assert other.requests == ["multi_get", "multi_get"] and other.sizes[-1] == 1, (other.requests, other.sizes)
+    reader = rendezvous.ViewReader(own)  # one reader over several reads: each distinct part read once in all
+    again = Counted(s)
+    assert reader.read(again, [2], time.monotonic() + 1.0, present=True) == {2: views[2]}
+    assert reader.read(again, [1, 2, 3], time.monotonic() + 1.0, present=True) == {r: views[r] for r in (1, 2, 3)}
+    assert again.requests == ["multi_get", "multi_get", "multi_get"], again.requests
     small = json.loads(s.get("view/0"))  # short values kept; a long one named in PARTS, None in its place
     assert small["versions"] == {"torch": "2.13.0"} and small["env"] is None and set(small[rendezvous.PARTS]) == {"env"}
     assert list(small)[:-1] == list(views[0])  # the view's keys in their order
