@@ -8,11 +8,12 @@ processes/store.read_json_keys, through the same bounded store calls), in the or
 does: every rank has made its view and its texts as sent (view_keys) before the start, as a rank
 has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
 it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
-all), puts its final findings; the reporting rank (0) reads every rank's final findings and view
-and puts the verdict; every other rank reads the verdict. Each view is a real rank's size (about 2
-KB of JSON). A third part, the floor, sends the rendezvous's own requests bare (the claim, the view,
-one wait; rank 0's wait, key and read of every view) with no bound on a call and no check of an
-answer: what any check-in that claims a rank and sends a view costs these clients.
+all; rank 0 reads the views a chunk of ranks at a time as they come), puts its final findings; the
+reporting rank (0) reads every rank's final findings and puts the verdict; every other rank reads
+the verdict. Each view is a real rank's size (about 2 KB of JSON). A third part, the floor,
+sends the rendezvous's own requests bare (the claim, the view, one wait; rank 0's waits for and
+reads of the views, and its key) with no bound on a call and no check of an answer: what any
+check-in that claims a rank and sends a view costs these clients.
 
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
@@ -27,7 +28,9 @@ included).
 Aim (issue 23): the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
 and the request counts, not a real cluster's seconds. The reporting rank (0) has a process of its
-own, as in a job; the other ranks share --procs more.
+own, as in a job; the other ranks share --procs more. Each process starts its ranks in rank order,
+so lower ranks tend to check in first; on a cluster, nodes come in any order, and a chunk of views
+is complete only once its last node has come (rank 0 then reads the chunks left at once).
 """
 from __future__ import annotations
 
@@ -183,10 +186,8 @@ def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: 
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
 
-def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any, nice: int) -> None:
+def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any) -> None:
     import torch.distributed as dist
-    if nice and 0 not in ranks:
-        os.nice(nice)
     control = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout),
                             wait_for_workers=False)
     control.add("ready", 1)
@@ -233,7 +234,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
 
 
-def measure(world: int, procs: int, rounds: int, timeout: float, nice: int = 0) -> dict[str, Any]:
+def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, Any]:
     import torch.distributed as dist
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -245,7 +246,7 @@ def measure(world: int, procs: int, rounds: int, timeout: float, nice: int = 0) 
     # the reporting rank (0) in a process of its own, as in a job: its serial part (the wait for
     # every view, reading them) is not held up by hundreds of simulated ranks' interpreter lock
     shares = [[0]] + [part for part in (list(range(1, world))[i::procs] for i in range(procs)) if part]
-    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out, nice)) for share in shares]
+    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out)) for share in shares]
     for w in workers:
         w.start()
     starts: dict[str, float] = {}
@@ -297,8 +298,6 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--procs", type=int, default=4, help="processes ranks 1.. are spread over (rank 0 has one more)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
-    ap.add_argument("--nice", type=int, default=0,
-                    help="niceness of the processes of ranks 1.. (rank 0's and the store's keep theirs)")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
     args = ap.parse_args()
@@ -307,7 +306,7 @@ def main() -> int:
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
           f"{'store CPU ms b/r/p':>19} {'view us':>8} {'read ms f/r':>12} {'peak RSS MB':>12}")
     for world in args.ranks:
-        f = measure(world, min(args.procs, world), args.rounds, args.timeout, args.nice)
+        f = measure(world, min(args.procs, world), args.rounds, args.timeout)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
         print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {fl['seconds']:>8.3f} {fl['seconds'] / b['seconds']:>6.2f} "
               f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
@@ -325,9 +324,9 @@ def main() -> int:
           f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
           f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; view us: the "
           f"CPU time a rank takes to make its view's texts (view_keys), before the start, as a rank makes them "
-          f"before it checks in (a real rank's own work, in parallel with the others'); read ms: rank 0's read "
-          f"of every view, from its release of the others to its end, in floor and rendezvous (the others wake "
-          f"meanwhile). Median of "
+          f"before it checks in (a real rank's own work, in parallel with the others'); read ms: rank 0's time "
+          f"from its release of the others to its end, in floor and rendezvous (what it reads then: it read the "
+          f"views as they came). Median of "
           f"{args.rounds} rounds each, in turns; rank 0 in a process of its own, the others in {args.procs}; requests "
           f"counted client-side.")
     return 0
