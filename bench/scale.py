@@ -23,14 +23,15 @@ the barrier, the requests the clients sent to the store (all clients, counted cl
 second of that part, and the peak memory (the largest process's RSS, this one hosting the store
 included).
 
-    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--timeout 900]
+    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--shuffle] [--timeout 900]
 
 Aim (issue 23): the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
 and the request counts, not a real cluster's seconds. The reporting rank (0) has a process of its
 own, as in a job; the other ranks share --procs more. Each process starts its ranks in rank order,
 so lower ranks tend to check in first; on a cluster, nodes come in any order, and a chunk of views
-is complete only once its last node has come (rank 0 then reads the chunks left at once).
+is complete only once its last node has come (rank 0 then reads the chunks left at once):
+--shuffle starts them in a random order.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import resource
 import socket
 import statistics
@@ -186,7 +188,7 @@ def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: 
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
 
-def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any) -> None:
+def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int, out: Any, shuffle: bool) -> None:
     import torch.distributed as dist
     control = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout),
                             wait_for_workers=False)
@@ -220,6 +222,8 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             threads = [threading.Thread(target=_run_part, daemon=True,
                                         args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
                                               views[r], ends, errors, released)) for r in ranks]
+            if shuffle:  # the ranks start in any order, as nodes come on a cluster (the same in every part)
+                random.Random(i).shuffle(threads)
             for t in threads:
                 t.start()
             for t in threads:
@@ -234,7 +238,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
 
 
-def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, Any]:
+def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -246,7 +250,8 @@ def measure(world: int, procs: int, rounds: int, timeout: float) -> dict[str, An
     # the reporting rank (0) in a process of its own, as in a job: its serial part (the wait for
     # every view, reading them) is not held up by hundreds of simulated ranks' interpreter lock
     shares = [[0]] + [part for part in (list(range(1, world))[i::procs] for i in range(procs)) if part]
-    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out)) for share in shares]
+    workers = [ctx.Process(target=_worker, args=(port, share, world, timeout, rounds, out, shuffle))
+               for share in shares]
     for w in workers:
         w.start()
     starts: dict[str, float] = {}
@@ -298,6 +303,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--procs", type=int, default=4, help="processes ranks 1.. are spread over (rank 0 has one more)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, in turns (median)")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="start each process's ranks in a random order (else in rank order, lower ranks first)")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
     args = ap.parse_args()
@@ -306,7 +313,7 @@ def main() -> int:
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
           f"{'store CPU ms b/r/p':>19} {'view us':>8} {'read ms f/r':>12} {'peak RSS MB':>12}")
     for world in args.ranks:
-        f = measure(world, min(args.procs, world), args.rounds, args.timeout)
+        f = measure(world, min(args.procs, world), args.rounds, args.timeout, args.shuffle)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
         print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {fl['seconds']:>8.3f} {fl['seconds'] / b['seconds']:>6.2f} "
               f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
