@@ -240,13 +240,13 @@ def test_calls_from_many_threads_at_once_are_noted_and_taken_back_without_a_lock
     left for the watch to find late, none raises)."""
     from ddp_doctor.processes.store import StoreWatchdog
     dog = StoreWatchdog()
-    start = threading.Barrier(200)
+    start, inside = threading.Barrier(200), threading.Barrier(200)  # every call open at once
     got: dict[int, object] = {}
 
     def one(i: int) -> None:
         start.wait(30)
         try:
-            got[i] = dog.call(lambda: (time.sleep(0.001), i)[1], "add", 30.0)
+            got[i] = dog.call(lambda: (inside.wait(30), i)[1], "add", 60.0)
         except BaseException as e:  # noqa: BLE001 - looked at below
             got[i] = e
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(200)]
