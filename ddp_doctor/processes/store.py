@@ -186,7 +186,8 @@ class StoreWatchdog:
             time.sleep(self.TICK_S)  # the watch's tick: a deadline is met within it
             now = time.monotonic()
             late = [t for t, deadline in self._open.copy().items() if deadline <= now]
-            if [t for t in late if self._open.pop(t, None) is not None]:  # those the calls did not take back
+            taken = [t for t in late if self._open.pop(t, None) is not None]  # those the calls did not take back
+            if taken:
                 with self._lock:
                     sockets, self._sockets = self._sockets, {}
                 for fd, link in sockets.items():

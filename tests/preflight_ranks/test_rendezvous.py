@@ -392,6 +392,13 @@ def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monke
     assert cut.missing == [3] and sorted(cut.views) == [0, 1]
     assert rendezvous.read_views(t, [r for r in cut.arrived if r not in cut.views], time.monotonic() + 1.0,
                                  present=True) == {2: view(2), 4: view(4)}
+    u = prefixed(store, "t16/")  # a view that is not JSON: the others are released all the same
+    for r in (1, 2):
+        keys, texts = rendezvous.view_keys(r, view(r))
+        u.multi_set(keys, texts)
+    u.set("view/3", "not json")
+    bad = rendezvous.meet(u, 0, 4, view(0), 5.0)
+    assert bad.complete and sorted(bad.views) == [0, 1] and u.check([rendezvous.ALL_HERE])
 
 
 def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_once(store: Any) -> None:
