@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -354,7 +355,8 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     Two round trips a rank when all goes well, whatever the world size, as a plain store barrier
     (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
     claimant's is kept), the view (a multi_set of it and its long values, view_keys, which torch's
-    client sends without waiting for an answer), and one wait on the store's side (no polling).
+    client sends without waiting for an answer; the two under one bound: at scale a rank's own CPU
+at its check-in is what the others wait on), and one wait on the store's side (no polling).
     Rank 0 waits for the views a chunk of ranks at a time (one wait each) and reads each chunk
     as it is complete (Meeting.views), then says "all here" in one key, which the others wait
     for. Only when some rank is missing does each find who came (present_ranks: a few requests
@@ -366,14 +368,18 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     findings: list[Finding] = []
     bound = op_bound(timeout)
     deadline = time.monotonic() + timeout
-    token = os.urandom(16).hex()
-    got = store_call(lambda: store.compare_set(f"owner/{rank}", "", token), "compare_set(owner)", bound)
-    first = (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) == token
-    sent = (texts or view_keys(rank, view)) if first else None
-    if sent is not None:
-        keys, values = sent
-        store_call(lambda: store.multi_set(keys, values), "multi_set(view)", bound)
-    else:  # counted among the later claimants (the first one never counts itself)
+    token = claim_token()
+    sent = texts or view_keys(rank, view)
+
+    def check_in() -> bool:  # the claim and, for its first claimant, the view: one bound over both
+        got = store.compare_set(f"owner/{rank}", "", token)
+        if (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) != token:
+            return False
+        store.multi_set(*sent)
+        return True
+
+    if not store_call(check_in, "the check-in (compare_set(owner), multi_set(view))", bound):
+        sent = None  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
@@ -402,6 +408,25 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": len(arrived), "timeout_s": timeout}))
     return Meeting(store=store, world_size=world_size, missing=missing, findings=findings, views=views)
+
+
+_CLAIMS = itertools.count()
+_PROCESS = os.urandom(8).hex()
+
+
+def _new_process() -> None:
+    global _CLAIMS, _PROCESS
+    _CLAIMS, _PROCESS = itertools.count(), os.urandom(8).hex()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child names its claims apart from its parent's
+    os.register_at_fork(after_in_child=_new_process)
+
+
+def claim_token() -> str:
+    """A token no other claim of a rank has: this process's random name and a count (no system
+    call a claim: a rank's own CPU at its check-in is what the store's clients wait on at scale)."""
+    return f"{_PROCESS}.{next(_CLAIMS)}"
 
 
 READ_CHUNK = 128  # ranks whose views rank 0 waits for and reads at a time, while the later ones come

@@ -460,6 +460,33 @@ def test_duplicate_rank_claim(store: Any) -> None:
         assert any(f.id == "DDP320" for f in m.findings)
 
 
+def test_claim_tokens_differ_between_claims_threads_and_a_forked_child() -> None:
+    """A claim's token tells its claimant apart from every other claimant of the rank: made with no
+    system call (a count in this process's random name), so a forked child, which starts with its
+    parent's count, must name its claims apart."""
+    seen: list[str] = []
+    threads = [threading.Thread(target=lambda: seen.extend(rendezvous.claim_token() for _ in range(200)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    seen.append(rendezvous.claim_token())
+    assert len(seen) == len(set(seen)) == 801
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next token, then gone
+        os.write(write, rendezvous.claim_token().encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        child = os.read(read, 200).decode()
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert child and child != rendezvous.claim_token() and child.split(".")[0] != seen[0].split(".")[0]
+
+
 def test_read_json_keys_waits_on_the_store_for_late_keys_without_polling(store: Any) -> None:
     import threading
     s = prefixed(store, "t5/")
