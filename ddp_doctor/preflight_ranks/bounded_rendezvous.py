@@ -557,8 +557,9 @@ def announce(host: str, port: int, prefix: str, who: dict[str, Any], world_size:
 
 
 def agree_job_token(store: Any, bound: float) -> str | None:
-    """A token every rank that met at this store agrees on (the first proposal wins), naming the
-    job in its records (training/records.py, join_job); None if the store cannot say."""
+    """A token naming the job in its records (training/records.py, join_job), proposed at this
+    store by the reporting rank and sent to the others with its verdict (the first proposal wins,
+    should two ranks report); None if the store cannot say."""
     import uuid
     try:
         got = store_call(lambda: store.compare_set("job_token", "", uuid.uuid4().hex), "compare_set(job_token)", bound)

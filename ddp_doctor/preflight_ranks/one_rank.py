@@ -68,7 +68,7 @@ class RankPreflight:
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
-        self.job_token: str | None = None  # agreed by every rank at the store (records name their job)
+        self.job_token: str | None = None  # the reporting rank's, with its verdict (records name their job)
         # Wall-clock records of this rank's stages and checks ({"name", "cat", "start", "end"}):
         # measurements.stage_seconds / check_seconds and the Chrome trace are made from them.
         self.timeline: list[dict[str, Any]] = []
@@ -222,7 +222,6 @@ class RankPreflight:
             # not one of this world's ranks (the first claimant is): its own report says why
             self._crowded(store, ws)
             return self._alone()
-        self.job_token = rendezvous.agree_job_token(store, op_bound(opts.timeout))
         if meeting.complete:
             self._group_stage(store, ws)
         try:
@@ -345,8 +344,12 @@ class RankPreflight:
                                      "measurements": measurements, "findings": []}, ctx.env, BANDWIDTH)
         rep = reportlib.build_report(world=world, ranks=ranks, findings=findings, measurements=measurements)
         code = reportlib.exit_code(rep)
-        verdict = json.dumps({"status": rep["status"], "exit_code": code, "root_cause": rep["root_cause"]})
         bound = op_bound(self.opts.timeout)
+        # the job's token goes to the others with the verdict, which they read anyway: no request
+        # of every rank for it (at 4,096 ranks, 4,096 more at the store right after the meeting)
+        self.job_token = rendezvous.agree_job_token(store, bound)
+        verdict = json.dumps({"status": rep["status"], "exit_code": code, "root_cause": rep["root_cause"],
+                              "job_token": self.job_token})
         try:
             store_call(lambda: store.set("verdict", verdict), "the verdict", bound)
         except Exception:  # noqa: BLE001 - the others then report REPORTER_LOST; this report stands
@@ -372,6 +375,8 @@ class RankPreflight:
                 ev.REPORTER_LOST, f"rank {self.rank} got no verdict from the reporting rank within "
                 f"{self.opts.timeout + 30:g} s", rank=self.rank))
             return self._alone()
+        token = verdict.get("job_token")
+        self.job_token = token if isinstance(token, str) and token else None
         # two jobs met here (one that met after the reporter counted included): this rank fails and
         # says why itself, whatever the verdict (read before "done", while the store is kept up)
         crowded = self._crowded(store, self.ctx.world_size or 1)

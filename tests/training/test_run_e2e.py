@@ -115,8 +115,8 @@ def by_hand(base: Path) -> dict[str, Callable[[], object]]:
             2, ["run", "--timeout", "6", "--report", str(d["failed_preflight"] / "r.json"),
                 script("writes_marker.py")], clean_env(MARKER_DIR=str(d["failed_preflight"])),
             str(d["failed_preflight"]), world_size=3),
-        "env_handover": lambda: run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce.py"), "x"], clean_env(),
-                                          str(d["env_handover"])),
+        "env_handover": lambda: run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce_job.py"), "x"],
+                                          clean_env(), str(d["env_handover"])),
         "spawn_child_fails": lambda: run([*DDP, "run", "--report", str(d["spawn_child_fails"] / "r.json"),
                                           script("spawn_child_fails.py")], clean_env(TEST_PORT=str(free_port())),
                                          str(d["spawn_child_fails"])),
@@ -304,9 +304,14 @@ def test_handover_under_an_env_launch_where_rank_0_hosts_the_store(runs):
     # hosts one on the same port.
     res = ran(runs, "env_handover")
     assert sorted(res) == [0, 1]
+    jobs = set()
     for r, x in res.items():
         assert x.rc == 0, x.output
-        assert f"rank {r} sum 3.0 argv ['x']" in x.stdout
+        said = [ln for ln in x.stdout.splitlines() if ln.startswith(f"rank {r} sum 3.0 argv ['x'] job ")]
+        assert len(said) == 1, x.output
+        jobs.add(said[0].rsplit(" ", 1)[1])
+    # both ranks' records name one job: the reporting rank's token, read by the other with the verdict
+    assert len(jobs) == 1 and "None" not in jobs and len(jobs.pop()) == 32, jobs
 
 
 def test_handover_under_torchrun_and_its_summary_names_the_root_cause(runs):
