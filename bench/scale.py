@@ -9,11 +9,11 @@ does: every rank has made its view and its texts as sent (view_keys) before the 
 has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
 it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
 all; rank 0 reads the views a chunk of ranks at a time as they come), puts its final findings; the
-reporting rank (0) reads every rank's final findings and puts the verdict; every other rank reads
-the verdict. Each view is a real rank's size (about 2 KB of JSON). A third part, the floor,
-sends the rendezvous's own requests bare (the claim, the view, one wait; rank 0's waits for and
-reads of the views, and its key) with no bound on a call and no check of an answer: what any
-check-in that claims a rank and sends a view costs these clients.
+reporting rank (0) reads every rank's final findings, agrees the job's token and puts the verdict
+with it; every other rank reads the verdict. Each view is a real rank's size (about 2 KB of
+JSON). A third part, the floor, sends the rendezvous's own requests bare (the claim, the view,
+one wait; rank 0's waits for and reads of the views, and its key) with no bound on a call and no
+check of an answer: what any check-in that claims a rank and sends a view costs these clients.
 
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
@@ -157,7 +157,7 @@ def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) ->
 
 def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The preflight's rendezvous and view exchange, with its own functions (see the doc)."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import agree_job_token, meet, read_views
     from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
@@ -169,7 +169,8 @@ def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> 
         views = {**meeting.views, **read_views(store, [r for r in meeting.arrived if r not in meeting.views],
                                                deadline, present=True, own=view[1])}
         assert len(finals) == len(views) == world, (len(finals), len(views))
-        store_call(lambda: store.set("verdict", json.dumps({"status": "pass"})), "verdict", op_bound(timeout))
+        verdict = json.dumps({"status": "pass", "job_token": agree_job_token(store, op_bound(timeout))})
+        store_call(lambda: store.set("verdict", verdict), "verdict", op_bound(timeout))
     else:
         assert read_json_keys(store, ["verdict"], deadline), "no verdict"
 
@@ -178,10 +179,12 @@ PARTS = ("baseline", "floor", "rendezvous", "preflight")  # taken in turns: this
 
 
 def _run_part(fn: Any, store: Any, rank: int, world: int, timeout: float, view: Any, ends: dict[int, float],
-              errors: list[str], released: dict[int, float]) -> None:
+              errors: list[str], released: dict[int, float], used: dict[int, float]) -> None:
     try:
+        cpu = time.thread_time()
         at = fn(store, rank, world, timeout, view)
         ends[rank] = time.time()
+        used[rank] = time.thread_time() - cpu  # this rank's own CPU: its Python and its client's
         if at is not None:
             released[rank] = at
     except Exception as e:  # noqa: BLE001 - said by the parent
@@ -218,10 +221,11 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             ends: dict[int, float] = {}
             errors: list[str] = []
             released: dict[int, float] = {}  # rank 0's release of the others (floor, rendezvous)
+            used: dict[int, float] = {}
             fn = {"baseline": _baseline, "floor": _floor, "rendezvous": _rendezvous, "preflight": _preflight}[part]
             threads = [threading.Thread(target=_run_part, daemon=True,
                                         args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
-                                              views[r], ends, errors, released)) for r in ranks]
+                                              views[r], ends, errors, released, used)) for r in ranks]
             if shuffle:  # the ranks start in any order, as nodes come on a cluster (the same in every part)
                 random.Random(i).shuffle(threads)
             for t in threads:
@@ -233,6 +237,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
                 return
             results.setdefault(part, []).append((max(ends.values()),
                                                  sum(c.requests - before[r] for r, c in clients.items())))
+            results.setdefault(f"{part}/cpu", []).extend(x for r, x in used.items() if r != 0)
             if 0 in released:  # rank 0's read of the views, from its release of the others
                 results.setdefault(f"{part}/read", []).append(ends[0] - released[0])
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
@@ -290,7 +295,8 @@ def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool =
             reqs.append(sum(g["results"][part][i][1] for g in got))
             used.append(cpu[key])
         figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs),
-                         "store_cpu": statistics.median(used)}
+                         "store_cpu": statistics.median(used),
+                         "rank_cpu": statistics.median(x for g in got for x in g["results"].get(f"{part}/cpu", []))}
     for part in ("floor", "rendezvous"):
         reads = [x for g in got for x in g["results"].get(f"{part}/read", [])]
         figures[part]["read"] = statistics.median(reads)
@@ -311,7 +317,8 @@ def main() -> int:
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'floor s':>8} {'ratio':>6} {'rendezvous s':>13} "
           f"{'ratio':>6} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
-          f"{'store CPU ms b/r/p':>19} {'view us':>8} {'read ms f/r':>12} {'peak RSS MB':>12}")
+          f"{'store CPU ms b/r/p':>19} {'rank CPU us b/f/r':>18} {'view us':>8} {'read ms f/r':>12} "
+          f"{'peak RSS MB':>12}")
     for world in args.ranks:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout, args.shuffle)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
@@ -320,7 +327,8 @@ def main() -> int:
               f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
               f"{p['requests'] / world:>9.1f} "
-              f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} {f['encode_us']:>8.1f} "
+              f"{'/'.join(str(round(x['store_cpu'] * 1000)) for x in (b, r, p)):>19} "
+              f"{'/'.join(str(round(x['rank_cpu'] * 1e6)) for x in (b, fl, r)):>18} {f['encode_us']:>8.1f} "
               f"{'/'.join(str(round(x['read'] * 1000)) for x in (fl, r)):>12} "
               f"{f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
@@ -329,7 +337,9 @@ def main() -> int:
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
           f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
           f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
-          f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; view us: the "
+          f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; rank CPU: a "
+          f"rank's own CPU time (its thread's: its Python and its client's) in barrier, floor, rendezvous, the "
+          f"median of ranks 1 and up (what the simulation turns into wall time); view us: the "
           f"CPU time a rank takes to make its view's texts (view_keys), before the start, as a rank makes them "
           f"before it checks in (a real rank's own work, in parallel with the others'); read ms: rank 0's time "
           f"from its release of the others to its end, in floor and rendezvous (what it reads then: it read the "
