@@ -356,7 +356,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
     claimant's is kept), the view (a multi_set of it and its long values, view_keys, which torch's
     client sends without waiting for an answer; the two under one bound: at scale a rank's own CPU
-at its check-in is what the others wait on), and one wait on the store's side (no polling).
+    at its check-in is what the others wait on), and one wait on the store's side (no polling).
     Rank 0 waits for the views a chunk of ranks at a time (one wait each) and reads each chunk
     as it is complete (Meeting.views), then says "all here" in one key, which the others wait
     for. Only when some rank is missing does each find who came (present_ranks: a few requests
