@@ -475,9 +475,11 @@ def test_claim_tokens_differ_between_claims_threads_and_a_forked_child() -> None
     assert len(seen) == len(set(seen)) == 801
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: its next token, then gone
-        os.write(write, rendezvous.claim_token().encode())
-        os._exit(0)
+    if pid == 0:  # the child: its next token, then gone, whatever happens (never back into pytest)
+        try:
+            os.write(write, rendezvous.claim_token().encode())
+        finally:
+            os._exit(0)
     os.close(write)
     try:
         child = os.read(read, 200).decode()
