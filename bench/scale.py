@@ -296,7 +296,8 @@ def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool =
             used.append(cpu[key])
         figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs),
                          "store_cpu": statistics.median(used),
-                         "rank_cpu": statistics.median(x for g in got for x in g["results"].get(f"{part}/cpu", []))}
+                         "rank_cpu": statistics.median([x for g in got for x in g["results"].get(f"{part}/cpu", [])]
+                                                       or [0.0])}  # a world of rank 0 alone has none
     for part in ("floor", "rendezvous"):
         reads = [x for g in got for x in g["results"].get(f"{part}/read", [])]
         figures[part]["read"] = statistics.median(reads)
