@@ -5,15 +5,16 @@ as rank 0's process hosts it), against a baseline of the same clients doing a pl
 
 The preflight's part runs the project's own code (preflight_ranks/bounded_rendezvous.meet and
 processes/store.read_json_keys, through the same bounded store calls), in the order a preflight
-does: every rank has made its view and its texts as sent (view_keys) before the start, as a rank
+does: every rank has made its view and its text as sent (view_text) before the start, as a rank
 has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
 it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
 all; rank 0 reads the views a chunk of ranks at a time as they come), puts its final findings; the
 reporting rank (0) reads every rank's final findings, agrees the job's token and puts the verdict
 with it; every other rank reads the verdict. Each view is a real rank's size (about 2 KB of
-JSON). A third part, the floor, sends the rendezvous's own requests bare (the claim, the view,
-one wait; rank 0's waits for and reads of the views, and its key) with no bound on a call and no
-check of an answer: what any check-in that claims a rank and sends a view costs these clients.
+JSON). A third part, the floor, sends the rendezvous's own requests bare (the check-in, one
+compare_set of the claim's token and the view; one wait; rank 0's waits for and reads of the views,
+and its key) with no bound on a call and no check of an answer: what any check-in that claims a
+rank and sends a view costs these clients.
 
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
@@ -121,19 +122,22 @@ def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> N
 
 def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> float | None:
     """The requests of a check-in that claims its rank and sends its view, bare: the rendezvous's
-    own (a compare_set, a multi_set of the same texts, one wait; rank 0's wait for each chunk of
-    views and its read of them, then its key) with nothing else, no bound on a call and no check
-    of an answer: the least such a check-in costs these clients."""
+    own (a compare_set of the same record, one wait; rank 0's wait for each chunk of views and its
+    read of them, each distinct long value parsed once, then its key) with nothing else, no bound
+    on a call and no check of an answer: the least such a check-in costs these clients."""
     from ddp_doctor.preflight_ranks.bounded_rendezvous import READ_CHUNK
-    keys, texts = view[1]
-    store.compare_set(f"owner/{rank}", "", "0" * 32)
-    store.multi_set(keys, texts)
+    store.compare_set(f"view/{rank}", "", "0" * 32 + "\n" + view[1])
     if rank == 0:
-        [json.loads(t) for t in texts[1:]]  # its own long values, as the rendezvous parses them
+        longs = {line: json.loads(line) for line in view[1].split("\n")[1:]}  # its own, as the rendezvous's
         for lo in range(0, world, READ_CHUNK):
             chunk = [f"view/{r}" for r in range(lo, min(lo + READ_CHUNK, world))]
             store.wait(chunk, timedelta(seconds=timeout))
-            [json.loads(v) for v in store.multi_get(chunk)]
+            for v in store.multi_get(chunk):
+                _, short, *rest = v.decode("utf-8").split("\n")
+                json.loads(short)
+                for line in rest:
+                    if line not in longs:
+                        longs[line] = json.loads(line)
         store.set("arrived/all", "1")
         return time.time()
     store.wait(["arrived/all"], timedelta(seconds=timeout))
@@ -204,13 +208,13 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
         made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)), ranks)
         clients = {r: _counting_store(c) for r, c in made}
     results: dict[str, Any] = {"connected": time.time()}
-    # each rank's view and its texts as sent (view_keys), made before it checks in, as a rank does
+    # each rank's view and its text as sent (view_text), made before it checks in, as a rank does
     # (one_rank: the view is made, then the rendezvous): its own work, timed here a rank at a time
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_keys
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_text
     views, used = {}, time.process_time()
     for r in ranks:
         v = {**VIEW, "rank": r}
-        views[r] = (v, view_keys(r, v))
+        views[r] = (v, view_text(v))
     results["encode_us"] = (time.process_time() - used) / len(ranks) * 1e6
     for i in range(rounds):
         for part in PARTS if i % 2 == 0 else PARTS[::-1]:
@@ -333,7 +337,7 @@ def main() -> int:
               f"{'/'.join(str(round(x['read'] * 1000)) for x in (fl, r)):>12} "
               f"{f['rss_mb']:>12.0f}", flush=True)
     print(f"connect: every simulated rank connecting its own client (the harness's cost, and a rank's); barrier, "
-          f"floor (the rendezvous's requests bare: a claim, the view, a wait; rank 0 reading every view), "
+          f"floor (the rendezvous's requests bare: the check-in, a wait; rank 0 reading every view), "
           f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
           f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
@@ -341,7 +345,7 @@ def main() -> int:
           f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; rank CPU: a "
           f"rank's own CPU time (its thread's: its Python and its client's) in barrier, floor, rendezvous, the "
           f"median of ranks 1 and up (what the simulation turns into wall time); view us: the "
-          f"CPU time a rank takes to make its view's texts (view_keys), before the start, as a rank makes them "
+          f"CPU time a rank takes to make its view's text (view_text), before the start, as a rank makes them "
           f"before it checks in (a real rank's own work, in parallel with the others'); read ms: rank 0's time "
           f"from its release of the others to its end, in floor and rendezvous (what it reads then: it read the "
           f"views as they came). Median of "

@@ -12,7 +12,6 @@ call_with_time_limit here too.
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import json
 import os
@@ -30,6 +29,7 @@ from ddp_doctor.processes.store import (
     op_bound,
     prefixed,
     read_json_keys,
+    read_keys,
     store_call,
     wait_keys,
 )
@@ -243,80 +243,83 @@ def is_local_host(host: str) -> bool | None:
 # ---------------------------------------------------------------- the store exchange
 
 ALL_HERE = "arrived/all"  # set by rank 0 once every rank's view is in the store
-PARTS = "$parts"  # in a view put in the store: {key: digest}: the key's value is in part/<digest>
-PART_MIN = 256  # characters: a view's list or dict this long (as JSON) is put once by its content
+PARTS = "$parts"  # in a view's line of short values: the keys whose values are the lines after it, in order
+PART_MIN = 256  # characters: a view's list or dict this long (as JSON) has a line of its own
 
 
-# compact, and no check for cycles (a view is plain data): a rank's view is encoded as it checks in
+# compact, and no check for cycles (a view is plain data): a rank's view is encoded before it checks in
 _ENCODE = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
 
-def view_keys(rank: int, view: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The keys and texts that put `view` in the store: view/<rank>, where each long list or dict
-    (the communication settings, the findings: alike on most ranks) is left out (None in its
-    place) and put once by its content in part/<digest of its text>, the view naming them in
-    PARTS ({key: digest}), and those parts. The reporting rank then reads and parses each
-    distinct value once, not once a rank, and looks only at the keys PARTS names (read_views)."""
+def view_text(view: dict[str, Any]) -> str:
+    """The view as a rank puts it in the store (after its claim's token: view_record): its short
+    values as one line of JSON, where each long list or dict (the communication settings, the
+    findings: alike on most ranks) is left out (None in its place) and named in PARTS, then each
+    of those long values on a line of its own (compact JSON holds no line break). The reporting
+    rank parses each distinct long line once over every view it reads (ViewReader)."""
     small: dict[str, Any] = {}
-    parts: dict[str, str] = {}
-    refs: dict[str, str] = {}
+    names: list[str] = []
+    longs: list[str] = []
     for k, v in view.items():
         if v and isinstance(v, (dict, list)):
             text = _ENCODE(v)
             if len(text) >= PART_MIN:
-                digest = hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
-                parts[f"part/{digest}"] = text
-                refs[k] = digest
+                names.append(k)
+                longs.append(text)
                 v = None
         small[k] = v
-    if refs:
-        small[PARTS] = refs
-    return [f"view/{rank}", *parts], [_ENCODE(small), *parts.values()]
+    if names:
+        small[PARTS] = names
+    return "\n".join([_ENCODE(small), *longs])
+
+
+def view_record(token: str, text: str) -> str:
+    """What a rank's check-in puts at view/<rank>: its claim's token (claim_token) on the first
+    line, then its view_text."""
+    return f"{token}\n{text}"
+
+
+def parse_record(raw: bytes | str, parts: dict[str, Any]) -> dict[str, Any]:
+    """The view a rank made, from its record (view_record). `parts`: long values already parsed,
+    by their line (those parsed here are added). ValueError when it is no view record."""
+    lines = (raw.decode("utf-8") if isinstance(raw, bytes) else raw).split("\n")
+    view = json.loads(lines[1]) if len(lines) > 1 else None
+    if not isinstance(view, dict):
+        raise ValueError("not a view record: no line of JSON short values after a token")
+    names = view.pop(PARTS, None) or []
+    if not isinstance(names, list) or len(names) != len(lines) - 2:
+        raise ValueError(f"not a view record: {len(lines) - 2} long value line(s) for the keys {names!r}")
+    for k, line in zip(names, lines[2:]):
+        v = parts.get(line)
+        if v is None:
+            v = parts[line] = json.loads(line)
+        view[k] = v
+    return view
 
 
 class ViewReader:
-    """Reads views as their ranks made them, each distinct long value read and parsed once over
-    all its reads (see view_keys). Ranks with alike values share one parsed copy of it: read
-    them, never change them."""
+    """Reads views as their ranks made them, each distinct long value parsed once over all its
+    reads (see view_text). Ranks with alike values share one parsed copy of it: read them, never
+    change them."""
 
-    def __init__(self, own: tuple[list[str], list[str]] | None = None) -> None:
-        # the reader's own long values (view_keys' parts, with their texts): on most ranks alike,
-        # so in the usual job no part is read from the store at all
-        self.parts: dict[str, Any] = {k: json.loads(t) for k, t in zip(own[0][1:], own[1][1:])} if own else {}
+    def __init__(self, own: str | None = None) -> None:
+        # the reader's own long values (its view_text): on most ranks alike, so in the usual job
+        # no long value is parsed at all
+        self.parts: dict[str, Any] = {line: json.loads(line) for line in own.split("\n")[1:]} if own else {}
 
     def read(self, store: Any, ranks: list[int], deadline: float, *,
              present: bool = False) -> dict[int, dict[str, Any]]:
-        """The views of `ranks` that are in the store by the deadline. `present`: every one of
-        `ranks` is known to have checked in: no wait for them first. A view's parts went in with
-        it (one multi_set), so they are there once it is."""
-        got = read_json_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
-        views: dict[int, dict[str, Any]] = {}
-        refs: dict[int, dict[str, Any]] = {}
-        for k, v in got.items():
-            if isinstance(v, dict):
-                r = int(k.rsplit("/", 1)[1])
-                views[r] = v
-                named = v.pop(PARTS, None)
-                if isinstance(named, dict) and named:
-                    refs[r] = named
-        parts = self.parts
-        wanted = {d for named in refs.values() for d in named.values()
-                  if isinstance(d, str) and f"part/{d}" not in parts}
-        if wanted:
-            parts.update(read_json_keys(store, [f"part/{d}" for d in sorted(wanted)], time.monotonic() + 1.0,
-                                        present=present))
-        for r, named in refs.items():
-            view = views[r]
-            for k, d in named.items():
-                view[k] = parts.get(f"part/{d}") if isinstance(d, str) else None
-        return views
+        """The views of `ranks` that are in the store by the deadline, in one request (`present`:
+        every one of `ranks` is known to have checked in: no wait for them first). ValueError
+        when one is no view record."""
+        got = read_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
+        return {int(k.rsplit("/", 1)[1]): parse_record(v, self.parts) for k, v in got.items()}
 
 
 def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False,
-               own: tuple[list[str], list[str]] | None = None) -> dict[int, dict[str, Any]]:
-    """The views of `ranks` that are in the store by the deadline (ViewReader.read): the views in
-    one request, then each distinct part the reader does not have (`own`: its own view_keys) in
-    one more."""
+               own: str | None = None) -> dict[int, dict[str, Any]]:
+    """The views of `ranks` that are in the store by the deadline (ViewReader.read; `own`: the
+    reader's own view_text, whose long values it need not parse)."""
     return ViewReader(own).read(store, ranks, deadline, present=present)
 
 
@@ -347,20 +350,22 @@ class Meeting:
 
 
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float,
-         texts: tuple[list[str], list[str]] | None = None) -> Meeting:
+         text: str | None = None) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
-    `texts`: view_keys(rank, view), made as the view was (the rank's own work, before it reaches
-    the store); made here when not given.
+    `text`: view_text(view), made as the view was (the rank's own work, before it reaches the
+    store); made here when not given.
 
-    Two round trips a rank when all goes well, whatever the world size, as a plain store barrier
-    (add, wait) makes: the claim of the rank (compare_set of a small token: only the first
-    claimant's is kept), the view (a multi_set of it and its long values, view_keys, which torch's
-    client sends without waiting for an answer; the two under one bound: at scale a rank's own CPU
-    at its check-in is what the others wait on), and one wait on the store's side (no polling).
-    Rank 0 waits for the views a chunk of ranks at a time (one wait each) and reads each chunk
-    as it is complete (Meeting.views), then says "all here" in one key, which the others wait
-    for. Only when some rank is missing does each find who came (present_ranks: a few requests
-    per missing rank).
+    Two requests a rank when all goes well, whatever the world size, as a plain store barrier
+    (add, wait) sends: the check-in, one compare_set that claims the rank and puts its view
+    (view_record: a token no other claim has, then the view with its long values) at view/<rank>
+    only if no process put one there first (the answer is what is there: this claim's record or
+    the first claimant's), and one wait on the store's side (no polling). A rank other than 0
+    sends both under one bound (the meeting's timeout and an operation's bound): at scale a
+    rank's own CPU at its check-in is what the others wait on, and a note for the store's
+    watchdog is some of it. Rank 0 waits for the views a chunk of ranks at a time (one wait
+    each) and reads each chunk as it is complete (Meeting.views), then says "all here" in one
+    key, which the others wait for. Only when some rank is missing does each find who came
+    (present_ranks: a few requests per missing rank).
 
     A process that claims a rank already claimed is not a member: it leaves the first claimant's
     view alone and is counted among the extras (add_extra), which fails everyone there (crowd).
@@ -369,29 +374,44 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     bound = op_bound(timeout)
     deadline = time.monotonic() + timeout
     token = claim_token()
-    sent = texts or view_keys(rank, view)
+    if text is None:
+        text = view_text(view)
+    record, tag = view_record(token, text), f"{token}\n"
 
-    def check_in() -> bool:  # the claim and, for its first claimant, the view: one bound over both
-        got = store.compare_set(f"owner/{rank}", "", token)
-        if (got.decode("utf-8", "replace") if isinstance(got, bytes) else str(got)) != token:
-            return False
-        store.multi_set(*sent)
-        return True
+    def check_in() -> tuple[bool, Any, bool | None]:
+        """(this claim holds the rank, the record there, whether every rank came: None when not
+        waited for): the check-in and, for a member other than rank 0, its wait."""
+        got = store.compare_set(f"view/{rank}", "", record)
+        head = got[:64]  # a token is some 30 characters: the rest of a record need not be decoded
+        if not (head.decode("utf-8", "replace") if isinstance(head, bytes) else str(head)).startswith(tag):
+            return False, got, None
+        if rank == 0:
+            return True, got, None
+        try:
+            store.wait([ALL_HERE], timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            return True, got, True
+        except Exception:  # noqa: BLE001 - torch says "wait timeout" in several ways; a lost store
+            return True, got, False  # fails the check below
 
-    if not store_call(check_in, "the check-in (compare_set(owner), multi_set(view))", bound):
-        sent = None  # counted among the later claimants (the first one never counts itself)
+    member, got, came = store_call(check_in, "the check-in (compare_set(view)) and the wait for every rank's",
+                                   bound + timeout)
+    if not member:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
+        first = _first_claimant(got)
         findings.append(event_finding(
             ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
-            f"{view.get('hostname')}, pid {view.get('pid')})", rank=rank,
-            evidence={"rank": rank, "claims": claims}))
+            f"{view.get('hostname')}, pid {view.get('pid')}"
+            + (f"; the first on host {first['host']}, pid {first['pid']})" if first else ")"), rank=rank,
+            evidence={"rank": rank, "claims": claims, **({"first": first} if first else {})}))
         add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
                           "why": "claimed a rank already claimed"}, bound)
     views: dict[int, dict[str, Any]] = {}
-    if sent is not None and rank == 0:  # the first claimant of rank 0 sees every view arrive, and says so
-        complete = _read_as_they_come(store, world_size, deadline, ViewReader(sent), views)
+    if member and rank == 0:  # the first claimant of rank 0 sees every view arrive, and says so
+        complete = _read_as_they_come(store, world_size, deadline, ViewReader(text), views)
         if complete:
             store_call(lambda: store.set(ALL_HERE, "1"), f"set({ALL_HERE!r})", bound)
+    elif came is not None:
+        complete = came or bool(store_call(lambda: store.check([ALL_HERE]), f"check({ALL_HERE!r})", bound))
     else:
         complete = wait_keys(store, [ALL_HERE], "every rank's check-in", deadline)
     if complete:  # nothing a rank but rank 0 computes here grows with the world size
@@ -408,6 +428,16 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
             evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
                       "check_ins": len(arrived), "timeout_s": timeout}))
     return Meeting(store=store, world_size=world_size, missing=missing, findings=findings, views=views)
+
+
+def _first_claimant(record: Any) -> dict[str, Any] | None:
+    """{"pid", "host"} of the process whose record holds a rank (what a later claim gets back);
+    None when it is no view record."""
+    try:
+        v = parse_record(record, {})
+    except ValueError:
+        return None
+    return {"pid": v.get("pid"), "host": v.get("hostname")}
 
 
 _CLAIMS = itertools.count()
@@ -503,7 +533,7 @@ def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
     and those of a larger world met here (another job's ranks past this world's, counted up to
     twice this world)."""
     extra = int(store_call(lambda: store.add("extra", 0), "add(extra)", bound))
-    beyond = bool(store_call(lambda: store.check([f"owner/{world_size}"]), "check(owner past the world)", bound))
+    beyond = bool(store_call(lambda: store.check([f"view/{world_size}"]), "check(a view past the world)", bound))
     if extra == 0 and not beyond:
         return None
     members = len(present_ranks(store, 2 * world_size if beyond else world_size, bound))
@@ -511,7 +541,7 @@ def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
     extras = [v for v in read_json_keys(store, [f"extra/{k}" for k in range(1, min(extra, MAX_NAMED) + 1)],
                                         soon).values() if isinstance(v, dict)]
     claimed = sorted({e["rank"] for e in extras if isinstance(e.get("rank"), int)})
-    firsts = read_json_keys(store, [f"view/{r}" for r in claimed], soon)
+    firsts = ViewReader().read(store, claimed, soon)
     named = [{"rank": v.get("rank"), "pid": v.get("pid"), "host": v.get("hostname"), "why": "claimed it first"}
              for v in firsts.values() if isinstance(v, dict)]
     return Crowd(world_size, members, extra, named + extras)
@@ -549,7 +579,7 @@ def announce(host: str, port: int, prefix: str, who: dict[str, Any], world_size:
         store = prefixed(base, prefix)
         b = op_bound(bound)
         add_extra(store, who, b)
-        if not read_json_keys(store, ["view/0"], time.monotonic() + bound):
+        if not wait_keys(store, ["view/0"], "rank 0's check-in", time.monotonic() + bound):
             return None
         return crowd(store, world_size, b)
     except Exception:  # noqa: BLE001 - not a store, gone, or not answering: the port in use says it

@@ -64,7 +64,7 @@ class RankPreflight:
         self.findings: list[Finding] = []
         self.measurements: dict[str, Any] = {}
         self._readers = 0  # how many ranks read the verdict from the store (set at the rendezvous)
-        self._sent: tuple[list[str], list[str]] | None = None  # this rank's view as put (view_keys)
+        self._sent: str | None = None  # this rank's view as put (view_text)
         self.view: dict[str, Any] = {}
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
@@ -208,10 +208,10 @@ class RankPreflight:
         ws = ctx.world_size or 1
         try:
             self.view["findings"] = [f.to_dict() for f in self.findings]
-            texts = rendezvous.view_keys(self.rank, self.view)  # the view as sent: made before the rank checks in
-            self._sent = texts
+            text = rendezvous.view_text(self.view)  # the view as sent: made before the rank checks in
+            self._sent = text
             with self._stage("rendezvous"):
-                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, texts)
+                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, text)
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
             self.findings.append(events.event_finding(
                 ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,

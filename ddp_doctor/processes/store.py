@@ -312,11 +312,11 @@ def prefixed(store: Any, prefix: str) -> Any:
     return dist.PrefixStore(prefix, store)
 
 
-def read_json_keys(store: Any, keys: list[str], deadline: float, *, present: bool = False) -> dict[str, Any]:
-    """Read the keys that appear before the deadline; the absent ones are left out. The store
-    answers when they all exist (one wait), and they are read in one request; at the deadline,
-    those there are read one by one. `present`: the caller knows every key exists (a wait for
-    them was answered): they are read at once, without that wait."""
+def read_keys(store: Any, keys: list[str], deadline: float, *, present: bool = False) -> dict[str, bytes]:
+    """The values of the keys that appear before the deadline; the absent ones are left out. The
+    store answers when they all exist (one wait), and they are read in one request; at the
+    deadline, those there are read one by one. `present`: the caller knows every key exists (a
+    wait for them was answered): they are read at once, without that wait."""
     if not keys:
         return {}
     bound = op_bound(deadline - time.monotonic())
@@ -325,9 +325,14 @@ def read_json_keys(store: Any, keys: list[str], deadline: float, *, present: boo
             values = store_call(lambda: store.multi_get(keys), f"multi_get({len(keys)} key(s))", bound)
         else:
             values = [store_call(lambda k=k: store.get(k), f"get({k!r})", bound) for k in keys]
-        return {k: json.loads(v.decode("utf-8")) for k, v in zip(keys, values)}
-    out: dict[str, Any] = {}
+        return dict(zip(keys, values))
+    out: dict[str, bytes] = {}
     for k in keys:
         if store_call(lambda k=k: store.check([k]), f"check({k!r})", bound):
-            out[k] = json.loads(store_call(lambda k=k: store.get(k), f"get({k!r})", bound).decode("utf-8"))
+            out[k] = store_call(lambda k=k: store.get(k), f"get({k!r})", bound)
     return out
+
+
+def read_json_keys(store: Any, keys: list[str], deadline: float, *, present: bool = False) -> dict[str, Any]:
+    """read_keys, each value parsed as JSON."""
+    return {k: json.loads(v.decode("utf-8")) for k, v in read_keys(store, keys, deadline, present=present).items()}

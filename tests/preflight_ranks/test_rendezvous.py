@@ -282,21 +282,20 @@ def test_meet_single_rank_is_complete(store: Any) -> None:
     assert isinstance(m, Meeting)
     assert m.complete and m.arrived == [0] and m.missing == [] and m.findings == []
     assert m.reporter == 0
-    got = read_json_keys(prefixed(store, "t1/"), ["view/0", "view/9"],
-                                    time.monotonic() + 0.2)
-    assert got == {"view/0": view(0)}
+    assert rendezvous.read_views(prefixed(store, "t1/"), [0, 9], time.monotonic() + 0.2) == {0: view(0)}
 
 
-def test_meet_sends_the_texts_the_rank_made_with_its_view(store: Any) -> None:
-    """A rank makes its view's texts as it makes the view (before it reaches the store): meet sends
-    those, and the views read back are what the ranks made."""
+def test_meet_sends_the_text_the_rank_made_with_its_view(store: Any) -> None:
+    """A rank makes its view's text as it makes the view (before it reaches the store): meet sends
+    it after its claim's token, and the views read back are what the ranks made."""
     s = prefixed(store, "t1b/")
     made = view(0) | {"env": {f"NCCL_SETTING_{i}": "value" for i in range(30)}}
-    texts = rendezvous.view_keys(0, made)
-    assert len(texts[0]) == 2  # the view and its long value, put once by its content
-    met = rendezvous.meet(s, 0, 1, made, 2.0, texts)
+    text = rendezvous.view_text(made)
+    assert text.count("\n") == 1  # the short values, then the long one on a line of its own
+    met = rendezvous.meet(s, 0, 1, made, 2.0, text)
     assert met.complete and met.views == {0: made}  # rank 0 read every view at the meeting
-    assert [s.get(k).decode() for k in texts[0]] == texts[1]
+    token, sent = s.get("view/0").decode().split("\n", 1)
+    assert sent == text and token
     assert rendezvous.read_views(s, [0], time.monotonic() + 1.0, present=True) == {0: made}
 
 
@@ -349,8 +348,8 @@ class Counted:
 
 
 def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> None:
-    """Every rank claims its rank, puts its view and waits once: two round trips, as a plain
-    barrier's add and wait; rank 0 waits for the views (a chunk at a time: here one) and reads them,
+    """Every rank claims its rank and puts its view in one request, and waits once: two requests,
+    as a plain barrier's add and wait; rank 0 waits for the views (a chunk at a time: here one) and reads them,
     and one key more says they are all there. Nothing is polled."""
     clients = {r: Counted(prefixed(store if r == 0 else client_of(store), "t12/")) for r in range(4)}
     results: dict[int, Meeting] = {}
@@ -361,10 +360,10 @@ def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> 
     for t in threads:
         t.join(120)
     assert sorted(results) == [0, 1, 2, 3] and all(m.complete and not m.findings for m in results.values())
-    assert clients[0].requests == ["compare_set", "multi_set", "wait", "multi_get", "set"]
+    assert clients[0].requests == ["compare_set", "wait", "multi_get", "set"]
     assert results[0].views == {r: view(r) for r in range(4)} and all(not results[r].views for r in (1, 2, 3))
-    for r in (1, 2, 3):  # a set is sent without waiting for an answer: two round trips
-        assert clients[r].requests == ["compare_set", "multi_set", "wait"], (r, clients[r].requests)
+    for r in (1, 2, 3):
+        assert clients[r].requests == ["compare_set", "wait"], (r, clients[r].requests)
     quiet = Counted(prefixed(store, "t12/"))
     assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add", "check"]  # no crowd: two requests
 
@@ -377,61 +376,55 @@ def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monke
     monkeypatch.setattr(rendezvous, "READ_CHUNK", 2)
     s = prefixed(store, "t14/")
     for r in (1, 2, 3, 4):  # the other ranks' check-ins, before rank 0's
-        keys, texts = rendezvous.view_keys(r, view(r))
-        s.multi_set(keys, texts)
+        s.set(f"view/{r}", rendezvous.view_record(f"other-{r}", rendezvous.view_text(view(r))))
     zero = Counted(s)
     met = rendezvous.meet(zero, 0, 5, view(0), 5.0)
     assert met.complete and met.views == {r: view(r) for r in range(5)}
-    assert zero.requests == ["compare_set", "multi_set"] + ["wait", "multi_get"] * 3 + ["set"], zero.requests
+    assert zero.requests == ["compare_set"] + ["wait", "multi_get"] * 3 + ["set"], zero.requests
     assert [n for q, n in zip(zero.requests, zero.sizes) if q == "wait"] == [2, 2, 1]  # ranks 0-1, 2-3, 4
     t = prefixed(store, "t15/")  # rank 3 never comes: ranks 0-1 read, 2-3 never whole, 4 not waited for
     for r in (1, 2, 4):
-        keys, texts = rendezvous.view_keys(r, view(r))
-        t.multi_set(keys, texts)
+        t.set(f"view/{r}", rendezvous.view_record(f"other-{r}", rendezvous.view_text(view(r))))
     cut = rendezvous.meet(t, 0, 5, view(0), 1.0)
     assert cut.missing == [3] and sorted(cut.views) == [0, 1]
     assert rendezvous.read_views(t, [r for r in cut.arrived if r not in cut.views], time.monotonic() + 1.0,
                                  present=True) == {2: view(2), 4: view(4)}
     u = prefixed(store, "t16/")  # a view that is not JSON: the others are released all the same
     for r in (1, 2):
-        keys, texts = rendezvous.view_keys(r, view(r))
-        u.multi_set(keys, texts)
+        u.set(f"view/{r}", rendezvous.view_record(f"other-{r}", rendezvous.view_text(view(r))))
     u.set("view/3", "not json")
     bad = rendezvous.meet(u, 0, 4, view(0), 5.0)
     assert bad.complete and sorted(bad.views) == [0, 1] and u.check([rendezvous.ALL_HERE])
 
 
-def test_views_are_read_back_as_made_with_each_alike_long_value_put_and_parsed_once(store: Any) -> None:
-    """Long values alike on many ranks (versions, NCCL settings) are put once by their content: the
-    reporting rank reads N small views and each distinct value once, and gets every view as made."""
+def test_views_are_read_back_as_made_with_each_alike_long_value_parsed_once(store: Any) -> None:
+    """Long values alike on many ranks (versions, NCCL settings) have lines of their own in a view's
+    record: the reporting rank reads every view in one request and parses each distinct long value
+    once (its own never), and gets every view as made."""
     s = prefixed(store, "t13/")
     env = {f"NCCL_SETTING_{i}": "value" for i in range(30)}
     views = {r: view(r) | {"env": env if r != 2 else {**env, "NCCL_SETTING_0": "other"},
                           "versions": {"torch": "2.13.0"}, "findings": []} for r in range(4)}
     for r, v in views.items():
-        keys, texts = rendezvous.view_keys(r, v)
-        s.multi_set(keys, texts)
+        s.set(f"view/{r}", rendezvous.view_record(f"claim-{r}", rendezvous.view_text(v)))
     assert rendezvous.read_views(s, [0, 1, 2, 3, 7], time.monotonic() + 1.0) == views  # 7 never came
     known = Counted(s)  # the ranks a meeting found there: read at once, with no wait for them first
-    assert rendezvous.read_views(known, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == views
-    assert known.requests == ["multi_get", "multi_get"], known.requests  # the views, then the parts
-    mine = Counted(s)  # the reader has its own long values: when every rank's are alike, no part is read
-    own = rendezvous.view_keys(0, views[0])
-    assert rendezvous.read_views(mine, [0, 1, 3], time.monotonic() + 1.0, present=True, own=own) == {
-        r: views[r] for r in (0, 1, 3)} and mine.requests == ["multi_get"], mine.requests
-    other = Counted(s)  # rank 2's differ: read in a second request, only they
-    assert rendezvous.read_views(other, [0, 1, 2, 3], time.monotonic() + 1.0, present=True, own=own) == views
-    assert other.requests == ["multi_get", "multi_get"] and other.sizes[-1] == 1, (other.requests, other.sizes)
-    reader = rendezvous.ViewReader(own)  # one reader over several reads: each distinct part read once in all
-    again = Counted(s)
-    assert reader.read(again, [2], time.monotonic() + 1.0, present=True) == {2: views[2]}
-    assert reader.read(again, [1, 2, 3], time.monotonic() + 1.0, present=True) == {r: views[r] for r in (1, 2, 3)}
-    assert again.requests == ["multi_get", "multi_get", "multi_get"], again.requests
-    small = json.loads(s.get("view/0"))  # short values kept; a long one named in PARTS, None in its place
-    assert small["versions"] == {"torch": "2.13.0"} and small["env"] is None and set(small[rendezvous.PARTS]) == {"env"}
-    assert list(small)[:-1] == list(views[0])  # the view's keys in their order
-    parts = {json.loads(s.get(f"view/{r}"))[rendezvous.PARTS]["env"] for r in range(4)}
-    assert len(parts) == 2 and all(json.loads(s.get(f"part/{d}")) in (env, views[2]["env"]) for d in parts)
+    own = rendezvous.view_text(views[0])
+    reader = rendezvous.ViewReader(own)
+    mine = next(iter(reader.parts.values()))  # the reader's own long value, parsed as it was made
+    got = reader.read(known, [0, 1, 2, 3], time.monotonic() + 1.0, present=True)
+    assert got == views and known.requests == ["multi_get"], known.requests
+    assert got[0]["env"] is got[1]["env"] is got[3]["env"] is mine  # alike: the reader's own copy, never parsed
+    assert got[2]["env"] is not mine and len(reader.parts) == 2  # rank 2's differ: parsed once, kept
+    again = reader.read(known, [2, 3], time.monotonic() + 1.0, present=True)
+    assert again[2]["env"] is got[2]["env"]  # one reader over several reads: each distinct value parsed once in all
+    token, short, long = s.get("view/0").decode().split("\n")  # the claim, the short values, a long one
+    small = json.loads(short)
+    assert token == "claim-0" and small["versions"] == {"torch": "2.13.0"} and small["env"] is None
+    assert small[rendezvous.PARTS] == ["env"] and list(small)[:-1] == list(views[0])  # the view's keys in order
+    assert json.loads(long) == env
+    with pytest.raises(ValueError):  # a record whose lines do not match its keys is no view
+        rendezvous.parse_record(f"t\n{short}", {})
 
 
 def test_duplicate_rank_claim(store: Any) -> None:
@@ -452,7 +445,7 @@ def test_duplicate_rank_claim(store: Any) -> None:
     assert len(results) == 2
     dup = [f for m in results for f in m.findings if f.id == "DDP322"]
     assert len(dup) == 1
-    assert dup[0].evidence == {"rank": 0, "claims": 2}
+    assert dup[0].evidence == {"rank": 0, "claims": 2, "first": {"pid": 1000, "host": "test-host"}}
     assert "RANK=0 was claimed by 2 processes" in dup[0].message
     # the second claim means rank 1 never came: both see it missing
     for m in results:
@@ -543,7 +536,9 @@ def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store
     assert rendezvous.crowd(s, 2, 5.0) is None  # exactly the world: no crowd
     go(client_of(store), 12, 1)  # a process of another job, as rank 1 too
     assert [f.id for f in results[12].findings] == ["DDP322"] and not results[12].missing
-    assert json.loads(s.get("view/1"))["pid"] == 11  # the first claimant's view stands
+    assert rendezvous.read_views(s, [1], time.monotonic() + 1.0)[1]["pid"] == 11  # the first claimant's view stands
+    assert "the first on host test-host, pid 11" in results[12].findings[0].message
+    assert results[12].findings[0].evidence["first"] == {"pid": 11, "host": "test-host"}
     c = rendezvous.crowd(s, 2, 5.0)
     assert c is not None and (c.members, c.extra, c.processes) == (2, 1, 3)
     f = rendezvous.crowd_finding(c, "127.0.0.1", 29500, 0)

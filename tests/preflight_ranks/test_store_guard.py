@@ -117,6 +117,44 @@ def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
         host.wait(10)
 
 
+@pytest.mark.parametrize("stop", ["before its check-in", "while it waits"])
+def test_a_rank_that_meets_at_a_stopped_store_host_ends_at_the_meetings_bound(stop):
+    """A rank other than 0 checks in and waits for the others under one bound (the meeting's
+    timeout and an operation's bound): a store host that stops before its check-in, or while it
+    waits, ends its meeting with StoreTimeout at that bound, not a hang."""
+    from helpers.procs import free_port, wait_for
+
+    from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
+    from ddp_doctor.processes import store as st
+    port = free_port()
+    host = _stopped_host(port)
+    try:
+        client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
+        look = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)  # the test's own
+        if stop == "before its check-in":
+            _stop(host.pid)
+        errors: list[BaseException] = []
+
+        def rank() -> None:
+            try:
+                rendezvous.meet(client, 1, 2, {"rank": 1, "hostname": "h", "pid": 1}, 2.0)
+            except BaseException as e:  # noqa: BLE001 - read below
+                errors.append(e)
+        t = threading.Thread(target=rank)
+        start = time.monotonic()
+        t.start()
+        if stop == "while it waits":  # once its check-in is in the store
+            wait_for(lambda: bool(look.check(["view/1"])), 10.0, "rank 1's check-in", interval=0.01)
+            _stop(host.pid)
+        t.join(60)
+        assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
+        assert "the check-in" in str(errors[0])
+        assert time.monotonic() - start < 30  # the meeting's 2 s, an operation's bound and a tick
+    finally:
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(10)
+
+
 def test_the_watchdog_never_shuts_a_socket_whose_number_was_given_to_another(tmp_path):
     """A closed connection's fd number may be reused: the watchdog shuts a socket down only while
     its /proc link is the one it noted."""
