@@ -96,7 +96,8 @@ PG_INIT_FAILED = declare(
 DUPLICATE_RANK = declare(
     "DDP322", category="launcher_env", severity="error", title="Two processes claim the same rank",
     doc="""
-    What: More than one process checked in at the rendezvous with the same RANK.
+    What: More than one process checked in at the rendezvous with the same RANK. A later claimant
+    says which process holds the rank (its host and pid) and how many claimed it.
     Why: The launcher gave two processes the same RANK (a node started twice, NODE_RANK repeated,
     a hand-written launch script with a fixed RANK), so another rank is missing and the job hangs.
     Fix: Give every node a distinct --node-rank and let the launcher set RANK.
