@@ -119,6 +119,18 @@ REPORTER_LOST = declare(
     Fix: Read rank 0's stderr and the per-rank report files (PATH.rankN.json).
     """)
 
+VIEW_UNREADABLE = declare(
+    "DDP325", category="consistency", severity="error", title="A rank's view could not be read",
+    doc="""
+    What: A rank checked in at the rendezvous, but what it put in the store is not a view the
+    reporting rank's ddp-doctor can read, so the checks across ranks left that rank out.
+    Why: The ranks run different ddp-doctor versions (the way a rank's view is put in the store
+    changed between versions; a node with an older install or image), or another program wrote
+    under ddp-doctor's keys in the store.
+    Fix: Install one ddp-doctor version on every node (`pip show ddp-doctor` on each, or one image
+    for all), then run the preflight again.
+    """)
+
 SHARED_RENDEZVOUS = declare(
     "DDP846", category="launcher_env", severity="error",
     title="Two jobs share one rendezvous (MASTER_ADDR:MASTER_PORT)",

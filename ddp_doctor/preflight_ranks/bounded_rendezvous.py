@@ -300,20 +300,43 @@ def parse_record(raw: bytes | str, parts: dict[str, Any]) -> dict[str, Any]:
 class ViewReader:
     """Reads views as their ranks made them, each distinct long value parsed once over all its
     reads (see view_text). Ranks with alike values share one parsed copy of it: read them, never
-    change them."""
+    change them. A rank whose record is no view this reader reads (another ddp-doctor version's)
+    is left out of what `read` returns and named in `unreadable` with why (unreadable_finding)."""
 
     def __init__(self, own: str | None = None) -> None:
         # the reader's own long values (its view_text): on most ranks alike, so in the usual job
         # no long value is parsed at all
         self.parts: dict[str, Any] = {line: json.loads(line) for line in own.split("\n")[1:]} if own else {}
+        self.unreadable: dict[int, str] = {}
 
     def read(self, store: Any, ranks: list[int], deadline: float, *,
              present: bool = False) -> dict[int, dict[str, Any]]:
         """The views of `ranks` that are in the store by the deadline, in one request (`present`:
-        every one of `ranks` is known to have checked in: no wait for them first). ValueError
-        when one is no view record."""
-        got = read_keys(store, [f"view/{r}" for r in ranks], deadline, present=present)
-        return {int(k.rsplit("/", 1)[1]): parse_record(v, self.parts) for k, v in got.items()}
+        every one of `ranks` is known to have checked in: no wait for them first), but those that
+        are no view record (self.unreadable)."""
+        views: dict[int, dict[str, Any]] = {}
+        for k, v in read_keys(store, [f"view/{r}" for r in ranks], deadline, present=present).items():
+            r = int(k.rsplit("/", 1)[1])
+            try:
+                views[r] = parse_record(v, self.parts)
+            except ValueError as e:  # UnicodeDecodeError and JSON's errors are ValueErrors too
+                self.unreadable[r] = str(e)[:200]
+        return views
+
+
+def unreadable_finding(unreadable: dict[int, str], rank: int | None) -> Finding | None:
+    """DDP325 for the ranks whose record in the store is no view this reader reads (ViewReader);
+    None when there are none."""
+    if not unreadable:
+        return None
+    from ddp_doctor.version import __version__
+    ranks = sorted(unreadable)
+    first = ranks[0]
+    return event_finding(
+        ev.VIEW_UNREADABLE, f"rank(s) {brief_ranks(ranks)} checked in at the rendezvous, but what they put in the "
+        f"store is no view this ddp-doctor ({__version__}) reads (rank {first}: {unreadable[first]}): the checks "
+        f"across ranks left them out", rank=rank, ranks=ranks,
+        evidence={"ranks": ranks, "why": {str(r): unreadable[r] for r in ranks[:16]}, "ddp_doctor": __version__})
 
 
 def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False,
@@ -473,10 +496,7 @@ def _read_as_they_come(store: Any, world_size: int, deadline: float, reader: Vie
         ranks = list(range(lo, min(lo + READ_CHUNK, world_size)))
         if not wait_keys(store, [f"view/{r}" for r in ranks], "every rank's check-in", deadline):
             return False
-        try:
-            views.update(reader.read(store, ranks, deadline, present=True))
-        except ValueError:  # a view that is not JSON (no rank's): the others are released all the same;
-            pass            # the reporting rank reads this chunk again later, as it read every view before
+        views.update(reader.read(store, ranks, deadline, present=True))  # but those no view (reader.unreadable)
     return True
 
 

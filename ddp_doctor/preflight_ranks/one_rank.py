@@ -312,13 +312,15 @@ class RankPreflight:
         deadline = time.monotonic() + opts.timeout
         finals = read_json_keys(store, [f"final/{r}" for r in meeting.arrived], deadline)
         # rank 0 read the views at the meeting, as they came; a reporter standing in for a missing
-        # rank 0 (or a rank 0 whose meeting was cut short) reads the others' now
+        # rank 0 (or a rank 0 whose meeting was cut short) reads the others' now, and a record that
+        # is no view (another ddp-doctor version's) is read once more, to be named (DDP325)
         views_by_rank = dict(meeting.views)
         unread = [r for r in meeting.arrived if r not in views_by_rank]
+        reader = rendezvous.ViewReader(self._sent)
         if unread:
-            views_by_rank.update(rendezvous.read_views(store, unread, time.monotonic() + 1.0, present=True,
-                                                       own=self._sent))
-        findings: list[Finding] = []
+            views_by_rank.update(reader.read(store, unread, time.monotonic() + 1.0, present=True))
+        unreadable = rendezvous.unreadable_finding(reader.unreadable, self.rank)
+        findings: list[Finding] = [unreadable] if unreadable else []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:
             final = finals.get(f"final/{r}")

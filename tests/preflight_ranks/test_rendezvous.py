@@ -389,12 +389,12 @@ def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monke
     assert cut.missing == [3] and sorted(cut.views) == [0, 1]
     assert rendezvous.read_views(t, [r for r in cut.arrived if r not in cut.views], time.monotonic() + 1.0,
                                  present=True) == {2: view(2), 4: view(4)}
-    u = prefixed(store, "t16/")  # a view that is not JSON: the others are released all the same
+    u = prefixed(store, "t16/")  # a record that is no view: the others are read and released all the same
     for r in (1, 2):
         u.set(f"view/{r}", rendezvous.view_record(f"other-{r}", rendezvous.view_text(view(r))))
     u.set("view/3", "not json")
     bad = rendezvous.meet(u, 0, 4, view(0), 5.0)
-    assert bad.complete and sorted(bad.views) == [0, 1] and u.check([rendezvous.ALL_HERE])
+    assert bad.complete and sorted(bad.views) == [0, 1, 2] and u.check([rendezvous.ALL_HERE])
 
 
 def test_views_are_read_back_as_made_with_each_alike_long_value_parsed_once(store: Any) -> None:
@@ -425,6 +425,33 @@ def test_views_are_read_back_as_made_with_each_alike_long_value_parsed_once(stor
     assert json.loads(long) == env
     with pytest.raises(ValueError):  # a record whose lines do not match its keys is no view
         rendezvous.parse_record(f"t\n{short}", {})
+
+
+def test_a_rank_whose_record_is_no_view_is_named_and_left_out_of_the_views(store: Any) -> None:
+    """DDP325: a rank that checked in with a record this reader cannot read (here: a view as an
+    older ddp-doctor put it, plain JSON with no claim token) is left out of the views and named,
+    with why; the others' views are read as made. No such rank: no finding."""
+    s = prefixed(store, "t17/")
+    ranks = {r: threading.Thread(target=rendezvous.meet, args=(prefixed(client_of(store), "t17/"), r, 4, view(r), 30.0))
+             for r in (2, 3)}
+    for t in ranks.values():
+        t.start()
+    s.set("view/1", json.dumps(view(1)))  # rank 1, as another version put its view
+    met = rendezvous.meet(s, 0, 4, view(0), 30.0)
+    for t in ranks.values():
+        t.join(60)
+    assert met.complete and sorted(met.views) == [0, 2, 3]  # every rank came; rank 1's view unread
+    reader = rendezvous.ViewReader(rendezvous.view_text(view(0)))
+    assert reader.read(s, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == {r: view(r) for r in (0, 2, 3)}
+    assert list(reader.unreadable) == [1] and "not a view record" in reader.unreadable[1]
+    f = rendezvous.unreadable_finding(reader.unreadable, 0)
+    assert f is not None and f.id == "DDP325" and f.ranks == [1] and f.severity == "error"
+    assert "rank(s) 1 checked in at the rendezvous, but what they put in the store is no view this ddp-doctor" \
+        in f.message and "not a view record" in f.message, f.message
+    assert "pip show ddp-doctor" in (f.hint or "")
+    clean = rendezvous.ViewReader()
+    assert clean.read(s, [0, 2, 3], time.monotonic() + 1.0, present=True) and not clean.unreadable
+    assert rendezvous.unreadable_finding(clean.unreadable, 0) is None
 
 
 def test_duplicate_rank_claim(store: Any) -> None:
