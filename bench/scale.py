@@ -20,7 +20,8 @@ Figures per world size: the time for every simulated rank to connect its own cli
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
 (from the moment they are told to start to the last rank done: the median of --rounds rounds,
 taken in turns baseline, floor, rendezvous, preflight, then the other way, ...), their ratio to
-the barrier, the requests the clients sent to the store (all clients, counted client-side) per
+the barrier (and how far the rounds spread: the quartiles of each round's rendezvous time over
+that round's barrier time), the requests the clients sent to the store (all clients, counted client-side) per
 second of that part, and the peak memory (the largest process's RSS, this one hosting the store
 included).
 
@@ -298,15 +299,25 @@ def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool =
             secs.append(max(g["results"][part][i][0] for g in got) - starts[key])
             reqs.append(sum(g["results"][part][i][1] for g in got))
             used.append(cpu[key])
-        figures[part] = {"seconds": statistics.median(secs), "requests": statistics.median(reqs),
+        figures[part] = {"seconds": statistics.median(secs), "each": secs, "requests": statistics.median(reqs),
                          "store_cpu": statistics.median(used),
                          "rank_cpu": statistics.median([x for g in got for x in g["results"].get(f"{part}/cpu", [])]
                                                        or [0.0])}  # a world of rank 0 alone has none
     for part in ("floor", "rendezvous"):
         reads = [x for g in got for x in g["results"].get(f"{part}/read", [])]
         figures[part]["read"] = statistics.median(reads)
+    for part in PARTS:  # each round's ratio to that round's barrier: how far the rounds spread
+        figures[part]["ratios"] = sorted(x / b for x, b in zip(figures[part]["each"], figures["baseline"]["each"]))
     figures["rss_mb"] = max([g["rss_kb"] for g in got] + [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]) / 1024
     return figures
+
+
+def _quartiles(xs: list[float]) -> str:
+    """The first and third quartiles of sorted `xs`, as "q1-q3" (one value: itself twice)."""
+    if len(xs) < 2:
+        return f"{xs[0]:.2f}-{xs[0]:.2f}" if xs else "-"
+    q = statistics.quantiles(xs, n=4)
+    return f"{q[0]:.2f}-{q[2]:.2f}"
 
 
 def main() -> int:
@@ -320,7 +331,7 @@ def main() -> int:
                     help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
     args = ap.parse_args()
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'floor s':>8} {'ratio':>6} {'rendezvous s':>13} "
-          f"{'ratio':>6} {'preflight s':>12} "
+          f"{'ratio':>6} {'rdv ratio q1-q3':>16} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
           f"{'store CPU ms b/r/p':>19} {'rank CPU us b/f/r':>18} {'view us':>8} {'read ms f/r':>12} "
           f"{'peak RSS MB':>12}")
@@ -328,7 +339,7 @@ def main() -> int:
         f = measure(world, min(args.procs, world), args.rounds, args.timeout, args.shuffle)
         b, r, p, c, fl = f["baseline"], f["rendezvous"], f["preflight"], f["connect"], f["floor"]
         print(f"{world:>6} {c:>10.3f} {b['seconds']:>10.3f} {fl['seconds']:>8.3f} {fl['seconds'] / b['seconds']:>6.2f} "
-              f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} "
+              f"{r['seconds']:>13.3f} {r['seconds'] / b['seconds']:>6.2f} {_quartiles(r['ratios']):>16} "
               f"{p['seconds']:>12.3f} {p['seconds'] / b['seconds']:>6.2f} {b['requests'] / b['seconds']:>14.0f} "
               f"{r['requests'] / r['seconds']:>17.0f} {p['requests'] / p['seconds']:>16.0f} "
               f"{p['requests'] / world:>9.1f} "
@@ -340,7 +351,9 @@ def main() -> int:
           f"floor (the rendezvous's requests bare: the check-in, a wait; rank 0 reading every view), "
           f"rendezvous (meet + rank 0 reading every view), preflight (the rendezvous, every rank's final "
           f"findings, rank 0 reading them and the views, the verdict read by all): once all are connected, start "
-          f"to the last rank done; ratio: to the barrier; req/rank: the preflight's requests per rank; "
+          f"to the last rank done; ratio: to the barrier (the ratio of the medians); rdv ratio q1-q3: the first and "
+          f"third quartiles of each round's rendezvous time over that round's barrier time (how far rounds spread); "
+          f"req/rank: the preflight's requests per rank; "
           f"store CPU: the CPU time of the process hosting the store (its server thread, and a look at a "
           f"counter every 50 ms) in barrier, rendezvous, preflight, each to the next part's start; rank CPU: a "
           f"rank's own CPU time (its thread's: its Python and its client's) in barrier, floor, rendezvous, the "
