@@ -416,8 +416,9 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
         except Exception:  # noqa: BLE001 - torch says "wait timeout" in several ways; a lost store
             return True, got, False  # fails the check below
 
-    member, got, came = store_call(check_in, "the check-in (compare_set(view)) and the wait for every rank's",
-                                   bound + timeout)
+    member, got, came = store_call(check_in, "the check-in (compare_set(view))" if rank == 0 else
+                                   "the check-in (compare_set(view)) and the wait for every rank's",
+                                   bound if rank == 0 else bound + timeout)  # rank 0 waits apart, a chunk at a time
     if not member:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         first = _first_claimant(got)
