@@ -400,13 +400,13 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     if text is None:
         text = view_text(view)
     record, tag = view_record(token, text), f"{token}\n"
+    tag_bytes = tag.encode()  # torch's answer is bytes: compared as they are, none of it decoded
 
     def check_in() -> tuple[bool, Any, bool | None]:
         """(this claim holds the rank, the record there, whether every rank came: None when not
         waited for): the check-in and, for a member other than rank 0, its wait."""
         got = store.compare_set(f"view/{rank}", "", record)
-        head = got[:64]  # a token is some 30 characters: the rest of a record need not be decoded
-        if not (head.decode("utf-8", "replace") if isinstance(head, bytes) else str(head)).startswith(tag):
+        if not (got.startswith(tag_bytes) if isinstance(got, bytes) else str(got).startswith(tag)):
             return False, got, None
         if rank == 0:
             return True, got, None
@@ -439,7 +439,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     else:
         complete = wait_keys(store, [ALL_HERE], "every rank's check-in", deadline)
     if complete:  # nothing a rank but rank 0 computes here grows with the world size
-        return Meeting(store=store, world_size=world_size, missing=[], findings=findings, views=views)
+        return Meeting(store, world_size, [], findings, views)
     arrived = present_ranks(store, world_size, bound)
     present = set(arrived)
     missing = [r for r in range(world_size) if r not in present]
