@@ -104,7 +104,10 @@ def test_a_node_whose_every_rank_is_slow_is_named_on_the_preflights_aligned_cloc
     assert f["ranks"] == [2, 3] and f["evidence"]["host"] == "algo-2", f
     ev = f["evidence"]
     assert ev["last"] >= 0.75 * ev["compared"] and ev["compared"] >= 60 and ev["median_lag_s"] >= 0.04, ev
-    assert ev["clock_error_s"] < 0.04, ev  # one machine's clocks, measured through barriers
+    # one machine's clocks, measured through barriers: each host's measured offset (truly 0) lies
+    # within the error the measurement gives itself, and the lag passes 10 ms by that error
+    assert all(abs(o) <= ev["clock_error_s"] / 2 for o in ev["clock_offset_s"].values()), ev
+    assert ev["median_lag_s"] >= 0.010 + ev["clock_error_s"], ev
     line = _line("node_slow_compute.py", "time.sleep(slow)")
     assert f"node_slow_compute.py:{line} in <module>" in f["message"], f["message"]
     # within the slow node neither rank stands out: no rank is named as the one the others wait for
