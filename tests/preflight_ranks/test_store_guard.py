@@ -35,10 +35,9 @@ def test_an_operation_past_its_bound_fails_and_so_do_the_later_ones_at_once():
     release = threading.Event()
     with pytest.raises(StoreTimeout, match="did not answer get.'verdict'. within 0.5 s"):
         guard.call(lambda: release.wait(30), "get('verdict')", 0.5)
-    start = time.monotonic()
+    # at once: had it queued behind the stuck call, it would time out after 30 s with another message
     with pytest.raises(StoreTimeout, match="an earlier call .get.'verdict'.. still waits"):
         guard.call(lambda: 1, "add", 30.0)
-    assert time.monotonic() - start < 1.0
     release.set()
 
 
