@@ -131,6 +131,23 @@ VIEW_UNREADABLE = declare(
     for all), then run the preflight again.
     """)
 
+PLANS_DIFFER = declare(
+    "DDP326", category="consistency", severity="error", title="The ranks would run different group checks",
+    doc="""
+    What: Before the checks that run collectives (bandwidth, correctness, clocks), every rank sends
+    the others a digest of its ddp-doctor version and the group checks it would run, in their
+    order (one all_gather, bounded by the preflight's timeout). When the digests differ, or the
+    exchange itself fails, no group check runs: the finding lists the ranks of each plan, and
+    each plan (its checks and its ddp-doctor version) is in the finding's evidence, by rank. A
+    failed exchange is a consequence of what failed first (a rank whose process group failed).
+    Why: The group checks are collectives: every rank must call them in the same order, or one
+    rank's check waits for a collective that another rank never calls until the timeout (and then
+    reads as a crashed check). Ranks plan differently when their nodes have different ddp-doctor
+    versions (an older install or image on one node) or were given different --select / --skip.
+    Fix: Install one ddp-doctor version on every node (`pip show ddp-doctor` on each, or one image
+    for all) and give every rank the same --select / --skip, then run the preflight again.
+    """)
+
 SHARED_RENDEZVOUS = declare(
     "DDP846", category="launcher_env", severity="error",
     title="Two jobs share one rendezvous (MASTER_ADDR:MASTER_PORT)",

@@ -27,6 +27,7 @@ from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
+from ddp_doctor.preflight_ranks.group_plan import group_plan, plans_differ
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
 from ddp_doctor.processes.store import connect_store, op_bound, prefixed, read_json_keys, store_call, wait_keys
 from ddp_doctor.report import build as reportlib
@@ -276,8 +277,12 @@ class RankPreflight:
         group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
         try:
             with self._stage("group_checks"):
-                self.findings += check_runner.run_stage("group", (ctx, group), self.rank, select=opts.select,
-                                                  skip=opts.skip, timings=self.timeline)
+                differ = plans_differ(group, group_plan(opts.select, opts.skip), self.rank)
+                if differ is not None:  # a collective one rank calls and another never does: none run
+                    self.findings.append(differ)
+                else:
+                    self.findings += check_runner.run_stage("group", (ctx, group), self.rank, select=opts.select,
+                                                            skip=opts.skip, timings=self.timeline)
             self.measurements = group.measurements
         finally:
             if not opts.keep_group:

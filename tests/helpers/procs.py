@@ -192,8 +192,10 @@ def result_of(results: Mapping[str, Any], name: str) -> Any:
 
 def run_ranks(n: int, args: Sequence[str], env: Mapping[str, str], cwd: str, *, world_size: int | None = None,
               port: int | None = None, per_rank: Mapping[int, Mapping[str, str]] | None = None,
-              ranks: Sequence[int] | None = None, timeout: float = 120.0) -> dict[int, Result]:
-    """Start ranks by hand, as a launcher that sets RANK/WORLD_SIZE/MASTER_* would."""
+              ranks: Sequence[int] | None = None, timeout: float = 120.0,
+              args_of: Mapping[int, Sequence[str]] | None = None) -> dict[int, Result]:
+    """Start ranks by hand, as a launcher that sets RANK/WORLD_SIZE/MASTER_* would (`args_of`: a
+    rank's own arguments after `args`)."""
     port = port or free_port()
     world_size = world_size or n
     procs = {}
@@ -204,7 +206,7 @@ def run_ranks(n: int, args: Sequence[str], env: Mapping[str, str], cwd: str, *, 
                  LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=e.get("MASTER_ADDR", "127.0.0.1"),
                  MASTER_PORT=str(port))
         e.update((per_rank or {}).get(r, {}))
-        procs[r] = start([*DDP, *args], e, cwd)
+        procs[r] = start([*DDP, *args, *(args_of or {}).get(r, [])], e, cwd)
     return {r: finish(p, timeout, t) for r, p in procs.items()}
 
 

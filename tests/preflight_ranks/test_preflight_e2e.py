@@ -184,6 +184,24 @@ def test_world_size_larger_than_launched_names_missing_rank(tmp_path):
         assert_clean_output(r)
 
 
+def test_ranks_that_would_run_different_group_checks_run_none_and_say_so(tmp_path):
+    # as a node with another ddp-doctor version, or given another --select, would
+    report = tmp_path / "r.json"
+    res = run_ranks(2, ["preflight", "--timeout", "60", "--report", str(report)], clean_env(), str(tmp_path),
+                    args_of={0: ["--select", "DDP407"], 1: ["--select", "DDP402"]})
+    assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
+    rep = load_json(str(report))
+    assert rep["root_cause"]["id"] == "DDP326" and rep["root_cause"]["ranks"] == [0, 1], rep["findings"]
+    (f,) = [f for f in rep["findings"] if f["id"] == "DDP326"]
+    assert "2 plans: rank(s) 0; rank(s) 1" in f["message"], f["message"]
+    plans = {k: v["plan"] for k, v in f["evidence"]["per_rank"].items()}
+    assert sorted(plans.values()) == [["DDP402"], ["DDP407"]], f["evidence"]
+    # no check waited for a collective its peer never called (that read as a crashed or stuck check)
+    assert not ids(rep) & {"DDP001", "DDP002"}, rep["findings"]
+    for r in res.values():
+        assert_clean_output(r)
+
+
 def test_master_refusing_is_diagnosed_within_bound(tmp_path):
     report = tmp_path / "r.json"
     res = run_ranks(2, ["preflight", "--timeout", "2", "--report", str(report)], clean_env(),
