@@ -254,7 +254,7 @@ CASES = {
     "port_in_use": (None, "DDP821", [0], 1, {}, []),
     "init_twice": (None, "DDP864", [0], 1, {}, []),  # the probe names both call sites; DDP822 follows
     "unused_parameter": (2, "DDP823", None, 1, {}, []),  # both ranks raise it: one finding, ranks 0-1
-    "collective_timeout": (2, "DDP825", [0], 1, {}, []),
+    "collective_timeout": (2, "DDP891", [1], 1, {}, []),  # rank 1 never issued it; DDP825 follows
     "peer_killed": (2, "DDP803", [1], 137, {}, []),  # rank 0: DDP802 via DDP826 (a consequence)
     "shm_full": (None, "DDP827", [0], 1, {}, []),
     "sm_hosts_int": (None, "DDP829", [0], 1, {"SM_HOSTS": '["algo-1","algo-2"]'},
@@ -270,7 +270,7 @@ CASES = {
     "nccl_unavailable": (None, "DDP840", [0], 1, {}, []),
     "collective_mismatch": (2, "DDP842", None, 1, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, []),  # both ranks raise it
 }
-SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832"}  # still listed, after the probe's root cause
+SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832", "collective_timeout": "DDP825"}  # still listed, after the probe's root cause
 OWN_FRAME = re.compile(r'File "[^"]*[/\\]ddp_doctor[/\\]')
 
 
