@@ -270,7 +270,8 @@ CASES = {
     "nccl_unavailable": (None, "DDP840", [0], 1, {}, []),
     "collective_mismatch": (2, "DDP842", None, 1, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, []),  # both ranks raise it
 }
-SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832", "collective_timeout": "DDP825"}  # still listed, after the probe's root cause
+# still listed, after the root cause (a probe's, or the ledgers')
+SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832", "collective_timeout": "DDP825"}
 OWN_FRAME = re.compile(r'File "[^"]*[/\\]ddp_doctor[/\\]')
 
 
