@@ -186,39 +186,3 @@ def test_records_of_an_earlier_job_in_a_shared_run_directory_are_not_this_jobs(t
     assert ledger.live_ranks(run_dir, but=0) == [3]  # without the bound: both misread
     ledger.request(run_dir, reason="peer failed")
     assert ledger.requested(run_dir, since)
-
-
-EMPTY_LEDGERS = r"""
-import json, os, sys
-from ddp_doctor.training import records
-from ddp_doctor.training.probes import collective_sites
-from ddp_doctor.training.run import ledger
-d = sys.argv[1]
-for rank, size in ((0, "2000"), (1, "0"), (2, None)):
-    os.environ.pop(ledger.OLD_BUFFER_ENV, None)
-    if size is None:
-        os.environ.pop(ledger.BUFFER_ENV, None)
-    else:
-        os.environ[ledger.BUFFER_ENV] = size
-    assert ledger.write(d, rank, "finished")
-os.environ[ledger.BUFFER_ENV] = "2000"
-collective_sites.collective_wrapper("barrier")(lambda: None)()  # a Python call the recorder did not keep
-assert ledger.write(d, 3, "finished")
-print(json.dumps({r: [v["complete"], v["entries"]] for r, v in records.read_ledgers(d).items()}))
-"""
-
-
-def test_an_empty_ledger_is_complete_only_when_the_recorder_was_on_and_saw_no_call(tmp_path):
-    """A process that made no process group: its recorder holds nothing. That says "issued none"
-    when the recorder was on (its size set above 0) and no wrapped Python collective was called;
-    a recorder turned off (size 0) or of unknown size, or a call it did not keep, says nothing."""
-    import json
-    import subprocess
-    import sys
-
-    from tests.helpers.procs import clean_env
-    r = subprocess.run([sys.executable, "-c", EMPTY_LEDGERS, str(tmp_path)], env=clean_env(), capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got == {"0": [True, []], "1": [False, []], "2": [False, []], "3": [False, []]}, got

@@ -127,9 +127,27 @@ class RankLedger:
             self._write(position, here.get("where") if self.position is None else self.where)
 
     def _write(self, position: str, where: str | None, *, failed_in_collective: bool = False) -> None:
+        from ddp_doctor.training import records
+        from ddp_doctor.training.probes import collective_sites
         from ddp_doctor.training.run import ledger
+        if not collective_sites.calls() and _recorder_on_and_empty():
+            # Nothing was recorded in this process at all: the rank issued no collective, and nothing
+            # was lost (ledger.write can tell only from a first record that is not there).
+            records.write_ledger(self.dir, self.rank, {
+                "source": "flight_recorder", "position": position, "steps": None, "where": where,
+                "since_ns": self.since_ns, "complete": True, "entries": [], "pg_config": {}})
+            return
         ledger.write(self.dir, self.rank, position, since_ns=self.since_ns, where=where,
                      failed_in_collective=failed_in_collective)
+
+
+def _recorder_on_and_empty() -> bool:
+    from ddp_doctor.training.run import ledger
+    size = os.environ.get(ledger.BUFFER_ENV) or os.environ.get(ledger.OLD_BUFFER_ENV) or ""
+    if not size.strip().isdigit() or int(size) <= 0:
+        return False
+    data = ledger.dump()
+    return data is not None and not data.get("entries")
 
 
 def ask(run_dir: str, ranks: list[int]) -> list[int]:

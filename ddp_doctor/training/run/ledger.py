@@ -54,13 +54,6 @@ def recorder_env(env: Any, run_dir: str | None = None) -> None:
         aids_env(env, run_dir)
 
 
-def recorder_on() -> bool:
-    """Whether this process's flight recorder keeps entries: its size is set and above 0 (torch's
-    default differs by version: unset is not known to be on)."""
-    size = (os.environ.get(BUFFER_ENV) or os.environ.get(OLD_BUFFER_ENV) or "").strip()
-    return size.isdigit() and int(size) > 0
-
-
 def dump() -> dict[str, Any] | None:
     """The flight recorder's dump (entries and pg_config), or None where torch has none."""
     try:
@@ -125,11 +118,8 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
         if data is None:
             return False
         everything = [e for e in data.get("entries") or [] if isinstance(e, dict)]
-        # nothing lost when the ring buffer never wrapped: its first record is still there, or
-        # there is none because this process issued no collective (not one wrapped Python call)
-        complete = any(e.get("record_id") == 0 for e in everything) or (
-            not everything and data.get("source") != "python_calls" and not collective_sites.calls()
-            and recorder_on())
+        # nothing lost when the ring buffer never wrapped: its first record is still there
+        complete = any(e.get("record_id") == 0 for e in everything)
         entries = [e for e in everything if int(e.get("time_created_ns") or 0) >= since_ns]
         if data.get("source") != "python_calls":
             collective_sites.annotate(entries)
