@@ -27,9 +27,8 @@ from _common import clean_env  # noqa: E402
 
 def timed(cmd: list[str], cwd: str, pythonpath: str | None = None) -> float:
     env = clean_env()
-    env.pop("PYTHONPATH", None)  # this checkout's package, as installed, unless another is named
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    if pythonpath:  # another commit's package, ahead of whatever this environment imports
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     start = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, timeout=600)
@@ -46,9 +45,10 @@ def unpack(rev: str, into: str) -> str:
         sys.exit(f"git archive {rev} failed: {archive.stderr.decode(errors='replace').strip()}")
     os.makedirs(into)
     subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True, timeout=120)
-    found = subprocess.run([sys.executable, "-c", "import ddp_doctor; print(ddp_doctor.__file__)"],
-                           env={**clean_env(), "PYTHONPATH": into}, cwd=os.path.dirname(into),  # as the runs
-                           capture_output=True, text=True, timeout=120)
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (into, env.get("PYTHONPATH")) if p)  # as timed() runs it
+    found = subprocess.run([sys.executable, "-c", "import ddp_doctor; print(ddp_doctor.__file__)"], env=env,
+                           cwd=os.path.dirname(into), capture_output=True, text=True, timeout=120)
     if not found.stdout.startswith(into):  # else the comparison would time this checkout twice
         sys.exit(f"{rev}'s package is not the one imported: {found.stdout.strip() or found.stderr[-500:]}")
     return into
