@@ -14,8 +14,13 @@ with it; every other rank reads the verdict. Each view is a real rank's size (ab
 JSON). A third part, the floor, sends the rendezvous's own requests bare (the check-in, one
 compare_set of the claim's token and the view; one wait; rank 0's waits for and reads of the views,
 and its key) with no bound on a call and no check of an answer: what any check-in that claims a
-rank and sends a view costs these clients.
+rank and sends a view costs these clients. A simulated rank calls torch's client as a real rank
+calls its prefixed store: once a request, through a thin object that puts the part's prefix on
+its keys and counts its requests (_Counting).
 
+First, one rank alone (--alone): its own CPU time in the barrier, the floor and the rendezvous
+on one thread, every request answered at once (the median of thousands of turns: repeatable to a
+few percent, where the simulation's rounds spread by tenths); what the simulation multiplies.
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
 (from the moment they are told to start to the last rank done: the median of --rounds rounds,
@@ -25,7 +30,8 @@ that round's barrier time), the requests the clients sent to the store (all clie
 second of that part, and the peak memory (the largest process's RSS, this one hosting the store
 included).
 
-    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--shuffle] [--timeout 900]
+    python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--shuffle] [--alone 3000]
+                          [--timeout 900]
 
 Aim (issue 23): the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
@@ -54,63 +60,65 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from ddp_doctor.preflight_ranks.bounded_rendezvous import ALL_HERE  # noqa: E402 - the key rank 0 releases the others with
+
 VIEW = {"hostname": "algo-1", "pid": 1, "launcher": "torchrun", "backend": "nccl",
         "versions": {k: "2.13.0" for k in ("python", "torch", "cuda", "nccl", "transformers", "accelerate", "numpy")},
         "env": {f"NCCL_SETTING_{i}": "value-of-the-setting" for i in range(40)}, "findings": []}
 
 
-def _counting_store(inner: Any) -> Any:
-    import torch.distributed as dist
+class _Counting:
+    """A simulated rank's store: the keys under this part's prefix, each request counted (one per
+    call; multi_get, multi_set and wait: one), each call going straight to torch's client.
 
-    class Counting(dist.Store):
-        """The client, counting the requests it sends (one per call; multi_get, multi_set and wait: one).
-        Every call the project makes is passed on as it is: torch's Store in Python turns a call it
-        lacks into others (a multi_set into one set a key)."""
+    A plain Python object, not a subclass of torch's Store under torch's PrefixStore: a real
+    rank's prefixed store is torch's own, C++ over C++, so a call releases the interpreter's lock
+    once, while a Store subclass in Python under torch's PrefixStore takes the lock back and hands
+    it on twice more a call; with hundreds of ranks in one interpreter that is the harness's cost,
+    not the rank's, and it grows with how many threads wait for the lock."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.requests = 0
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.prefix, self.requests = inner, "", 0
+        self.released: float | None = None  # when this rank released the others (set ALL_HERE)
 
-        def _n(self) -> None:
-            self.requests += 1
+    def set(self, k, v):  # noqa: ANN001, ANN201 - torch's Store interface
+        self.requests += 1
+        if k == ALL_HERE:
+            self.released = time.time()
+        return self.inner.set(self.prefix + k, v)
 
-        def set(self, k, v):  # noqa: ANN001, ANN202 - torch's Store interface
-            self._n()
-            return inner.set(k, v)
+    def get(self, k):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.get(self.prefix + k)
 
-        def get(self, k):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.get(k)
+    def add(self, k, v):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.add(self.prefix + k, v)
 
-        def add(self, k, v):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.add(k, v)
+    def check(self, ks):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.check([self.prefix + k for k in ks])
 
-        def check(self, ks):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.check(ks)
+    def wait(self, ks, t=None):  # noqa: ANN001, ANN201
+        self.requests += 1
+        ks = [self.prefix + k for k in ks]
+        return self.inner.wait(ks, t) if t is not None else self.inner.wait(ks)
 
-        def wait(self, ks, t=None):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.wait(ks, t) if t is not None else inner.wait(ks)
+    def multi_get(self, ks):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.multi_get([self.prefix + k for k in ks])
 
-        def multi_get(self, ks):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.multi_get(ks)
+    def multi_set(self, ks, vs):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.multi_set([self.prefix + k for k in ks], vs)
 
-        def multi_set(self, ks, vs):  # noqa: ANN001, ANN202 - else torch's default sends one set a key
-            self._n()
-            return inner.multi_set(ks, vs)
+    def append(self, k, v):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.append(self.prefix + k, v)
 
-        def append(self, k, v):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.append(k, v)
-
-        def compare_set(self, k, e, d):  # noqa: ANN001, ANN202
-            self._n()
-            return inner.compare_set(k, e, d)
-
-    return Counting()
+    def compare_set(self, k, e, d):  # noqa: ANN001, ANN201
+        self.requests += 1
+        return self.inner.compare_set(self.prefix + k, e, d)
 
 
 def _baseline(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
@@ -139,9 +147,9 @@ def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> floa
                 for line in rest:
                     if line not in longs:
                         longs[line] = json.loads(line)
-        store.set("arrived/all", "1")
-        return time.time()
-    store.wait(["arrived/all"], timedelta(seconds=timeout))
+        store.set(ALL_HERE, "1")
+        return store.released
+    store.wait([ALL_HERE], timedelta(seconds=timeout))
     return None
 
 
@@ -152,7 +160,7 @@ def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) ->
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     if rank == 0:  # the views it read as they came, and any other
-        released = time.time()
+        released = store.released
         views = {**meeting.views, **read_views(store, [r for r in meeting.arrived if r not in meeting.views],
                                                time.monotonic() + timeout, present=True, own=view[1])}
         assert len(views) == world and views[world - 1]["env"] == VIEW["env"], len(views)
@@ -207,7 +215,7 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     from ddp_doctor.processes.store import connect_store  # as a rank connects (its calls then watched)
     with ThreadPoolExecutor(64) as pool:  # torch's client now and then takes 5 s to connect: in parallel
         made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)), ranks)
-        clients = {r: _counting_store(c) for r, c in made}
+        clients = {r: _Counting(c) for r, c in made}
     results: dict[str, Any] = {"connected": time.time()}
     # each rank's view and its text as sent (view_text), made before it checks in, as a rank does
     # (one_rank: the view is made, then the rendezvous): its own work, timed here a rank at a time
@@ -228,8 +236,10 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             released: dict[int, float] = {}  # rank 0's release of the others (floor, rendezvous)
             used: dict[int, float] = {}
             fn = {"baseline": _baseline, "floor": _floor, "rendezvous": _rendezvous, "preflight": _preflight}[part]
+            for c in clients.values():
+                c.prefix, c.released = f"{key}/", None
             threads = [threading.Thread(target=_run_part, daemon=True,
-                                        args=(fn, dist.PrefixStore(f"{key}/", clients[r]), r, world, timeout,
+                                        args=(fn, clients[r], r, world, timeout,
                                               views[r], ends, errors, released, used)) for r in ranks]
             if shuffle:  # the ranks start in any order, as nodes come on a cluster (the same in every part)
                 random.Random(i).shuffle(threads)
@@ -246,6 +256,53 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
             if 0 in released:  # rank 0's read of the views, from its release of the others
                 results.setdefault(f"{part}/read", []).append(ends[0] - released[0])
     out.put({"results": results, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+
+
+ALONE = ("baseline", "floor", "rendezvous")  # the parts one rank's own CPU is timed in, alone (_alone)
+
+
+def _alone(port: int, n: int, out: Any) -> None:
+    """One rank's own CPU in each part, with no other rank about: the process's one thread runs a
+    part as rank 1 of 2, n times in turns (the order reversed every other time), each time under
+    keys of its own where the key it waits for is already there, so that every request is answered
+    at once; the median thread CPU per part, and its quartiles. What the simulation's hundreds of
+    ranks to an interpreter turn into wall time, without their contention for its lock."""
+    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_text
+    from ddp_doctor.processes.store import connect_store
+    c = _Counting(connect_store("127.0.0.1", port, hosting=False, timeout=60.0))
+    v = {**VIEW, "rank": 1}
+    view = (v, view_text(v))
+    fns = {"baseline": _baseline, "floor": _floor, "rendezvous": _rendezvous}
+    used: dict[str, list[float]] = {part: [] for part in ALONE}
+    for i in range(n):
+        for part in ALONE if i % 2 == 0 else ALONE[::-1]:
+            c.prefix = f"alone/{part}-{i}/"
+            c.inner.multi_set([c.prefix + k for k in ("barrier/all", ALL_HERE)], ["1", "1"])  # out of the time
+            cpu = time.thread_time_ns()
+            fns[part](c, 1, 2, 60.0, view)
+            used[part].append((time.thread_time_ns() - cpu) / 1e3)
+    out.put({part: (statistics.median(xs), *statistics.quantiles(xs, n=4)[::2]) for part, xs in used.items()})
+
+
+def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
+    """_alone in a process of its own, against a store this one hosts: part -> (median, q1, q3) us."""
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_alone, args=(port, n, out))
+    p.start()
+    try:
+        return out.get(timeout=timeout)
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+        del host  # the store lives until its client is done
 
 
 def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool = False) -> dict[str, Any]:
@@ -329,7 +386,15 @@ def main() -> int:
                     help="start each process's ranks in a random order (else in rank order, lower ranks first)")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds any wait may take (4,096 clients take about 400 s to connect here)")
+    ap.add_argument("--alone", type=int, default=3000,
+                    help="times each part runs for one rank alone on one thread (its own CPU, printed first; 0: not)")
     args = ap.parse_args()
+    if args.alone:
+        a = alone(args.alone, args.timeout)
+        b = a["baseline"][0]
+        print("one rank alone, its own CPU (median, q1-q3 us): " + "; ".join(
+            f"{'barrier' if part == 'baseline' else part} {m:.1f} ({q1:.1f}-{q3:.1f}, {m / b:.2f}x)"
+            for part, (m, q1, q3) in a.items()), flush=True)
     print(f"{'ranks':>6} {'connect s':>10} {'barrier s':>10} {'floor s':>8} {'ratio':>6} {'rendezvous s':>13} "
           f"{'ratio':>6} {'rdv ratio q1-q3':>16} {'preflight s':>12} "
           f"{'ratio':>6} {'barrier req/s':>14} {'rendezvous req/s':>17} {'preflight req/s':>16} {'req/rank':>9} "
