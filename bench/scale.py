@@ -267,6 +267,9 @@ def _alone(port: int, n: int, out: Any) -> None:
     keys of its own where the key it waits for is already there, so that every request is answered
     at once; the median thread CPU per part, and its quartiles. What the simulation's hundreds of
     ranks to an interpreter turn into wall time, without their contention for its lock."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:  # a core of its own, apart from the store's (alone): steadier medians
+        os.sched_setaffinity(0, {cpus[1]})
     from ddp_doctor.preflight_ranks.bounded_rendezvous import view_text
     from ddp_doctor.processes.store import connect_store
     c = _Counting(connect_store("127.0.0.1", port, hosting=False, timeout=60.0))
@@ -295,10 +298,14 @@ def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     p = ctx.Process(target=_alone, args=(port, n, out))
+    cpus = os.sched_getaffinity(0)
     p.start()
+    if len(cpus) > 1:  # the store on the first core, its client on the second (_alone)
+        os.sched_setaffinity(0, {min(cpus)})
     try:
         return out.get(timeout=timeout)
     finally:
+        os.sched_setaffinity(0, cpus)
         p.join(10)
         if p.is_alive():
             p.kill()
