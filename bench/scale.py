@@ -60,7 +60,17 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ddp_doctor.preflight_ranks.bounded_rendezvous import ALL_HERE  # noqa: E402 - the key rank 0 releases the others with
+# the project's code, imported once (an import statement in a function costs a rank about 10 us a
+# call here, which a real rank does not spend)
+from ddp_doctor.preflight_ranks.bounded_rendezvous import (  # noqa: E402
+    ALL_HERE,
+    READ_CHUNK,
+    agree_job_token,
+    meet,
+    read_views,
+    view_text,
+)
+from ddp_doctor.processes.store import connect_store, op_bound, read_json_keys, store_call  # noqa: E402
 
 VIEW = {"hostname": "algo-1", "pid": 1, "launcher": "torchrun", "backend": "nccl",
         "versions": {k: "2.13.0" for k in ("python", "torch", "cuda", "nccl", "transformers", "accelerate", "numpy")},
@@ -134,7 +144,6 @@ def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> floa
     own (a compare_set of the same record, one wait; rank 0's wait for each chunk of views and its
     read of them, each distinct long value parsed once, then its key) with nothing else, no bound
     on a call and no check of an answer: the least such a check-in costs these clients."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import READ_CHUNK
     store.compare_set(f"view/{rank}", "", "0" * 32 + "\n" + view[1])
     if rank == 0:
         longs = {line: json.loads(line) for line in view[1].split("\n")[1:]}  # its own, as the rendezvous's
@@ -156,7 +165,6 @@ def _floor(store: Any, rank: int, world: int, timeout: float, view: Any) -> floa
 def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) -> float | None:
     """The rendezvous and the view exchange: every rank meets (checks in, publishes its view, waits
     for all); the reporting rank (0) reads every view. Rank 0 returns when it released the others."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import meet, read_views
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     if rank == 0:  # the views it read as they came, and any other
@@ -170,8 +178,6 @@ def _rendezvous(store: Any, rank: int, world: int, timeout: float, view: Any) ->
 
 def _preflight(store: Any, rank: int, world: int, timeout: float, view: Any) -> None:
     """The preflight's rendezvous and view exchange, with its own functions (see the doc)."""
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import agree_job_token, meet, read_views
-    from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
     meeting = meet(store, rank, world, view[0], timeout, view[1])
     assert not meeting.missing, meeting.missing
     final = json.dumps({"findings": [], "measurements": {"stage_seconds": {"total": 1.0}}})
@@ -212,14 +218,13 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     control.wait(["go/connect"], timedelta(seconds=timeout))
     from concurrent.futures import ThreadPoolExecutor
 
-    from ddp_doctor.processes.store import connect_store  # as a rank connects (its calls then watched)
     with ThreadPoolExecutor(64) as pool:  # torch's client now and then takes 5 s to connect: in parallel
-        made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)), ranks)
+        made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)),
+                        ranks)  # as a rank connects: its calls then watched
         clients = {r: _Counting(c) for r, c in made}
     results: dict[str, Any] = {"connected": time.time()}
     # each rank's view and its text as sent (view_text), made before it checks in, as a rank does
     # (one_rank: the view is made, then the rendezvous): its own work, timed here a rank at a time
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_text
     views, used = {}, time.process_time()
     for r in ranks:
         v = {**VIEW, "rank": r}
@@ -270,8 +275,6 @@ def _alone(port: int, n: int, out: Any) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:  # a core of its own, apart from the store's (alone): steadier medians
         os.sched_setaffinity(0, {cpus[1]})
-    from ddp_doctor.preflight_ranks.bounded_rendezvous import view_text
-    from ddp_doctor.processes.store import connect_store
     c = _Counting(connect_store("127.0.0.1", port, hosting=False, timeout=60.0))
     v = {**VIEW, "rank": 1}
     view = (v, view_text(v))
