@@ -290,14 +290,19 @@ def _alone(port: int, n: int, out: Any) -> None:
     out.put({part: (statistics.median(xs), *statistics.quantiles(xs, n=4)[::2]) for part, xs in used.items()})
 
 
-def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
-    """_alone in a process of its own, against a store this one hosts: part -> (median, q1, q3) us."""
+def _host_store(timeout: float) -> tuple[Any, int]:
+    """A TCPStore hosted by this process on a free loopback port, as rank 0's process hosts it."""
     import torch.distributed as dist
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False), port
+
+
+def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
+    """_alone in a process of its own, against a store this one hosts: part -> (median, q1, q3) us."""
+    host, port = _host_store(timeout)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     p = ctx.Process(target=_alone, args=(port, n, out))
@@ -316,12 +321,7 @@ def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
 
 
 def measure(world: int, procs: int, rounds: int, timeout: float, shuffle: bool = False) -> dict[str, Any]:
-    import torch.distributed as dist
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    host = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+    host, port = _host_store(timeout)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     # the reporting rank (0) in a process of its own, as in a job: its serial part (the wait for
