@@ -19,8 +19,9 @@ calls its prefixed store: once a request, through a thin object that puts the pa
 its keys and counts its requests (_Counting).
 
 First, one rank alone (--alone): its own CPU time in the barrier, the floor and the rendezvous
-on one thread, every request answered at once (the median of thousands of turns: repeatable to a
-few percent, where the simulation's rounds spread by tenths); what the simulation multiplies.
+on one thread, every request answered at once (the median of thousands of turns, the rank on a
+core of its own: it moves by a few percent from run to run, where the simulation's rounds spread
+by tenths); what the simulation multiplies.
 Figures per world size: the time for every simulated rank to connect its own client (the
 harness's cost, and a real rank's at start), the wall time of each part once all are connected
 (from the moment they are told to start to the last rank done: the median of --rounds rounds,
@@ -60,8 +61,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-# the project's code, imported once (an import statement in a function costs a rank about 10 us a
-# call here, which a real rank does not spend)
+# the project's code, imported once (an import statement in a part's function cost a rank 2-3 us
+# of CPU a call here, measured one rank alone, which a real rank does not spend)
 from ddp_doctor.preflight_ranks.bounded_rendezvous import (  # noqa: E402
     ALL_HERE,
     READ_CHUNK,
