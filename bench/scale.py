@@ -48,6 +48,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import random
 import resource
 import socket
@@ -311,8 +312,20 @@ def alone(n: int, timeout: float) -> dict[str, tuple[float, float, float]]:
     p.start()
     if len(cpus) > 1:  # the store on the first core, its client on the second (_alone)
         os.sched_setaffinity(0, {min(cpus)})
+    deadline = time.monotonic() + timeout
     try:
-        return out.get(timeout=timeout)
+        while True:
+            try:
+                return out.get(timeout=1.0)
+            except queue.Empty:
+                if not p.is_alive():  # its figures may have come just before it ended
+                    try:
+                        return out.get(timeout=1.0)
+                    except queue.Empty:
+                        raise SystemExit(f"one rank alone: its process ended (exit code {p.exitcode}) "
+                                         "without its figures") from None
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"one rank alone: no figures within {timeout:g} s") from None
     finally:
         os.sched_setaffinity(0, cpus)
         p.join(10)
@@ -400,6 +413,8 @@ def main() -> int:
     ap.add_argument("--alone", type=int, default=3000,
                     help="times each part runs for one rank alone on one thread (its own CPU, printed first; 0: not)")
     args = ap.parse_args()
+    if args.alone == 1 or args.alone < 0:  # a median and quartiles need two turns at least
+        ap.error("--alone takes 0 (not timed) or 2 turns or more")
     if args.alone:
         a = alone(args.alone, args.timeout)
         b = a["baseline"][0]
