@@ -220,7 +220,9 @@ def _worker(port: int, ranks: list[int], world: int, timeout: float, rounds: int
     control.wait(["go/connect"], timedelta(seconds=timeout))
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(64) as pool:  # torch's client now and then takes 5 s to connect: in parallel
+    # now and then a connection waits 5 s for the store's reverse lookup of its address (docs/facts.md,
+    # the store's reverse lookups): the clients connect in parallel
+    with ThreadPoolExecutor(64) as pool:
         made = pool.map(lambda r: (r, connect_store("127.0.0.1", port, hosting=False, timeout=timeout)),
                         ranks)  # as a rank connects: its calls then watched
         clients = {r: _Counting(c) for r, c in made}
