@@ -67,11 +67,40 @@ signature("DDP822", "Default process group initialised twice", [
 
 signature("DDP823", "DDP reduction not finished: unused parameters", [
     r"Expected to have finished reduction in the prior iteration"], doc="""
-    What: DistributedDataParallel found parameters that received no gradient in an iteration.
-    Why: Part of the model is not used in forward on some iterations (conditional branches, frozen
-    heads), so DDP waits for gradients that never come.
+    What: DistributedDataParallel found parameters that received no gradient in an iteration, and
+    the next forward raised "Expected to have finished reduction in the prior iteration ... Parameter
+    indices which did not receive grad for rank N: 4 5" (torch names them only under
+    TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL). The finding names them, and the rank whose iteration left
+    them unused ("rank 1: parameters unused in its iteration (DDP did not receive their gradient):
+    head.weight (index 4), head.bias (index 5)"), from the names the probes record as each DDP model
+    is built, in the order DDP counts them; without that record, torch's own words.
+    Why: Part of the model is not used in forward (a head or an auxiliary loss left out, a frozen
+    part still requiring grad) or not on every iteration (a conditional branch), so DDP waits for
+    gradients that never come. When only some ranks raise it (the others fail after them), their
+    forward took a path the others did not: a branch on the rank, on the data or on a flag.
     Fix: Pass find_unused_parameters=True to DistributedDataParallel (Trainer:
-    ddp_find_unused_parameters=True), or make every parameter take part in the loss.
+    ddp_find_unused_parameters=True); or make every parameter take part in the loss on every rank
+    (use the named ones, drop them from the model, or set requires_grad=False on them before
+    wrapping the model); when the same parameters are unused in every iteration, static_graph=True
+    works too.
+    """)
+
+signature("DDP847", "DDP parameter marked ready twice (reentrant checkpointing)", [
+    r"Expected to mark a variable ready only once"], doc="""
+    What: DistributedDataParallel received the gradient of one parameter twice in one backward
+    pass: "Expected to mark a variable ready only once ... Parameter at index 3 with name
+    block.lin.bias has been marked as ready twice". The finding names the parameter and its module
+    (from torch's message, or from the names the probes recorded when it gives the index only).
+    Why: Activation checkpointing in its reentrant mode (torch.utils.checkpoint with
+    use_reentrant=True, the old default; Hugging Face gradient_checkpointing) runs a separate
+    backward for each checkpointed part: a module checkpointed twice, or used in two reentrant
+    passes, fires DDP's hook twice, and with find_unused_parameters=True DDP also marks the
+    parameters of a checkpointed part unused before its backward runs. A parameter used outside
+    forward, or by two concurrent forward-backward passes, does it too.
+    Fix: Checkpoint with torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    (Trainer: gradient_checkpointing_kwargs={"use_reentrant": False}); or pass static_graph=True to
+    DistributedDataParallel when the graph is the same every iteration; or drop
+    find_unused_parameters=True (find_unused_parameters=False) when every parameter is used.
     """)
 
 # Order matters: classify() takes the first match, so a specific signature comes before a generic

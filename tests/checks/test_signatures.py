@@ -55,6 +55,19 @@ SAMPLES: dict[str, list[str]] = {
                "you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to print "
                "out information about which particular parameters did not receive gradient on this rank as part "
                "of this error\n"],
+    # tests/run_scripts/ddp_unused_parameters.py twice: a block checkpointed twice in reentrant mode
+    "DDP847": ["RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+               "following reasons: 1) Use of a module parameter outside the `forward` function. Please make sure "
+               "model parameters are not shared across multiple concurrent forward-backward passes. or try to use "
+               "_set_static_graph() as a workaround if this module graph does not change during training loop.2) "
+               "Reused parameters in multiple reentrant backward passes. For example, if you use multiple "
+               "`checkpoint` functions to wrap the same part of your model, it would result in the same set of "
+               "parameters been used by different reentrant backward passes multiple times, and hence marking a "
+               "variable ready multiple times. DDP does not support such use cases in default. You can try to use "
+               "_set_static_graph() as a workaround if your module graph does not change over iterations.\n"
+               "Parameter at index 3 with name block.lin.bias has been marked as ready twice. This means that "
+               "multiple autograd engine  hooks have fired for this particular parameter during this iteration.\n"
+               "  File \".../torch/autograd/graph.py\", line 979, in _engine_run_backward\n"],
     # TEXT ONLY: NCCL needs GPUs. ProcessGroupNCCL's watchdog message, and the exception it leaves.
     "DDP824": ["DistBackendError: [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated "
                "with exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "

@@ -4,7 +4,9 @@ an event (with the user's call site) and then calls the original unchanged.
 
 Each DDP model also gets a forward pre-hook (`on_ddp_forward`) that counts its forwards with
 autograd on, and optimizer steps over a DDP model's parameters are counted apart: together they
-tell which DataLoaders fed the distributed model's training (the sampler rules judge only those)."""
+tell which DataLoaders fed the distributed model's training (the sampler rules judge only those).
+Each DDP model's reduced parameters are named once, as it is built (`reduced_parameter_names`): DDP's
+errors name them by index only."""
 from __future__ import annotations
 
 import weakref
@@ -13,7 +15,13 @@ from typing import Any, Callable
 from ddp_doctor.training.probes.call_sites import called_from_library
 from ddp_doctor.training.probes.patching import record_quietly
 from ddp_doctor.training.probes.record_exchange import share_across_nodes
-from ddp_doctor.training.probes.recorder import Recorder, current_recorder, group_is_up, torch_dist
+from ddp_doctor.training.probes.recorder import (
+    MAX_PARAMETER_NAMES,
+    Recorder,
+    current_recorder,
+    group_is_up,
+    torch_dist,
+)
 
 # Each live DDP model -> ids of its parameters (weak keys: a freed model's ids may be reused).
 _DDP_PARAMS: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
@@ -131,7 +139,42 @@ def ddp_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         orig(self, module, *args, **kwargs)
         rec.ddp_modules.append(weakref.ref(self))
         record_quietly(rec, "DistributedDataParallel hook", lambda: _watch_training(self))
+        record_quietly(rec, "DistributedDataParallel parameters", lambda: _note_reduced_parameters(rec, self))
     return __init__
+
+
+def reduced_parameter_names(ddp: Any) -> tuple[list[str], int] | None:
+    """The names of the parameters a DDP model's reducer holds, in the reducer's order, and how
+    many (at most MAX_PARAMETER_NAMES names are listed); None without a reducer (every parameter's
+    all-reduce delayed). The indices in DDP's errors ("Parameter indices which did not receive
+    grad", "Parameter at index N ... marked as ready twice") count in this list. It is built as
+    torch's `_build_params_for_reducer` builds it: the parameters of module.named_modules(), each
+    module's own (recurse=False), that require grad and whose "<module>.<name>" is not in
+    parameters_to_ignore, a parameter shared by several modules counted once, where first met.
+    Each is named as module.named_parameters() names it (the first name of a shared one)."""
+    if getattr(ddp, "reducer", None) is None:
+        return None
+    module = ddp.module
+    ignored = set(getattr(ddp, "parameters_to_ignore", None) or ())
+    name_of: dict[int, str] = {}
+    for name, p in module.named_parameters():
+        name_of.setdefault(id(p), name)
+    seen: set[int] = set()
+    names: list[str] = []
+    for module_name, m in module.named_modules():
+        for own, p in m.named_parameters(recurse=False):
+            if not p.requires_grad or f"{module_name}.{own}" in ignored or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if len(names) < MAX_PARAMETER_NAMES:
+                names.append(name_of.get(id(p)) or f"{module_name}.{own}".lstrip("."))
+    return names, len(seen)
+
+
+def _note_reduced_parameters(rec: Recorder, ddp: Any) -> None:
+    got = reduced_parameter_names(ddp)
+    if got is not None:
+        rec.note_ddp_parameters(type(ddp.module).__name__, *got)
 
 
 def _watch_training(ddp: Any) -> None:

@@ -19,6 +19,11 @@ from ddp_doctor.training.records import probe_path, write_json
 
 MAX_EVENTS = 400
 MAX_DATA_TIMES = 512
+# The names of the parameters each DDP model reduces (DDP's errors give only their indices): the
+# last few models built, a bounded list of bounded names each.
+MAX_DDP_MODELS = 4
+MAX_PARAMETER_NAMES = 4096
+PARAMETER_NAME_CHARS = 200
 
 _current: "Recorder | None" = None
 # Held while the current recorder is made or replaced and the wrappers are put in place.
@@ -124,6 +129,9 @@ class Recorder:
         # all-reduces the gradients in backward) and optimizer steps over a DDP model's parameters.
         self.ddp_forwards = 0
         self.ddp_steps = 0
+        # Per DDP model built (the last MAX_DDP_MODELS): its class, how many parameters its reducer
+        # holds, and their names in the reducer's order (what DDP's error messages index).
+        self.ddp_parameters: list[dict[str, Any]] = []
 
     # -- identity
     @property
@@ -154,6 +162,14 @@ class Recorder:
     def ddp_work(self) -> int:
         """A counter that moves whenever a DDP model does training work (see `Iteration`)."""
         return self.ddp_forwards + self.ddp_steps
+
+    def note_ddp_parameters(self, model: str, names: list[str], count: int) -> None:
+        """A DDP model was built: the names of the parameters its reducer indexes, in that order
+        (`count` of them; at most MAX_PARAMETER_NAMES kept, each cut to PARAMETER_NAME_CHARS). The
+        same list noted again (the model wrapped anew) moves to the end; the oldest goes first."""
+        entry = {"model": model[:PARAMETER_NAME_CHARS], "count": int(count),
+                 "names": [str(n)[:PARAMETER_NAME_CHARS] for n in names[:MAX_PARAMETER_NAMES]]}
+        self.ddp_parameters = [e for e in self.ddp_parameters if e != entry][-(MAX_DDP_MODELS - 1):] + [entry]
 
     # -- steps and checksums
     def on_step(self, optimizer: Any, *_: Any) -> None:
@@ -194,7 +210,7 @@ class Recorder:
                 "pg": self.pg, "events": self.events, "steps": self.steps,
                 "step_interval": median_interval(self.step_times), "script": script_identity(),
                 "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
-                "ddp_models": len(self.ddp_modules),
+                "ddp_models": len(self.ddp_modules), "ddp_parameters": self.ddp_parameters,
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
 
     def flush(self) -> None:
