@@ -51,6 +51,7 @@ site_wrappers: list[tuple[object, str, object]] = []
 if args.mode == "sites":
     from torch.optim import optimizer as optim_module
 
+    from ddp_doctor.facts.frames import COLLECTIVES
     from ddp_doctor.training.probes import collective_sites, dist_wrappers, recorder
     from ddp_doctor.training.probes.install import install
     install(tempfile.mkdtemp(prefix="ddp-bench-ledger-"))
@@ -64,7 +65,7 @@ if args.mode == "sites":
         fn = getattr(owner, name)
         setattr(owner, name, getattr(fn, "_ddp_doctor_orig", fn))  # ... and are not even called
     for owner in (dist, c10d):
-        for name in collective_sites.COLLECTIVES:
+        for name in COLLECTIVES:
             fn = getattr(owner, name, None)
             if fn is not None and hasattr(fn, "_ddp_doctor_orig"):
                 site_wrappers.append((owner, name, fn))

@@ -26,6 +26,8 @@ def load_catalogue() -> dict[str, Check]:
         collectives,
         communication,
         consistency,
+        crash_ledgers,
+        ddp_parameters,
         efa,
         gpu,
         history_rules,

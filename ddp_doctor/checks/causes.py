@@ -8,6 +8,7 @@ from typing import Any
 
 from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.collectives import ledger_findings
+from ddp_doctor.checks.crash_ledgers import INFERRED
 from ddp_doctor.checks.stalls import hang_explained
 from ddp_doctor.findings import Finding
 
@@ -17,12 +18,14 @@ _SYMPTOMS_NOT = {failures.NATIVE_CRASH.id, failures.RANK_KILLED.id, failures.ABO
 
 
 def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
-                 world_size: int | None = None) -> list[Finding]:
+                 world_size: int | None = None,
+                 branches: dict[str, list[dict[str, Any]]] | None = None) -> list[Finding]:
     """Add what the ranks' ledgers of collectives show (checks/collectives.py) and let it name the
     cause: an error raised on a rank the ledger shows waiting in (or failing in) the collective
     at fault, and the hang itself, become consequences of it. A ledger finding dates from the
-    collective it is about, before any timeout it led to."""
-    found = ledger_findings(ledgers, world_size=world_size)
+    collective it is about, before any timeout it led to. `branches`: the source's rank-conditional
+    branches around the call sites (checks/collectives.py)."""
+    found = ledger_findings(ledgers, world_size=world_size, branches=branches)
     if not found:
         return findings
     waited: set[int] = set()
@@ -39,8 +42,15 @@ def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
     if dumps:  # where NCCL's own dumps are (training/run/nccl_dumps.py)
         for lf in found:
             lf.evidence = {**lf.evidence, "nccl_dumps": {str(r): p for r, p in sorted(dumps.items())}}
+    # ranks whose ledger was inferred from their crash inside a collective (checks/crash_ledgers.py)
+    # and that a ledger finding names: the crash was the library's answer to what the ledger shows
+    named = {int(r) for lf in found for r in (lf.evidence.get("ranks") or {})}
+    crashed_in = {int(r) for r, d in ledgers.items() if isinstance(d, dict) and d.get("source") == INFERRED} & named
     for f in findings:
         if f.phase != "training" or f.severity != "error":
+            continue
+        if f.id == failures.NATIVE_CRASH.id and f.ranks and set(f.ranks) <= crashed_in:
+            f.caused_by = cause
             continue
         if f.id in _SYMPTOMS_NOT and not _watchdog_abort(f, waited):
             continue

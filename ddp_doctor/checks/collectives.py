@@ -99,13 +99,13 @@ _EVENT_BACKENDS = ("nccl:", "ncclx:", "xccl:")  # their recorder's `state` comes
 
 # ------------------------------------------------------------------------------------ reading
 
-def _op(entry: dict[str, Any]) -> str:
+def op_of(entry: dict[str, Any]) -> str:
     name = str(entry.get("profiling_name") or "?")
     return name.rsplit(":", 1)[-1]
 
 
 def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:
-    op = _op(entry)
+    op = op_of(entry)
     if op in _UNEVEN_INPUT_OPS:
         return (op,)
     sizes = tuple(tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in entry.get("input_sizes") or ())
@@ -125,7 +125,7 @@ def _tensors(entry: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _site(entry: dict[str, Any]) -> str | None:
+def site_of(entry: dict[str, Any]) -> str | None:
     """The user's line that issued the collective: the collector's `user_site`, else the innermost
     recorded frame outside the libraries (facts.frames.is_library_file)."""
     site = entry.get("user_site")
@@ -143,32 +143,53 @@ def _site(entry: dict[str, Any]) -> str | None:
 
 
 def _describe(entry: dict[str, Any]) -> str:
-    text = _op(entry)
-    tensors = _tensors(entry) if _op(entry) not in _UNEVEN_INPUT_OPS else ""
+    text = op_of(entry)
+    tensors = _tensors(entry) if op_of(entry) not in _UNEVEN_INPUT_OPS else ""
     if tensors:
         text += f" {tensors}"
-    site = _site(entry)
+    if _inferred(entry):  # where a rank crashed: its tensors went with it
+        text = (f"{text} in a DDP model's backward (its gradient all_reduce)" if entry.get("in_backward")
+                else text) + " (where it crashed)"
+    site = site_of(entry)
     return f"{text} at {site}" if site else text
+
+
+def _inferred(entry: dict[str, Any]) -> bool:
+    """A call inferred for a rank that crashed inside it (checks/crash_ledgers.py): its operation
+    and line are known, its tensors are not."""
+    return entry.get("inferred") == "crash_dump" and not entry.get("input_sizes")
+
+
+def _signature_among(entry: dict[str, Any], present: dict[int, dict[str, Any]]) -> tuple[Any, ...]:
+    """The call's signature for comparing it with the other ranks' at the same call number: a
+    call inferred from a crash (tensors unknown) matches a recorded one of the same operation
+    and line, and differs from any other."""
+    if not _inferred(entry):
+        return _signature(entry)
+    for other in present.values():
+        if not _inferred(other) and _loose_key(other) == _loose_key(entry):
+            return _signature(other)
+    return (op_of(entry), "crashed", site_of(entry))
 
 
 def _entry_evidence(entry: dict[str, Any]) -> dict[str, Any]:
     keys = ("collective_seq_id", "profiling_name", "input_sizes", "input_dtypes", "output_sizes",
             "output_dtypes", "state", "retired", "failed_here", "time_created_ns", "record_id", "user_site")
     out = {k: entry[k] for k in keys if k in entry}
-    site = _site(entry)
+    site = site_of(entry)
     if site:
         out["site"] = site
     return out
 
 
-def _pg_key(entry: dict[str, Any]) -> tuple[str, str]:
+def group_of(entry: dict[str, Any]) -> tuple[str, str]:
     pg = entry.get("process_group")
     if isinstance(pg, (list, tuple)) and pg:
         return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
     return str(entry.get("pg_id", "?")), ""
 
 
-def _seq(entry: dict[str, Any]) -> int | None:
+def seq_of(entry: dict[str, Any]) -> int | None:
     try:
         seq = int(entry.get("collective_seq_id"))  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -176,7 +197,7 @@ def _seq(entry: dict[str, Any]) -> int | None:
     return seq if seq > 0 else None
 
 
-def _pending(entry: dict[str, Any]) -> bool:
+def is_pending(entry: dict[str, Any]) -> bool:
     """The rank was inside this collective when its ledger was written: not retired, or the
     collective its exception came out of (`failed_here`: torch retires a failed one). NCCL's
     recorder also knows completion (`state`, from the collective's CUDA events, while the watchdog
@@ -195,7 +216,7 @@ def _is_complete(ledger: dict[str, Any]) -> bool:
     first record is there."""
     if "complete" in ledger:
         return bool(ledger["complete"])
-    return any(e.get("record_id") == 0 for e in _entries(ledger))
+    return any(e.get("record_id") == 0 for e in entries_of(ledger))
 
 
 class _Rank:
@@ -208,7 +229,7 @@ class _Rank:
         self.last = max(calls) if calls else 0
         # in this group; a rank whose script ended waits in nothing (the recorder may not have
         # retired its last call yet when the ledger was written: seen with DDP's last bucket)
-        self.waiting = ledger.get("position") not in _LEFT_POSITIONS and any(_pending(e) for e in calls.values())
+        self.waiting = ledger.get("position") not in _LEFT_POSITIONS and any(is_pending(e) for e in calls.values())
         dumped = ledger.get("time")
         self.dumped_ns = int(float(dumped) * 1e9) if isinstance(dumped, (int, float)) else None
 
@@ -224,13 +245,13 @@ class _Rank:
 
 def _waiting_elsewhere(ledger: dict[str, Any], pg: str) -> dict[str, Any] | None:
     """The collective of another process group this rank waits in, if any."""
-    for e in reversed(_entries(ledger)):
-        if _pending(e) and not e.get("is_p2p") and _pg_key(e)[0] != pg and _seq(e):
+    for e in reversed(entries_of(ledger)):
+        if is_pending(e) and not e.get("is_p2p") and group_of(e)[0] != pg and seq_of(e):
             return e
     return None
 
 
-def _entries(ledger: dict[str, Any]) -> list[dict[str, Any]]:
+def entries_of(ledger: dict[str, Any]) -> list[dict[str, Any]]:
     entries = ledger.get("entries")
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
@@ -242,7 +263,12 @@ ROUTINE, NEW_ORDER, NEW_CALL = 0, 1, 2
 def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """A call as the ranks' code issues it: operation, tensors and the user's line (none for the
     collectives torch issues itself, such as DDP's gradient all_reduces)."""
-    return (_signature(entry), _site(entry))
+    return (_signature(entry), site_of(entry))
+
+
+def _loose_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """A call by its operation and line alone: what is known of a call inferred from a crash."""
+    return (op_of(entry), site_of(entry))
 
 
 class _History:
@@ -253,52 +279,57 @@ class _History:
     def __init__(self, ranks: list[_Rank], n: int):
         self.keys: set[tuple[Any, ...]] = set()
         self.pairs: set[tuple[tuple[Any, ...], tuple[Any, ...]]] = set()
-        for r in ranks:
-            for s in sorted(r.calls):
-                if s >= n:
-                    break
-                key = _key(r.calls[s])
-                self.keys.add(key)
-                if s - 1 in r.calls:
-                    self.pairs.add((_key(r.calls[s - 1]), key))
+        for key_of in (_key, _loose_key):  # a call inferred from a crash is known by its loose key
+            for r in ranks:
+                for s in sorted(r.calls):
+                    if s >= n:
+                        break
+                    key = key_of(r.calls[s])
+                    self.keys.add(key)
+                    if s - 1 in r.calls:
+                        self.pairs.add((key_of(r.calls[s - 1]), key))
 
     def novelty(self, rank: _Rank, n: int) -> int:
         entry = rank.calls.get(n)
         if entry is None:
             return ROUTINE
-        key = _key(entry)
+        key_of = _loose_key if _inferred(entry) else _key
+        key = key_of(entry)
         if key not in self.keys:
             return NEW_CALL
         before = rank.calls.get(n - 1)
-        if before is not None and (_key(before), key) not in self.pairs:
+        if before is not None and (key_of(before), key) not in self.pairs:
             return NEW_ORDER
         return ROUTINE
 
 
 # ------------------------------------------------------------------------------------ judging
 
-def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | None = None) -> list[Finding]:
+def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | None = None,
+                    branches: dict[str, list[dict[str, Any]]] | None = None) -> list[Finding]:
     """Line every rank's ledger up, per process group, by collective sequence number; report the
     first disagreement of each group (DDP890 mismatch, DDP891 a rank elsewhere while others wait,
     DDP892 a rank that left the loop while others wait). Ranks with an empty or missing ledger
-    are not judged. `world_size`, when given, bounds the ranks considered."""
+    are not judged. `world_size`, when given, bounds the ranks considered. `branches`: the
+    rank-conditional branches around each call site of the user's source ("file:line" -> each
+    branch's {"line", "condition", "taken_when", "reads"}, innermost first: facts/rank_branches.py)."""
     usable: dict[int, dict[str, Any]] = {}
     for rank, ledger in sorted(ledgers.items(), key=lambda kv: int(kv[0])):
         r = int(rank)
         if world_size is not None and not 0 <= r < world_size:
             continue
         # an empty ledger says something only when nothing was lost: this rank issued no collective
-        if isinstance(ledger, dict) and (_entries(ledger) or ledger.get("complete") is True):
+        if isinstance(ledger, dict) and (entries_of(ledger) or ledger.get("complete") is True):
             usable[r] = ledger
 
     groups: dict[str, str] = {}
     per_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
     for r, ledger in usable.items():
-        for e in _entries(ledger):
-            seq = _seq(e)
+        for e in entries_of(ledger):
+            seq = seq_of(e)
             if e.get("is_p2p") or seq is None:
                 continue
-            pg, name = _pg_key(e)
+            pg, name = group_of(e)
             groups.setdefault(pg, name)
             per_group.setdefault(pg, {}).setdefault(r, {})[seq] = e
     # Every rank belongs to the default group: a rank whose whole record is kept and holds no call
@@ -313,7 +344,7 @@ def ledger_findings(ledgers: dict[int, dict[str, Any]], *, world_size: int | Non
         ranks = [_Rank(r, usable[r], calls) for r, calls in sorted(per_group[pg].items())]
         if len(ranks) < 2:
             continue
-        findings.extend(_align(pg, groups.get(pg, ""), ranks))
+        findings.extend(_align(pg, groups.get(pg, ""), ranks, branches or {}))
     return findings
 
 
@@ -321,17 +352,17 @@ def _group_label(pg: str, name: str) -> str:
     return f"process group {pg} ({name})" if name and name != "undefined" else f"process group {pg}"
 
 
-def _align(pg: str, name: str, ranks: list[_Rank]) -> list[Finding]:
+def _align(pg: str, name: str, ranks: list[_Rank], branches: dict[str, list[dict[str, Any]]]) -> list[Finding]:
     label = _group_label(pg, name)
     seqs = sorted({s for r in ranks for s in r.calls})
     for n in seqs:
         present = {r.rank: r.calls[n] for r in ranks if n in r.calls}
         by_sig: dict[tuple[Any, ...], list[int]] = {}
         for rank, entry in present.items():
-            by_sig.setdefault(_signature(entry), []).append(rank)
+            by_sig.setdefault(_signature_among(entry, present), []).append(rank)
         if len(by_sig) > 1:
-            return [_mismatch(pg, name, label, n, present, by_sig, ranks)]
-        waiting = [r for r in ranks if n in r.calls and _pending(r.calls[n])]
+            return [_mismatch(pg, name, label, n, present, by_sig, ranks, branches)]
+        waiting = [r for r in ranks if n in r.calls and is_pending(r.calls[n])]
         # Ranks that never issued call n and are not themselves waiting in this group. A rank whose
         # recorder lost its early calls holds later ones (last >= n) and is not judged; nor is one
         # still running whose ledger was written before the others issued call n (it was only
@@ -348,14 +379,20 @@ def _who(ranks: list[int]) -> str:
 
 
 def _decide(present: dict[int, dict[str, Any]], by_sig: dict[tuple[Any, ...], list[int]],
-            history: _History, by_rank: dict[int, _Rank], n: int) -> tuple[list[int], str | None]:
+            history: _History, by_rank: dict[int, _Rank], n: int,
+            branches: dict[str, list[dict[str, Any]]]) -> tuple[list[int], str | None]:
     """The ranks whose path diverged at call #n, and the evidence that decided: the ranks whose
-    call is new (or out of the order kept so far) while the others' is routine; else the minority
-    when one variant is held by more ranks than any other; else nobody (None: it cannot be told)."""
+    call is new (or out of the order kept so far) while the others' is routine; else the ranks
+    whose call sits in a branch of the source that reads the rank while the others' does not;
+    else the minority when one variant is held by more ranks than any other; else nobody (None:
+    it cannot be told)."""
     level = {rank: history.novelty(by_rank[rank], n) for rank in present}
     if max(level.values()) > min(level.values()):
         top = max(level.values())
         return sorted(r for r, v in level.items() if v == top), ("new_call" if top == NEW_CALL else "new_order")
+    in_branch = {rank: bool(_branches_at(e, branches)) for rank, e in present.items()}
+    if any(in_branch.values()) and not all(in_branch.values()):
+        return sorted(r for r, b in in_branch.items() if b), "rank_branch"
     groups = sorted(by_sig.values(), key=lambda rs: (-len(rs), rs[0]))
     if len(groups[0]) > len(groups[1]):
         return sorted(r for rs in groups[1:] for r in rs), "majority"
@@ -371,40 +408,69 @@ def _steps_text(ranks: list[_Rank]) -> str:
     return ""
 
 
+def _branches_at(entry: dict[str, Any], branches: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    site = site_of(entry)
+    found = branches.get(site) if site else None
+    return [b for b in found if isinstance(b, dict) and b.get("condition")] if isinstance(found, list) else []
+
+
+def _in_branch(entry: dict[str, Any], branches: dict[str, list[dict[str, Any]]]) -> str:
+    """" in a branch that reads the rank (...)" for a call whose line sits in one (the innermost
+    named), "" otherwise."""
+    found = _branches_at(entry, branches)
+    if not found:
+        return ""
+    b = found[0]
+    cond = str(b["condition"])
+    if cond.startswith("@"):
+        return f" in a function decorated {cond} (line {b.get('line')}), which runs on some ranks only"
+    taken = "false" if b.get("taken_when") == "false" else "true"
+    return f" in a branch that reads the rank (`{cond}` {taken} there, line {b.get('line')})"
+
+
 def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[str, Any]],
-              by_sig: dict[tuple[Any, ...], list[int]], ranks: list[_Rank]) -> Finding:
+              by_sig: dict[tuple[Any, ...], list[int]], ranks: list[_Rank],
+              branches: dict[str, list[dict[str, Any]]]) -> Finding:
     by_rank = {r.rank: r for r in ranks}
-    odd, decided_by = _decide(present, by_sig, _History(ranks, n), by_rank, n)
+    odd, decided_by = _decide(present, by_sig, _History(ranks, n), by_rank, n, branches)
     others = sorted(r for r in present if r not in odd)
     evidence: dict[str, Any] = {
         "process_group": {"id": pg, "name": name}, "collective_seq_id": n, "decided_by": decided_by,
         "ranks": {str(rank): {"entry": _entry_evidence(e), **_whereabouts(by_rank[rank].ledger),
                               "odd": rank in odd,
-                              **({"consequence": True} if _pending(e) and (rank not in odd or not others) else {})}
+                              **({"consequence": True} if is_pending(e) and (rank not in odd or not others) else {})}
                   for rank, e in sorted(present.items())},
     }
-    own_path = decided_by in ("new_call", "new_order") and (
-        {(_op(present[r]), _site(present[r])) for r in odd}.isdisjoint(
-            {(_op(present[r]), _site(present[r])) for r in others}))
+    for rank, e in present.items():
+        found = _branches_at(e, branches)
+        if found:
+            evidence["ranks"][str(rank)]["rank_branches"] = found
+    own_path = decided_by in ("new_call", "new_order", "rank_branch") and (
+        {(op_of(present[r]), site_of(present[r])) for r in odd}.isdisjoint(
+            {(op_of(present[r]), site_of(present[r])) for r in others}))
     if own_path:
         # a collective of its own (another operation or line): the rank's code went its own way
         what = _describe(present[odd[0]])
         if decided_by == "new_call":
             why = "a collective no other rank issued"
+        elif decided_by == "rank_branch":
+            why = "which the other ranks did not enter"
         else:
             before = by_rank[odd[0]].calls.get(n - 1)
             why = ("out of the order every rank had kept" +
                    (f" (never before right after {_describe(before)})" if before is not None else ""))
-        message = (f"{_who(odd)} went its own way at call #{n} of {label}: issued {what}, {why}; "
-                   f"{_who(others)} issued {_describe(present[others[0]])}, as every rank had before"
+        done = "" if decided_by == "rank_branch" else ", as every rank had before"
+        message = (f"{_who(odd)} went its own way at call #{n} of {label}: issued {what}"
+                   f"{_in_branch(present[odd[0]], branches)}, {why}; "
+                   f"{_who(others)} issued {_describe(present[others[0]])}{done}"
                    + _steps_text([by_rank[r] for r in sorted(present)]))
         return event_finding(OWN_WAY, message, rank=None, ranks=odd, evidence=evidence, phase="training")
     parts = []
     for rs in sorted(by_sig.values(), key=lambda rs: rs[0]):
-        parts.append(f"{_who(rs)} {_describe(present[rs[0]])}")
+        parts.append(f"{_who(rs)} {_describe(present[rs[0]])}{_in_branch(present[rs[0]], branches)}")
     message = f"collectives differ at call #{n} of {label}: " + ", ".join(parts)
     if decided_by is None:
-        sites = {_site(e) for e in present.values()}
+        sites = {site_of(e) for e in present.values()}
         if len(sites) == 1 and None not in sites:
             message += ("; every rank issued it from the same line with other tensors: their shape "
                         "depends on each rank's data")
@@ -425,10 +491,10 @@ def _whereabouts(ledger: dict[str, Any]) -> dict[str, Any]:
 def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind: list[_Rank],
            history: _History) -> list[Finding]:
     entry = waiting[0].calls[n]
-    op = _op(entry)
+    op = op_of(entry)
     wait_ranks = [r.rank for r in waiting]
     who_waits = f"rank {wait_ranks[0]} waits" if len(wait_ranks) == 1 else f"ranks {format_ranks(wait_ranks)} wait"
-    site = _site(entry)
+    site = site_of(entry)
     waits_text = f"{who_waits} in {op} #{n} of {label}" + (f" (issued at {site})" if site else "")
     waiting_evidence = {str(r.rank): {"entry": _entry_evidence(r.calls[n]), **_whereabouts(r.ledger),
                                       "waiting": True, "consequence": True} for r in waiting}
@@ -475,9 +541,9 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
         for r in elsewhere:
             other = _waiting_elsewhere(r.ledger, pg)
             if other is not None:
-                opg, oname = _pg_key(other)
-                at = f"it waits in {_op(other)} #{_seq(other)} of {_group_label(opg, oname)}"
-                osite = _site(other)
+                opg, oname = group_of(other)
+                at = f"it waits in {op_of(other)} #{seq_of(other)} of {_group_label(opg, oname)}"
+                osite = site_of(other)
                 if osite:
                     at += f" at {osite}"
             elif r.ledger.get("where"):

@@ -17,6 +17,8 @@ from typing import Any
 
 from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
 from ddp_doctor.checks.causes import with_ledgers
+from ddp_doctor.checks.crash_ledgers import crash_ledgers
+from ddp_doctor.checks.ddp_parameters import with_parameter_names
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
 from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftovers import leftover_findings
@@ -82,6 +84,10 @@ class JobEvidence:
     # rank -> (its wall clock minus rank 0's, the error) in seconds, as the preflight measured
     # them (arrivals.clock_offsets_of): lets nodes' arrivals be compared (DDP878); {} when unknown
     clock_offsets: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # "file:line" of a call site -> the branches of the user's source around it that read the rank
+    # ({"line", "condition", "taken_when", "reads"}, innermost first: facts/rank_branches.py), read
+    # by whoever gathered the evidence (training/job_report.py), so the verdict never reads files
+    rank_branches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -105,7 +111,12 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
             code = ev.launcher_code  # the launcher itself failed
             if not ev.started and not any(f.severity == "error" for f in earlier + findings):
                 findings.append(launcher_failed_finding(ev.launcher_code))
-    findings = with_ledgers(findings, ev.ledgers, world_size=ev.world_size)
+    # DDP's errors give parameters by index: named from the probes' record (checks/ddp_parameters.py)
+    findings = with_parameter_names(findings, ev.outcomes, ev.probes)
+    # a rank that crashed inside a collective left no ledger: what it issued is inferred from its
+    # crash dump and its peers' ledgers, and judged with theirs
+    ledgers = {**crash_ledgers(ev.crashes, ev.ledgers), **ev.ledgers}
+    findings = with_ledgers(findings, ledgers, world_size=ev.world_size, branches=ev.rank_branches)
     # init's arguments date from the first call; an error they explain becomes their consequence
     findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)
     if not ev.init_calls:  # no record of the calls (a post-mortem): what the ranks' init waited for

@@ -16,7 +16,7 @@ from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
 from ddp_doctor.checks.wrapped_errors import RealError, real_error, user_frame
-from ddp_doctor.facts.frames import not_user_code_dirs
+from ddp_doctor.facts.frames import dumped_threads, is_library_file, not_user_code_dirs, thread_in_collective
 from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks
 
 MESSAGE_LIMIT = 600
@@ -42,7 +42,6 @@ NATIVE_HINTS = {
                     "exit status says failed; ending the script with os._exit(0) after its teardown "
                     "(output flushed) avoids it.",
 }
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 
 
 def _short(text: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -180,30 +179,31 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
 
 def crashing_frames(dump: str) -> list[tuple[str, int, str]]:
     """(file, line, function) of the thread that took the fatal signal, innermost first, from
-    faulthandler's text ("Current thread ..." with all threads, "Stack ..." with one)."""
-    frames: list[tuple[str, int, str]] = []
-    inside = False
-    for line in dump.splitlines():
-        if line.startswith(("Current thread", "Stack (most recent call first)")):
-            inside, frames = True, []
-            continue
-        if inside:
-            m = _FRAME.match(line)
-            if not m:
-                if frames:
-                    break
-                continue
-            frames.append((m["file"], int(m["line"]), m["func"]))
-    return frames
+    faulthandler's text. A signal raised on a thread of a library's own (gloo's abort on a
+    collective mismatch) leaves no Python thread "current": then the thread inside a collective,
+    else the last one listed with a frame of the user's code (faulthandler lists the main thread,
+    the oldest, last)."""
+    threads = dumped_threads(dump)
+    current = next((t for t in threads if t.current), None)
+    if current is not None:
+        return list(current.frames)
+    found = thread_in_collective(dump)
+    if found is not None:
+        return list(found[0].frames)
+    users = [t for t in threads if any(not is_library_file(f[0]) for f in t.frames)]
+    return list(users[-1].frames) if users else []
 
 
 def native_crash_finding(rank: int, code: int, dump: str, when: float | None = None) -> Finding:
     """A rank killed by a fatal signal in native code, with the Python line that called into it."""
     sig = signal.Signals(-code)
     frames = crashing_frames(dump)
-    skip = not_user_code_dirs()
-    user = next((f for f in frames if not f[0].startswith(skip)), frames[0] if frames else None)
+    user = next((f for f in frames if not is_library_file(f[0])), frames[0] if frames else None)
     where = f" at {user[0]}:{user[1]} in {user[2]}" if user else " (no Python frame was recorded)"
+    inside = thread_in_collective(dump)
+    if inside is not None and user is not None and user in inside[0].frames:
+        where += (" (in a DDP model's backward: its gradient all_reduce)" if inside[1] == "backward"
+                  else f" (inside torch.distributed.{inside[1]})")
     stack = "\n".join(f"  {f}:{ln} in {fn}" for f, ln, fn in frames)
     return event_finding(
         failures.NATIVE_CRASH, f"rank {rank} crashed with {sig.name} ({NATIVE_SIGNALS[sig]}) in native "

@@ -21,6 +21,8 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
     `history_env`: the environment naming the history this report will be recorded in, for a
     job that ran here (`run`): its step time is then compared with the hosts' own past (DDP409)."""
     earlier = list(earlier)
+    if not ev.rank_branches:
+        ev.rank_branches = rank_branches_of(ev)
     value, problems = check_runner.run_rule("the job's verdict", job_findings, ev, earlier)
     if value is None:
         found, code = problems, exit_code_without_rules(ev)
@@ -45,6 +47,39 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
     if ev.interrupted is not None:
         rep = reportlib.mark_interrupted(rep, ev.interrupted.to_dict())
     return rep, code
+
+
+MAX_SITES = 64  # call sites whose source is read for rank-conditional branches: the distinct lines
+
+
+def rank_branches_of(ev: JobEvidence) -> dict[str, list[dict[str, Any]]]:
+    """The rank-conditional branches (facts/rank_branches.py) around the user's lines the ledgers
+    and the crash dumps name: the newest calls' lines first, at most MAX_SITES lines, each file
+    read bounded and never when it is not a regular file. {} when the sources are not here (a
+    post-mortem on another machine): the verdict then decides without them."""
+    from ddp_doctor.checks.collectives import entries_of, site_of
+    from ddp_doctor.checks.crash_ledgers import crash_site
+    from ddp_doctor.facts.rank_branches import rank_branches_of_file
+    sites: list[str] = []
+    for dump, _when in ev.crashes.values():
+        found = crash_site(dump) if isinstance(dump, str) else None
+        if found and found["site"]:
+            sites.append(str(found["site"]))
+    for ledger in ev.ledgers.values():
+        for entry in reversed(entries_of(ledger) if isinstance(ledger, dict) else []):
+            site = site_of(entry)
+            if site:
+                sites.append(site)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for site in dict.fromkeys(sites):
+        if len(out) >= MAX_SITES:
+            break
+        path, _, line = site.rpartition(":")
+        if not path or not line.isdigit():
+            continue
+        out[site] = [{"line": b.line, "condition": b.condition, "taken_when": b.taken_when, "reads": b.reads}
+                     for b in rank_branches_of_file(path, int(line))]
+    return out
 
 
 def step_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import signal
 from typing import Any
 
 from ddp_doctor.checks.causes import with_ledgers
-from ddp_doctor.checks.collectives import _pending, ledger_findings
+from ddp_doctor.checks.collectives import is_pending, ledger_findings
 from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.facts.own_env import OWN_ENV
 from ddp_doctor.report import build as reportlib
@@ -204,11 +204,11 @@ def test_entries_before_the_script_are_left_out(tmp_path):
 
 def test_pending_knows_nccls_completion_and_keeps_gloos():
     gloo = {"profiling_name": "gloo:all_reduce", "state": "scheduled"}
-    assert _pending({**gloo, "retired": False}) and not _pending({**gloo, "retired": True})
-    assert _pending({**gloo, "retired": True, "failed_here": True})
-    assert not _pending(nccl_entry(1, [[1]], "completed", retired=False))  # done, not yet retired
-    assert _pending(nccl_entry(1, [[1]], "scheduled")) and _pending(nccl_entry(1, [[1]], "started"))
-    assert not _pending(nccl_entry(1, [[1]], "scheduled", retired=True))  # retired: as gloo's
+    assert is_pending({**gloo, "retired": False}) and not is_pending({**gloo, "retired": True})
+    assert is_pending({**gloo, "retired": True, "failed_here": True})
+    assert not is_pending(nccl_entry(1, [[1]], "completed", retired=False))  # done, not yet retired
+    assert is_pending(nccl_entry(1, [[1]], "scheduled")) and is_pending(nccl_entry(1, [[1]], "started"))
+    assert not is_pending(nccl_entry(1, [[1]], "scheduled", retired=True))  # retired: as gloo's
 
 
 # ------------------------------------------------------------------------------------ alignment

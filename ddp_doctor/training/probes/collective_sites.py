@@ -20,14 +20,6 @@ from typing import Any, Callable
 
 from ddp_doctor.facts.frames import is_user_file
 
-# torch.distributed's collective entry points that scripts call (the object variants issue
-# several collectives inside one call: they all get the call's site).
-COLLECTIVES = (
-    "all_reduce", "all_reduce_coalesced", "broadcast", "barrier", "monitored_barrier", "reduce",
-    "all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather", "scatter",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-)
 MAX_CALLS = 2000  # the flight recorder's default buffer here: as many calls as entries kept
 
 _calls: collections.deque[list[Any]] = collections.deque(maxlen=MAX_CALLS)

@@ -11,6 +11,7 @@ import atexit
 import os
 import sys
 
+from ddp_doctor.facts.frames import COLLECTIVES
 from ddp_doctor.training.probes import (
     children,
     collective_sites,
@@ -111,7 +112,7 @@ def wrap_collectives() -> None:
     from torch.distributed import distributed_c10d as c10d
     if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"):
         collective_sites.enable_detail()
-    for name in collective_sites.COLLECTIVES:
+    for name in COLLECTIVES:
         fn = getattr(c10d, name, None)
         if fn is None:
             continue

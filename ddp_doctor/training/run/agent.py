@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir:  # under ddp-doctor's parent
         os.environ[AGENT_PID_ENV] = str(os.getpid())  # the workers inherit it
         hand_stops_to_parent(args, run_dir)
+        ask_before_stopping(run_dir)
     try:
         run(args)
     except (DistError, RendezvousError) as e:  # before any rank started: the nodes did not meet
@@ -112,6 +113,39 @@ def hand_stops_to_parent(args: Any, run_dir: str) -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_stop)
+
+
+PEERS_LEDGER_WAIT = 5.0  # seconds the launcher waits for the live ranks' ledgers before it stops them
+
+
+def ask_before_stopping(run_dir: str) -> None:
+    """When a rank fails, torch's launcher stops the others at once, and where they were then
+    (waiting in a collective, or elsewhere) is what tells cause from consequence. A rank that
+    raised asks its live peers for their ledgers itself before it exits (watched_rank.py); a rank
+    killed by a signal (a native abort inside a collective, SIGKILL) cannot: the launcher asks
+    for it, and waits at most PEERS_LEDGER_WAIT seconds for the live ranks that have not written
+    one, before it ends them (torch's process context ends the others as soon as one failed)."""
+    import time
+
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    from ddp_doctor.training.run import ledger
+    started = time.time()
+    close = SubprocessContext.close
+
+    def close_after_asking(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if getattr(self, "_failures", None) and getattr(self, "_running_local_ranks", None):
+                wanted = ledger.unanswered_ranks(run_dir, since=started)
+                if wanted:
+                    asked = time.time()
+                    ledger.request(run_dir, reason="peer failed")
+                    ledger.wait_for(run_dir, wanted, asked, PEERS_LEDGER_WAIT)
+        except Exception:  # noqa: BLE001 - the ranks are ended whatever the run directory holds
+            pass
+        return close(self, *args, **kwargs)
+
+    SubprocessContext.close = close_after_asking  # type: ignore[method-assign]
 
 
 def parent_ends(run_dir: str) -> None:

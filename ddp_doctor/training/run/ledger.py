@@ -166,6 +166,15 @@ def live_ranks(run_dir: str, but: int, since: float = 0.0) -> list[int]:
                   if r != but and r not in ended and not process_gone(hb.get("pid")))
 
 
+def unanswered_ranks(run_dir: str, since: float = 0.0) -> list[int]:
+    """Ranks of this job whose process lives and that wrote no ledger at `since` or later: the
+    ones to ask before the launcher stops them (a rank that wrote its ending may not have written
+    its ledger yet)."""
+    written = {r for r, d in records.read_ledgers(run_dir).items() if float(d.get("time") or 0) >= since}
+    return sorted(r for r, hb in _training_beats(run_dir, since).items()
+                  if r not in written and not process_gone(hb.get("pid")))
+
+
 def vanished_ranks(run_dir: str, but: int, since: float = 0.0) -> dict[int, dict[str, Any]]:
     """Ranks of this job whose process is gone without an ending: a heartbeat of this job in
     training, no outcome, and no live process with its pid (SIGKILL leaves nothing else). Their

@@ -202,7 +202,9 @@ class ProgressWatch:
                     and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
                 hang = ledger.request_reason(self.run_dir) == "hang"
-                self.write_ledger("hung" if hang else "running")
+                # a peer failed: a collective this rank is inside will not complete, even if the
+                # peer's exit makes it fail (torch then retires it) before this dump
+                self.write_ledger("hung" if hang else "running", failed_in_collective=not hang and self.in_collective)
                 if hang and self._across is not None and not self._across.done:
                     self._across.share(self.where, _stack_text(self._main))  # tell the other nodes
             elif (self.phase == "training" and self._across is not None and not self._across.done

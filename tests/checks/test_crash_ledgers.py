@@ -1,0 +1,185 @@
+"""A rank that crashed inside a collective (a native abort: gloo's "Received data size doesn't
+match ... collective mismatch?") leaves no ledger, only faulthandler's dump: what it issued is
+inferred from the dump and its peers' ledgers (ddp_doctor/checks/crash_ledgers.py) and judged with
+them (checks/collectives.py), and the source's rank-conditional branches decide what the ledgers
+cannot. The dumps are shaped as torch 2.13's gloo abort leaves them: no Python thread "current"."""
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from checks.test_collectives import ddp_construction, entry, ledger, steps
+
+from ddp_doctor.checks.collectives import ledger_findings
+from ddp_doctor.checks.crash_ledgers import crash_ledgers, crash_site
+from ddp_doctor.checks.job import JobEvidence, job_findings
+from ddp_doctor.checks.rank_endings import crashing_frames, native_crash_finding
+from ddp_doctor.facts.frames import collective_of_frame, dumped_threads, thread_in_collective
+
+LIB = "/usr/lib/python3.11/site-packages/torch"
+SCRIPT = "/work/job/train.py"
+
+
+def abort_dump(*inner: tuple[str, int, str], current: bool = False) -> str:
+    """faulthandler's text at a SIGABRT raised on a thread of gloo's own: the watchdog's Python
+    thread, then the main thread, `inner` its innermost frames (above the script's module frame)."""
+    main = [f'  File "{f}", line {ln} in {fn}' for f, ln, fn in inner]
+    main += ['  File "/usr/lib/python3.11/runpy.py", line 88 in _run_code']
+    header = "Current thread 0x00007f00d89f7b80" if current else "Thread 0x00007f00d89f7b80"
+    return "\n".join([
+        "Fatal Python error: Aborted", "",
+        "Thread 0x00007f00b8b296c0 (most recent call first):",
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait',
+        '  File "/opt/ddp_doctor/training/run/watchdog.py", line 260 in _tick', "",
+        f"{header} (most recent call first):", *main, "",
+        "Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)"])
+
+
+def in_all_reduce(line: int, op: str = "all_reduce") -> str:
+    return abort_dump((f"{LIB}/distributed/distributed_c10d.py", 3252, op),
+                      (f"{LIB}/distributed/c10d_logger.py", 83, "wrapper"),
+                      (f"{SCRIPT}", line, "<module>"))
+
+
+def in_backward(line: int) -> str:
+    return abort_dump((f"{LIB}/autograd/graph.py", 979, "_engine_run_backward"),
+                      (f"{LIB}/autograd/__init__.py", 395, "backward"),
+                      (f"{LIB}/_tensor.py", 623, "backward"),
+                      (f"{SCRIPT}", line, "<module>"))
+
+
+def at(line: int) -> str:
+    return f"{SCRIPT}:{line}"
+
+
+# ------------------------------------------------------------------------------ the dump
+
+def test_the_thread_inside_a_collective_is_found_when_no_thread_took_the_signal() -> None:
+    dump = in_all_reduce(11)
+    assert [t.current for t in dumped_threads(dump)] == [False, False]
+    thread, op, index = thread_in_collective(dump)
+    assert op == "all_reduce" and thread.frames[index][2] == "all_reduce"
+    assert crash_site(dump) == {"op": "all_reduce", "site": at(11), "function": "<module>"}
+    assert crashing_frames(dump)[-2] == (SCRIPT, 11, "<module>")  # the main thread, not the watchdog's
+
+
+def test_a_backward_is_a_ddp_gradient_all_reduce() -> None:
+    assert crash_site(in_backward(9)) == {"op": "backward", "site": at(9), "function": "<module>"}
+    assert collective_of_frame(f"{LIB}/autograd/graph.py", "_engine_run_backward") == "backward"
+    # a user's own file that happens to share a name is not torch's
+    assert collective_of_frame("/work/job/graph.py", "_engine_run_backward") is None
+    assert collective_of_frame("/work/job/distributed_c10d.py", "all_reduce") is None
+
+
+def test_no_collective_in_the_dump_infers_nothing() -> None:
+    dump = abort_dump((f"{SCRIPT}", 5, "<module>"))
+    assert crash_site(dump) is None
+    peer = ledger(1, ddp_construction() + [entry(4, "all_reduce", [[10]], failed_here=True)], "failed")
+    assert crash_ledgers({0: (dump, 1.0)}, {1: peer}) == {}
+
+
+def test_the_native_crash_says_where_and_inside_what() -> None:
+    f = native_crash_finding(0, -signal.SIGABRT, in_all_reduce(11), 2.0)
+    assert f"at {SCRIPT}:11 in <module> (inside torch.distributed.all_reduce)" in f.message
+    assert "no Python frame" not in f.message
+    f = native_crash_finding(0, -signal.SIGABRT, in_backward(9), 2.0)
+    assert "in a DDP model's backward" in f.message
+
+
+# ------------------------------------------------------------------------------ the verdict
+
+def crashed(rank: int, dump: str, peer: dict[str, Any], **kw: Any) -> tuple[list[Any], int]:
+    """The job's verdict when `rank` aborted with `dump` and its peer left `peer`."""
+    other = int(peer["rank"])
+    ev = JobEvidence(ranks=[0, 1], exits={rank: -signal.SIGABRT, other: 1},
+                     outcomes={other: {"exit_code": 1, "time": 3.0, "exception": {
+                         "type": "RuntimeError", "time": 3.0,
+                         "message": "[pair.cc:537] Read error [127.0.0.1]:5025: Connection reset by peer"}}},
+                     crashes={rank: (dump, 2.5)}, ledgers={other: peer}, **kw)
+    return job_findings(ev)
+
+
+def test_a_metric_all_reduce_only_rank_0_reaches_is_named_at_its_line() -> None:
+    """Rank 0 reduces a metric in `if rank == 0:` after its steps; rank 1's next backward pairs with
+    it and gloo aborts rank 0. Rank 1's ledger fails in its gradient all_reduce."""
+    peer = ledger(1, ddp_construction() + steps(4, 3) + [entry(7, "all_reduce", [[10]], failed_here=True)],
+                  "failed", steps=3, complete=True)
+    findings, code = crashed(0, in_all_reduce(11), peer)
+    cause = [f for f in findings if f.severity == "error" and f.caused_by is None]
+    assert [f.id for f in cause] == ["DDP893"] and cause[0].ranks == [0], findings
+    assert f"issued all_reduce (where it crashed) at {at(11)}" in cause[0].message
+    assert "a collective no other rank issued" in cause[0].message
+    assert "rank 1 issued all_reduce Float[10]" in cause[0].message
+    crash = next(f for f in findings if f.id == "DDP807")
+    assert crash.caused_by == "DDP893"  # gloo's abort answered the mismatch
+    assert code == 134
+
+
+def test_the_rank_that_skipped_a_routine_call_is_named_not_the_one_that_crashed() -> None:
+    """Every step both ranks run backward then a metric all_reduce at line 13; rank 0 skips the
+    metric on step 1 (a branch on its own data), so its next backward pairs with rank 1's metric.
+    Rank 1 aborts in the metric at line 13, a routine call; rank 0's backward came out of order."""
+    metric = dict(user_site=at(13))
+    history = ddp_construction() + [entry(4, "all_reduce", [[10]]), entry(5, "all_reduce", [[1]], **metric),
+                                    entry(6, "all_reduce", [[10]])]
+    peer = ledger(0, history + [entry(7, "all_reduce", [[10]], failed_here=True)], "failed", steps=2, complete=True)
+    findings, _ = crashed(1, in_all_reduce(13), peer)
+    cause = next(f for f in findings if f.severity == "error" and f.caused_by is None)
+    assert cause.id == "DDP893" and cause.ranks == [0], findings
+    assert "out of the order every rank had kept" in cause.message
+    assert f"rank 1 issued all_reduce (where it crashed) at {at(13)}" in cause.message
+
+
+def test_a_call_the_peer_completed_is_not_a_new_call() -> None:
+    """all_gather of tensors sized by each rank's data: rank 1 got what it expected and went on,
+    rank 0 aborted inside the same call (same line): the ledgers cannot say more than the crash,
+    and no rank is blamed for a call it never made."""
+    peer = ledger(1, [entry(1, "all_gather", [[4]], user_site=at(7))], "destroyed", steps=0, complete=True)
+    inferred = crash_ledgers({0: (in_all_reduce(7, "all_gather"), 2.5)}, {1: peer})
+    assert [e["collective_seq_id"] for e in inferred[0]["entries"]] == [1]  # the call rank 1 took part in
+    assert ledger_findings({1: peer, **inferred}) == []
+    findings, _ = crashed(0, in_all_reduce(7, "all_gather"), peer)
+    cause = next(f for f in findings if f.severity == "error" and f.caused_by is None)
+    assert cause.id == "DDP807" and "inside torch.distributed.all_gather" in cause.message
+
+
+def test_the_inferred_ledger_copies_what_the_peer_saw_complete() -> None:
+    peer = ledger(1, ddp_construction() + steps(4, 2) + [entry(6, "all_reduce", [[10]], failed_here=True)],
+                  "failed", complete=True)
+    inferred = crash_ledgers({0: (in_all_reduce(11), 2.5)}, {1: peer})[0]
+    seqs = [(e["collective_seq_id"], e.get("failed_here", False)) for e in inferred["entries"]]
+    assert seqs == [(1, False), (2, False), (3, False), (4, False), (5, False), (6, True)]
+    assert inferred["source"] == "crash_dump" and inferred["where"] == f"{at(11)} in <module>"
+    assert all(e["inferred"] == "crash_dump" for e in inferred["entries"])
+    # a rank that left a ledger of its own keeps it
+    assert crash_ledgers({1: (in_all_reduce(11), 2.5)}, {1: peer}) == {}
+
+
+# ------------------------------------------------------------------------------ the source decides
+
+def test_a_first_call_inside_a_rank_branch_is_the_rank_that_went_its_own_way() -> None:
+    """No history: rank 0's all_reduce and rank 1's barrier are both first calls; the source shows
+    rank 0's inside `if dist.get_rank() == 0:` and rank 1's outside any rank branch."""
+    branch = {at(7): [{"line": 6, "condition": "dist.get_rank() == 0", "taken_when": "true", "reads": "get_rank()"}],
+              at(8): []}
+    leds = {0: ledger(0, [entry(1, "all_reduce", [[2]], retired=False, user_site=at(7))], "hung"),
+            1: ledger(1, [entry(1, "barrier", retired=False, user_site=at(8))], "hung")}
+    [f] = ledger_findings(leds, branches=branch)
+    assert f.id == "DDP893" and f.ranks == [0], f.message
+    assert "in a branch that reads the rank (`dist.get_rank() == 0` true there, line 6)" in f.message
+    assert "which the other ranks did not enter" in f.message
+    assert f.evidence["decided_by"] == "rank_branch"
+    assert f.evidence["ranks"]["0"]["rank_branches"][0]["condition"] == "dist.get_rank() == 0"
+    # without the source, the ledgers alone cannot tell
+    [g] = ledger_findings(leds)
+    assert g.id == "DDP890" and g.ranks == [0, 1] and "cannot be told" in g.message
+
+
+def test_both_calls_in_rank_branches_stay_undecided() -> None:
+    branch = {at(7): [{"line": 6, "condition": "rank == 0", "taken_when": "true", "reads": "rank"}],
+              at(9): [{"line": 6, "condition": "rank == 0", "taken_when": "false", "reads": "rank"}]}
+    leds = {0: ledger(0, [entry(1, "all_reduce", [[2]], retired=False, user_site=at(7))], "hung"),
+            1: ledger(1, [entry(1, "barrier", retired=False, user_site=at(9))], "hung")}
+    [f] = ledger_findings(leds, branches=branch)
+    assert f.id == "DDP890" and f.ranks == [0, 1]
+    assert "`rank == 0` true there" in f.message and "`rank == 0` false there" in f.message
