@@ -462,7 +462,8 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
         done = "" if decided_by == "rank_branch" else ", as every rank had before"
         message = (f"{_who(odd)} went its own way at call #{n} of {label}: issued {what}"
                    f"{_in_branch(present[odd[0]], branches)}, {why}; "
-                   f"{_who(others)} issued {_describe(present[others[0]])}{done}"
+                   f"{_who(others)} issued {_describe(present[others[0]])}"
+                   f"{_in_branch(present[others[0]], branches)}{done}"
                    + _steps_text([by_rank[r] for r in sorted(present)]))
         return event_finding(OWN_WAY, message, rank=None, ranks=odd, evidence=evidence, phase="training")
     parts = []

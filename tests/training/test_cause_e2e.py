@@ -28,6 +28,8 @@ RUNS = {
     "barrier_in_block": ("barrier_in_rank0_block.py", ["--hang-timeout", "6"]),
     "extra_eval": ("rank0_evaluates_after_training.py", []),
     "nan_break": ("leaves_loop_on_nan.py", ["--hang-timeout", "6"]),
+    "metric_abort": ("metric_in_rank0_block.py", []),
+    "skipped_abort": ("metric_skipped_on_one_rank.py", []),
 }
 
 
@@ -125,11 +127,42 @@ def test_a_collective_on_one_rank_only_is_a_mismatch_not_just_a_hang(runs):
     res, rep = ran(runs, "rank0_only")
     assert res.rc == 124, res.output
     cause = rep["root_cause"]
-    assert cause["id"] == "DDP890", rep["findings"]
+    # the ledgers alone cannot tell (both calls are the job's first); the source can: rank 0's
+    # all_reduce is inside `if dist.get_rank() == 0:`, rank 1's barrier in no rank branch
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
     assert line_of("rank0_only_allreduce.py", "dist.all_reduce(") in cause["message"]
-    assert "rank 0 all_reduce Float[2]" in cause["message"] and "rank 1 barrier" in cause["message"]
+    assert "issued all_reduce Float[2]" in cause["message"] and "rank 1 issued barrier" in cause["message"]
+    assert "(`dist.get_rank() == 0` true there, line 6)" in cause["message"]
+    assert cause["evidence"]["decided_by"] == "rank_branch"
     hang = [f for f in rep["findings"] if f["id"] == "DDP801"]
     assert hang and hang[0]["evidence"].get("consequence")
+
+
+def test_a_metric_reduced_on_rank_0_only_that_makes_gloo_abort_is_named_at_its_line(runs):
+    """gloo aborts rank 0 (SIGABRT, no Python exception) inside its rank-0-only all_reduce: the
+    verdict is the ledgers' (what rank 0 issued inferred from its crash dump), not "a crash"."""
+    res, rep = ran(runs, "metric_abort")
+    assert res.rc != 0, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
+    assert "issued all_reduce (where it crashed) at " in cause["message"]
+    assert line_of("metric_in_rank0_block.py", "dist.all_reduce(accuracy)") in cause["message"]
+    assert "`dist.get_rank() == 0` true there" in cause["message"]
+    crash = [f for f in rep["findings"] if f["id"] == "DDP807"]
+    assert crash and all(f.get("caused_by") == "DDP893" for f in crash), rep["findings"]
+    assert "no Python frame" not in str(rep["findings"])
+
+
+def test_a_rank_that_skipped_a_routine_metric_is_named_not_the_rank_gloo_aborted(runs):
+    res, rep = ran(runs, "skipped_abort")
+    assert res.rc != 0, res.output
+    cause = rep["root_cause"]
+    # rank 1 aborted inside its logging all_reduce, the routine call; rank 0's gradient all_reduce
+    # came where every rank had issued the logging one
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
+    assert "out of the order every rank had kept" in cause["message"]
+    assert line_of("metric_skipped_on_one_rank.py", "dist.all_reduce(logged)") in cause["message"]
+    assert "`step % 2 == 0 or rank == 1` true there" in cause["message"]
 
 
 def test_a_rank_written_by_hand_is_reported_at_once(runs):
