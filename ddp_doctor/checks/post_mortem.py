@@ -43,7 +43,8 @@ NO_FAILURE_FOUND = declare(
     failed rank.
     Why: A job whose logs show no failure either succeeded or failed where its logs do not reach
     (the logs were cut before the end, a node's output is missing); a post-mortem cannot tell
-    which, so it says so instead of "pass".
+    which, so it says so instead of "pass". Inputs of which nothing could be read at all (binary
+    data, a file of NUL bytes, a refused dump: DDP951 names each) are no evidence either: the same.
     Fix: If the job failed, add the artifacts that show it: every rank's output to the end, the
     launcher's own output (torchrun's summary), the error files, the flight-recorder dumps.
     """)
@@ -127,6 +128,15 @@ def no_failure_finding(ranks: list[int], files: int) -> Finding:
         f"{len(ranks)} rank(s){' (' + format_ranks(ranks) + ')' if ranks else ''}: no error, crash or kill, "
         f"and no launcher summary of a failed rank; whether the job ended well the artifacts cannot say",
         rank=None, ranks=ranks, phase="training", evidence={"ranks": ranks, "files": files})
+
+
+def nothing_read_finding(skipped: int) -> Finding:
+    """No input could be read as anything analyze reads: DDP952, never a pass."""
+    return event_finding(
+        NO_FAILURE_FOUND, f"nothing among the inputs ({skipped} skipped) could be read as a rank's log, a "
+        f"launcher's output, a torchelastic error file or a flight-recorder dump (DDP951 says why each was "
+        f"skipped): there is no evidence to judge, so whether the job ended well cannot be said",
+        rank=None, phase="training", evidence={"ranks": [], "files": 0, "skipped": skipped})
 
 
 def still_running_finding(rank: int, last_line: str | None, time: float | None) -> Finding:

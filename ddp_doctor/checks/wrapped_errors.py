@@ -191,7 +191,8 @@ def error_file_text(data: Any) -> str:
         return str(data)
     msg = data.get("message")
     if isinstance(msg, dict):
-        stack = (msg.get("extraInfo") or {}).get("py_callstack")
+        extra = msg.get("extraInfo")
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None  # any JSON: a list, a number
         return str(stack if stack else msg.get("message") or "")
     return str(msg or "")
 

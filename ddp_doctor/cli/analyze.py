@@ -43,6 +43,10 @@ def command(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if p != "-" and not os.path.exists(p)]
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    odd = [f"{p} is {kind}" for p in args.paths if p != "-" and (kind := _not_file_or_dir(p))]
+    if odd:  # read, it would never end (a device) or wait for a writer (a FIFO): - reads a stream
+        raise UsageError(f"{'; '.join(odd)}, not a regular file or a directory: analyze reads "
+                         "files and directories (- for stdin)")
     if args.paths.count("-") > 1:
         raise UsageError("stdin (-) can be read once")
     if args.sagemaker_job:
@@ -61,6 +65,16 @@ def command(args: argparse.Namespace) -> int:
             from ddp_doctor.report.publish import warn
             warn(err)
     return reportlib.exit_code(rep)
+
+
+def _not_file_or_dir(path: str) -> str | None:
+    """What a path given explicitly is when analyze cannot read it (a FIFO, a device, a socket)."""
+    from ddp_doctor.facts.env_values import not_regular
+    try:
+        kind = not_regular(path)
+    except OSError:
+        return None  # gone since it was seen: the read names it
+    return None if kind == "a directory" else kind
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any] | None:

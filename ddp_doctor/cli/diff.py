@@ -38,13 +38,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def read_report(path: str) -> dict[str, Any]:
     """A ddp-doctor report from `path`; UsageError, one line naming the file, for anything else."""
+    from ddp_doctor.facts.env_values import NotRegularFile, read_bytes
     from ddp_doctor.postmortem.run_diff import report_problem
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_REPORT_BYTES + 1)
+        data = read_bytes(path, MAX_REPORT_BYTES)  # a regular file only: a FIFO or a device is never opened
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}")
-    if len(data) > MAX_REPORT_BYTES:
+    except NotRegularFile as e:
+        raise UsageError(f"cannot read {path}: it is {e} (diff reads two report files)")
+    except ValueError:
         raise UsageError(f"{path}: not a ddp-doctor report (over {MAX_REPORT_BYTES >> 20} MiB)")
     try:
         report = json.loads(data.decode("utf-8-sig"))

@@ -1,6 +1,9 @@
 """`ddp-doctor history`: the runs the local history holds (ddp_doctor/history/store.py), for a host
 or an instance type, as a table (a figure per column), as JSON, or as a plot of each figure per
-run. Exit status: 0, 2 for a usage error (no such history file, a figure it never held)."""
+run. Exit status: 0, 2 for a usage error (no such history file, a path that is not a regular file,
+a figure it never held), 1 for a file that is no history that can be read (corrupted, truncated,
+another file, locked): one line naming it and what to do. Rows that are not records are skipped
+and counted, in a line on stderr (and `skipped_rows` in --json)."""
 from __future__ import annotations
 
 import argparse
@@ -49,17 +52,35 @@ def _step_time(recs: list[Any]) -> list[str]:
 
 def command(args: argparse.Namespace) -> int:
     import os
+    import shlex
 
+    from ddp_doctor.exit_codes import EXIT_INTERNAL
+    from ddp_doctor.facts.env_values import not_regular
     from ddp_doctor.history.opened import open_history
-    from ddp_doctor.history.store import default_path
+    from ddp_doctor.history.store import History, HistoryUnreadable, default_path
     path = args.history or default_path()
     if path is None:
         raise UsageError("the history is off (DDP_DOCTOR_HISTORY=off): give --history PATH")
     if not path.startswith("s3://") and not os.path.exists(path):
         raise UsageError(f"no history at {path} (a preflight or run writes it)")
+    if not path.startswith("s3://") and (kind := not_regular(path)) is not None:
+        raise UsageError(f"{path} is {kind}, not a regular file: --history names the history's SQLite file")
     if args.last < 1:
         raise UsageError("--last takes a positive number")
-    recs = open_history(path).records(host=args.host, instance_type=args.instance_type, limit=args.last)
+    history = open_history(path)
+    skipped = 0
+    if isinstance(history, History):
+        try:
+            recs, skipped = history.read(host=args.host, instance_type=args.instance_type, limit=args.last)
+        except (HistoryUnreadable, FileNotFoundError) as e:
+            aside = f"mv {shlex.quote(path)} {shlex.quote(path + '.bad')}"
+            sys.stderr.write(f"ddp-doctor history: error: the history {e}; move it aside ({aside}): "
+                             f"the next preflight or run starts a new one\n")
+            return EXIT_INTERNAL
+    else:
+        recs = history.records(host=args.host, instance_type=args.instance_type, limit=args.last)
+    if skipped:
+        sys.stderr.write(f"ddp-doctor history: {skipped} unreadable row(s) skipped in {path}\n")
     held = sorted({name for r in recs for name in r.figures})
     if args.figure == ["list"]:
         print("\n".join(held))
@@ -69,7 +90,8 @@ def command(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"no record holds {', '.join(unknown)} (`--figure list` lists the figures)")
     if args.json:
-        json.dump({"history": path, "records": [r.to_dict() for r in recs]}, sys.stdout, indent=2)
+        json.dump({"history": path, "records": [r.to_dict() for r in recs], "skipped_rows": skipped}, sys.stdout,
+                  indent=2)
         sys.stdout.write("\n")
     else:
         print(_table(recs, figures, path))

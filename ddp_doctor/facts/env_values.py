@@ -7,13 +7,21 @@ decoder recurses once per level: 60,000 brackets are a RecursionError, not a par
 read_text_file decodes a file by its byte-order mark (UTF-8 with or without one, UTF-16 and UTF-32
 with one: what Windows PowerShell writes) within a size bound. Both fail with ValueError and a
 one-line reason, never anything else.
+
+And the one test of a path a user names as a file: not_regular says what a path is when it is not
+a regular file ("a FIFO", "a directory", "a character device", ...), from os.stat alone (a FIFO is
+never opened to find out: opening one for reading waits for a writer, reading a device never
+ends); open_regular opens a regular file only (O_NONBLOCK, and fstat again on what was opened, so
+a path swapped for a FIFO in between does not block either), NotRegularFile otherwise.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from itertools import accumulate
-from typing import Any, Mapping
+from typing import IO, Any, Mapping
 
 # Far deeper than anything SageMaker, the SDK or an estimator writes (SM_TRAINING_ENV nests about
 # 5 levels), far shallower than the interpreter's recursion limit in any thread.
@@ -86,15 +94,67 @@ def decode_text(data: bytes) -> str:
         raise ValueError(f"not valid {name} text (byte {e.start + len(bom)}: {e.reason}); save it as UTF-8") from None
 
 
-def read_text_file(path: str, max_bytes: int = MAX_JSON_BYTES) -> str:
-    """A user's text file, decoded by decode_text and read no further than `max_bytes` + 1 bytes.
-    OSError when it cannot be opened or read; ValueError (one line) when it is larger than
-    `max_bytes` or does not decode."""
-    with open(path, "rb") as f:
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str | None:
+    """None for a regular file's st_mode, else what the file is, in a phrase that follows "X is"."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def not_regular(path: str) -> str | None:
+    """None when `path` is a regular file (links followed), else what it is ("a FIFO", "a
+    directory", "a character device", "a block device", "a socket"). Never opens it. OSError when
+    it cannot be stat'ed (missing, a dangling link, no permission)."""
+    return kind_of(os.stat(path).st_mode)
+
+
+class NotRegularFile(ValueError):
+    """A path named as a file is something else; str() is a phrase that follows "X is"."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"{kind}, not a regular file")
+        self.kind = kind
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """`path` opened for reading in binary, when it is a regular file. NotRegularFile (a
+    ValueError) naming what it is otherwise, found by os.stat before any open (a FIFO or a device
+    is never opened); OSError when it cannot be opened."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise NotRegularFile(kind)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)  # what was opened: the path may have changed since the stat
+        if kind is not None:
+            raise NotRegularFile(kind)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:  # cleans up the descriptor, and re-raises
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str, max_bytes: int) -> bytes:
+    """A regular file's bytes, no more than `max_bytes`: OSError when it cannot be opened or read;
+    ValueError (one line, a phrase that follows "X is") when it is not a regular file
+    (NotRegularFile) or is larger than `max_bytes`."""
+    with open_regular(path) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"larger than {max_bytes} bytes")
-    return decode_text(data)
+    return data
+
+
+def read_text_file(path: str, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """A user's text file, decoded by decode_text and read no further than `max_bytes` + 1 bytes.
+    OSError when it cannot be opened or read; ValueError (one line) when it is not a regular file,
+    is larger than `max_bytes` or does not decode."""
+    return decode_text(read_bytes(path, max_bytes))
 
 
 class Invalid:

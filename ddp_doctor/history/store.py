@@ -1,5 +1,5 @@
-"""The local history of runs (issue 22): one SQLite file per machine, appended to by every
-preflight and run, read to compare a host with its own past.
+"""The local history of runs: one SQLite file per machine, appended to by every preflight and
+run, read to compare a host with its own past.
 
 A record is one host's view of one job: when, which job, the host, its instance type and GPUs,
 the world's layout, the versions, the job's status, and its figures (name -> value: the busbw
@@ -12,10 +12,16 @@ timeout, and a bounded retry on "database is locked"; the file keeps at most MAX
 oldest pruned). Nothing here raises to a caller that writes: a history that cannot be written is a
 line of text, never a broken job. The schema is versioned (`meta.schema_version`); a file written
 by a newer schema is read as far as it can be and never altered.
+
+Reading is total: History.read names a file that is no history (not a regular file, not SQLite,
+corrupted or truncated, locked past the busy timeout) in HistoryUnreadable, and skips and counts
+each row that is not a record as written (a figure that is not JSON, a NULL time, text for a world
+size); records(), which the checks use, reads the same and never raises.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -107,6 +113,14 @@ def choose(path: str | None, off: bool, env: Any = None) -> None:
         env[HISTORY_ENV] = path if path.startswith("s3://") else os.path.abspath(path)
 
 
+class HistoryUnreadable(Exception):
+    """The history file cannot be read as one: `why` is a phrase that follows its path."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path} {why}")
+        self.path, self.why = path, why
+
+
 class History:
     """The history file at `path` (made on first write, with its directory, private)."""
 
@@ -170,11 +184,33 @@ class History:
             except (OSError, sqlite3.Error, ValueError) as e:
                 last = e
                 break
-        return f"the history {self.path} could not be written: {type(last).__name__}: {last}"
+        hint = "" if isinstance(last, sqlite3.OperationalError) or not isinstance(last, sqlite3.DatabaseError) else \
+            " (a corrupted file: move it aside and the next run starts a new one)"
+        return f"the history {self.path} could not be written: {type(last).__name__}: {last}{hint}"
 
     def records(self, *, host: str | None = None, instance_type: str | None = None,
                 limit: int = 1000) -> list[RunRecord]:
-        """The newest records (of a host, of an instance type), oldest first; [] when none."""
+        """The newest records (of a host, of an instance type), oldest first; [] when none or when
+        the file cannot be read (rows that are not records are left out). Never raises."""
+        try:
+            return self.read(host=host, instance_type=instance_type, limit=limit)[0]
+        except (HistoryUnreadable, FileNotFoundError):
+            return []
+
+    def read(self, *, host: str | None = None, instance_type: str | None = None,
+             limit: int = 1000) -> tuple[list[RunRecord], int]:
+        """(the newest records, oldest first; how many rows among the newest `limit` were not
+        records and were skipped). FileNotFoundError when there is no file; HistoryUnreadable when
+        the file is not a history that can be read."""
+        from ddp_doctor.facts.env_values import not_regular
+        try:
+            kind = not_regular(self.path)  # a FIFO or a device is never handed to SQLite
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise HistoryUnreadable(self.path, f"cannot be read: {e.strerror or e}") from None
+        if kind is not None:
+            raise HistoryUnreadable(self.path, f"is {kind}, not a regular file")
         where, args = [], []
         if host:
             where.append("host = ?")
@@ -188,9 +224,28 @@ class History:
             with _closing(self._connect(write=False)) as conn:
                 conn.row_factory = sqlite3.Row
                 rows = conn.execute(sql, (*args, int(limit))).fetchall()
-        except (OSError, sqlite3.Error):
-            return []
-        return [_record(row) for row in reversed(rows)]
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise HistoryUnreadable(self.path, f"cannot be read: {e.strerror or e}") from None
+        except sqlite3.Error as e:
+            raise HistoryUnreadable(self.path, self._unreadable(e)) from None
+        out = []
+        for row in reversed(rows):
+            try:
+                out.append(_record(row))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out, len(rows) - len(out)
+
+    def _unreadable(self, e: sqlite3.Error) -> str:
+        """Why the file cannot be read, from SQLite's error."""
+        text = str(e)
+        if "locked" in text or "busy" in text:
+            return f"is locked by another writer (waited {BUSY_S:g} s): try again"
+        if "no such table" in text:
+            return "is an SQLite file without ddp-doctor's history in it (no runs table)"
+        return f"is not a history ddp-doctor can read (SQLite: {text}): it is corrupted, truncated or another file"
 
     def count(self) -> int:
         try:
@@ -218,16 +273,39 @@ def _row(r: RunRecord) -> tuple[Any, ...]:
 
 
 def _record(row: sqlite3.Row) -> RunRecord:
-    def loads(text: Any, default: Any) -> Any:
-        try:
-            value = json.loads(text)
-            return value if isinstance(value, type(default)) else default
-        except (TypeError, ValueError):
-            return default
-    return RunRecord(time=float(row["time"]), kind=row["kind"], host=row["host"], job=row["job"],
-                     instance_type=row["instance_type"], gpus=loads(row["gpus"], []), world_size=row["world_size"],
-                     nnodes=row["nnodes"], nproc_per_node=row["nproc_per_node"], backend=row["backend"],
-                     versions=loads(row["versions"], {}), status=row["status"], figures=loads(row["figures"], {}))
+    """A row as the record _row wrote; ValueError (TypeError, KeyError) for a row that is not one:
+    a column of another type, JSON that does not parse or holds other types, a NULL time."""
+    from ddp_doctor.facts.env_values import bounded_json
+
+    def loads(name: str, kind: type, item: Any) -> Any:
+        text = row[name]
+        value = bounded_json(text) if isinstance(text, str) else None
+        if not isinstance(value, kind) or not all(item(v) for v in (value.values() if kind is dict else value)):
+            raise ValueError(f"{name} is not a JSON {kind.__name__} as written")
+        return value
+
+    def text(name: str, required: bool = False) -> Any:
+        value = row[name]
+        if not (isinstance(value, str) or (value is None and not required)):
+            raise ValueError(f"{name} is not text")
+        return value
+
+    def count(name: str) -> int | None:
+        value = row[name]
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{name} is not a whole number")
+        return value
+
+    when = row["time"]
+    if not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise ValueError("time is not a number")
+    figures = loads("figures", dict, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+    return RunRecord(time=float(when), kind=text("kind", True), host=text("host", True), job=text("job"),
+                     instance_type=text("instance_type"), gpus=loads("gpus", list, lambda v: isinstance(v, str)),
+                     world_size=count("world_size"), nnodes=count("nnodes"), nproc_per_node=count("nproc_per_node"),
+                     backend=text("backend"), status=text("status"),
+                     versions=loads("versions", dict, lambda v: v is None or isinstance(v, str)),
+                     figures={str(k): float(v) for k, v in figures.items()})
 
 
 def record_from_dict(d: Any) -> RunRecord | None:

@@ -284,6 +284,8 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
                                                                when(r, text.last_seq)))
     elif ranks or art.read:
         found.append(post_mortem.no_failure_finding(ranks, len(art.read)))
+    else:  # nothing could be read: a report that passed would judge no evidence at all
+        found.append(post_mortem.nothing_read_finding(len(art.skipped)))
     if art.skipped:
         found.append(post_mortem.unread_input_finding(art.skipped))
     if art.jobs_left and art.job is not None:

@@ -8,7 +8,13 @@ line by line (a log of any size in bounded memory), and sorted into what it is:
 - text: each line's rank prefix says whose it is (postmortem/log_lines.py); a line without one is
   the rank's whose file it is (torchrun's `attempt_N/<local rank>/stdout.log|stderr.log`, a file
   named `rank3.log`), else the launcher's (a console);
-- anything else (binary, unreadable): skipped, and said so.
+- anything else (binary, unreadable, a torchelastic error file that is cut or holds other types than
+  torch writes): skipped, and said so (DDP951).
+
+Regular files only: what a walk finds that is not one (a FIFO, a device, a socket) is skipped and
+said so, never opened (facts/env_values.not_regular: os.stat alone); stdin ("-") is the one stream
+read. Every read is bounded: the first SNIFF bytes tell what a file is, an error file is read up to
+MAX_JSON_BYTES, a log of any size in bounded memory (a large one by postmortem/large_text.py).
 """
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ import re
 import sys
 from typing import IO, Iterable, Iterator
 
+from ddp_doctor.facts.env_values import NotRegularFile, not_regular, open_regular
 from ddp_doctor.postmortem.artifacts import LOOSE, Artifacts, Source, feed
+from ddp_doctor.postmortem.large_text import LINE_BYTES, lines
 from ddp_doctor.postmortem.launcher_text import read_error_file
 from ddp_doctor.postmortem.log_lines import has_rank_prefix, srun_labelled
 from ddp_doctor.postmortem.rank_text import RankText
@@ -30,6 +38,8 @@ _TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d+)[/
 _RANK_NAME = re.compile(r"(?:^|[^A-Za-z0-9])rank[_-]?(?P<n>\d{1,7})(?:[^0-9]|$)", re.I)
 # SageMaker's hosts are algo-1, algo-2, ...: a host's stream saved as algo-2.log is that host's
 _HOST_NAME = re.compile(r"(?P<host>algo-\d+)(?:[-_.][\w.-]*)?\.(?:log|txt)")
+# torchelastic's error file starts {"message": {  (a UTF-8 byte-order mark allowed)
+_ERROR_FILE_START = re.compile(rb'^(?:\xef\xbb\xbf)?\s*\{\s*"message"\s*:\s*\{')
 _DUMP_NAME = re.compile(r"(?P<n>\d{1,7})(?:\.json|\.pkl|\.pickle)?$")
 
 
@@ -98,12 +108,18 @@ def _node_of(tree: re.Match[str]) -> str:
     return tree.string[: tree.start("node") + len(tree.group("node"))]
 
 
-def walk(paths: Iterable[str]) -> Iterator[str]:
-    """Files under each path, in a stable order ("-" is stdin)."""
+def walk(paths: Iterable[str], skipped: list[tuple[str, str]] | None = None) -> Iterator[str]:
+    """The regular files under each path, in a stable order ("-" is stdin). What is not a regular
+    file (a FIFO, a device, a socket) or cannot be stat'ed is never opened: it goes to `skipped`
+    with what it is."""
     count = 0
     for p in paths:
-        if p == "-" or not os.path.isdir(p):
+        if p == "-":
             yield p
+            continue
+        if not os.path.isdir(p):
+            if _regular(p, skipped):
+                yield p
             continue
         for root, dirs, files in os.walk(p):
             dirs.sort()
@@ -111,12 +127,28 @@ def walk(paths: Iterable[str]) -> Iterator[str]:
                 count += 1
                 if count > MAX_FILES:
                     return
-                yield os.path.join(root, name)
+                path = os.path.join(root, name)
+                if _regular(path, skipped):
+                    yield path
+
+
+def _regular(path: str, skipped: list[tuple[str, str]] | None) -> bool:
+    try:
+        kind = not_regular(path)
+    except OSError as e:  # a dangling link, no permission, gone since the walk saw it
+        why = f"unreadable: {e.strerror or e}"
+    else:
+        if kind is None:
+            return True
+        why = f"{kind}, not a regular file: not opened"
+    if skipped is not None:
+        skipped.append((path, why))
+    return False
 
 
 def read_all(paths: Iterable[str]) -> Artifacts:
     art = Artifacts()
-    files = list(walk(paths))
+    files = list(walk(paths, art.skipped))
     if len(files) >= MAX_FILES:
         art.skipped.append(("(the walk)", f"stopped after {MAX_FILES} files"))
     for path in one_console_job(art, one_job(art, files)):
@@ -130,7 +162,7 @@ def read_one(art: Artifacts, path: str) -> None:
         _read_text(art, "<stdin>", sys.stdin.buffer, kind="console")
         return
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(SNIFF)
             art.mtimes[path] = os.fstat(f.fileno()).st_mtime
             tree = _TREE.search(path)
@@ -138,7 +170,7 @@ def read_one(art: Artifacts, path: str) -> None:
                 _read_dump(art, path)
                 return
             if head.lstrip()[:1] == b"{" and b'"message"' in head:
-                if _read_error_file(art, path, tree):
+                if _read_error_file(art, path, tree, head):
                     return
             if b"\x00" in head:
                 art.skipped.append((path, "binary, not a log, an error file or a flight-recorder dump"))
@@ -146,6 +178,8 @@ def read_one(art: Artifacts, path: str) -> None:
             f.seek(0)
             kind = "local" if tree else "rank" if _RANK_NAME.search(os.path.basename(path)) else "console"
             _read_text(art, path, f, kind=kind, tree=tree, size=os.fstat(f.fileno()).st_size)
+    except NotRegularFile as e:
+        art.skipped.append((path, f"{e}: not opened"))
     except OSError as e:
         art.skipped.append((path, f"unreadable: {e.strerror or e}"))
 
@@ -163,19 +197,45 @@ def _read_dump(art: Artifacts, path: str) -> None:
         art.read.append(path)
 
 
-def _read_error_file(art: Artifacts, path: str, tree: re.Match[str] | None) -> bool:
-    from ddp_doctor.facts.env_values import bounded_json
+def _read_error_file(art: Artifacts, path: str, tree: re.Match[str] | None, head: bytes) -> bool:
+    """Whether `path` was taken as torchelastic's error file: read, or skipped (said so) when it is
+    one by its start ({"message": {...) but cut, too large, or holding other types than torch
+    writes. A file of JSON lines that merely starts so is text (False)."""
+    from ddp_doctor.facts.env_values import bounded_json, read_text_file
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            data = bounded_json(f.read(1 << 20))
-    except (OSError, ValueError):
-        return False
-    ef = read_error_file(path, data)
+        data = bounded_json(read_text_file(path))
+    except OSError as e:
+        art.skipped.append((path, f"unreadable: {e.strerror or e}"))
+        return True
+    except ValueError as e:
+        if not _ERROR_FILE_START.match(head) or _json_lines(head):
+            return False
+        art.skipped.append((path, f"a torchelastic error file that could not be read: it is {e}"))
+        return True
+    try:
+        ef = read_error_file(path, data)
+    except ValueError as e:
+        art.skipped.append((path, f"a torchelastic error file that could not be read: {e}"))
+        return True
     if ef is None:
         return False
     key: object = (_node(path, tree), int(tree.group("local"))) if tree else path
     art.error_files[key] = ef
     art.read.append(path)
+    return True
+
+
+def _json_lines(head: bytes) -> bool:
+    """Whether a file's first bytes are JSON lines (a structured log): a first line that is a whole
+    JSON value, and more after it. torch writes its error file as one JSON document."""
+    from ddp_doctor.facts.env_values import bounded_json
+    first, newline, rest = head.partition(b"\n")
+    if not newline or not rest.strip():
+        return False
+    try:
+        bounded_json(first.decode("utf-8", errors="replace"))
+    except ValueError:
+        return False
     return True
 
 
@@ -189,7 +249,9 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
     src = Source(path=path, node=_node(path, tree) if tree else path, kind=kind,
                  own_local=int(tree.group("local")) if tree else None)
     sample = []  # srun's labels, and whether lines carry ranks, are known from a file's first lines
-    while len(sample) < 50 and (raw := f.readline()):
+    # a file up to SMALL_FILE is bounded by its size; stdin and a large file by LINE_BYTES a line
+    line_bytes = -1 if size is not None and size <= SMALL_FILE else LINE_BYTES
+    while len(sample) < 50 and (raw := f.readline(line_bytes)):
         sample.append(raw.decode("utf-8", errors="replace"))
     src.labelled = srun_labelled(sample)
     named_host = _HOST_NAME.fullmatch(os.path.basename(path))
@@ -210,7 +272,7 @@ def _read_text(art: Artifacts, path: str, f: IO[bytes], *, kind: str, tree: re.M
         for text in sample:
             art.seq += 1
             feed(art, src, text, art.seq)
-        for raw in f:
+        for raw in (f if line_bytes < 0 else lines(f)):
             art.seq += 1
             feed(art, src, raw.decode("utf-8", errors="replace"), art.seq)
         for t in src.texts.values():

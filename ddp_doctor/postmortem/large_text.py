@@ -18,12 +18,14 @@ last lines. So a large file is read in three ways:
   starts): the ending itself, read by the same RankText as a small file, which also sees whether
   the training went on after it.
 
-Memory stays bounded by the head, the tail and the windows, whatever the size of the file (the
-mapped file is the page cache's, not the process's).
+Memory stays bounded by the head, the tail and the windows, whatever the size of the file: the
+mapped file is searched SCAN_WINDOW bytes at a time, each window's pages given back once searched
+(madvise), a line is read up to LINE_BYTES (a longer one is read as pieces, a file without a line
+end is no different), and a line's start and end are looked for no further than LINE_BYTES away.
 """
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any, Iterator
 
 from ddp_doctor.postmortem.artifacts import LOOSE, MAX_NCCL_LINES, Artifacts, Source, feed, note_nccl_line, route
 from ddp_doctor.postmortem.nccl_lines import MARKERS as NCCL_MARKERS
@@ -43,6 +45,47 @@ _MARKERS = ((HEADER.encode(), "traceback"), (b"Fatal Python error:", "fatal"),
             (b"terminate called after throwing", "terminate"),
             *((m.encode(), "watchdog") for m in NCCL_MARKERS))
 _SUMMARY = b"Failures:"
+LINE_BYTES = 64 << 10  # a line longer than this is read as pieces of this size
+SCAN_WINDOW = 64 << 20  # bytes of the mapped file searched at once, then given back
+
+
+def _find_all(mm: Any, marker: bytes, start: int, end: int) -> Iterator[int]:
+    """Each offset of `marker` in mm[start:end], in order, searched a window at a time; the pages of
+    each window are dropped from the process (madvise DONTNEED; the page cache keeps them) once it
+    is searched, so the resident memory of a search is one window whatever the file's size."""
+    at = start
+    while at < end:
+        stop = min(end, at + SCAN_WINDOW)
+        reach = min(end, stop + len(marker) - 1)  # a marker that starts in this window
+        pos = mm.find(marker, at, reach)
+        while pos >= 0:
+            yield pos
+            pos = mm.find(marker, pos + len(marker), reach)
+        _drop(mm, at, stop)
+        at = stop
+
+
+def _drop(mm: Any, start: int, stop: int) -> None:
+    import mmap
+    first = start - start % mmap.PAGESIZE
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, first, stop - first)
+    except (AttributeError, OSError, ValueError):  # no madvise here: the pages stay the page cache's
+        pass
+
+
+def _line_at(mm: Any, pos: int, size: int) -> tuple[int, int, str]:
+    """(where it starts, where it ends, its text) of the line holding `pos`, looked for no more than
+    LINE_BYTES either side."""
+    start = mm.rfind(b"\n", max(0, pos - LINE_BYTES), pos) + 1 or max(0, pos - LINE_BYTES)
+    end = mm.find(b"\n", pos, min(size, pos + LINE_BYTES))
+    end = end if end >= 0 else min(size, pos + LINE_BYTES)
+    return start, end, mm[start:end].decode("utf-8", errors="replace")
+
+
+def lines(f: IO[bytes]) -> Iterator[bytes]:
+    """A file's lines from where it stands, each at most LINE_BYTES (a longer one comes in pieces)."""
+    return iter(lambda: f.readline(LINE_BYTES), b"")
 
 
 def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
@@ -66,11 +109,8 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
         for marker, what in markers:
             # a dump or an uncaught C++ exception ends its process, a summary its launcher: each is
             # near the end of a log
-            pos = mm.find(marker, 0 if what == "traceback" else max(0, size - LATE))
-            while pos >= 0:
-                start = mm.rfind(b"\n", 0, pos) + 1
-                end = mm.find(b"\n", pos)
-                raw = mm[start:end if end >= 0 else size].decode("utf-8", errors="replace")
+            for pos in _find_all(mm, marker, 0 if what == "traceback" else max(0, size - LATE), size):
+                start, _, raw = _line_at(mm, pos, size)
                 key, line = route(art, src, raw)
                 if key is None and src.kind == "console" and what != "summary":
                     key = LOOSE  # kept with the file's other loose lines (inputs.py decides whose)
@@ -85,14 +125,12 @@ def scan_large(art: Artifacts, src: Source, f: IO[bytes], size: int) -> None:
                     terminates[key] = max(start, terminates.get(key, -1))
                 elif key is not None and what == "watchdog":
                     watchdog.append((key, line.text, seq0 + start))
-                pos = mm.find(marker, pos + len(marker))
         # NCCL's set-up lines (the network it chose) come early in a log: one search
         pos = mm.find(b"NCCL ", 0, min(size, EARLY))
         while pos >= 0 and len(art.nccl_lines) < MAX_NCCL_LINES:
-            start = mm.rfind(b"\n", 0, pos) + 1
-            end = mm.find(b"\n", pos)
-            note_nccl_line(art, mm[start:end if end >= 0 else size].decode("utf-8", errors="replace"))
-            pos = mm.find(b"NCCL ", (end if end >= 0 else size), min(size, EARLY))
+            _, end, text = _line_at(mm, pos, size)
+            note_nccl_line(art, text)
+            pos = mm.find(b"NCCL ", max(end, pos + 1), min(size, EARLY))
         # the head and the tail, line by line: who prints, the last lines, the launcher's summary
         head = mm[:HEAD]
         head = head[: head.rfind(b"\n") + 1]
@@ -154,7 +192,7 @@ def _window(art: Artifacts, src: Source, f: IO[bytes], offset: int, key: tuple |
     w = RankText()
     f.seek(offset)
     read = mine = 0
-    for raw in f:
+    for raw in lines(f):
         read += len(raw)
         k, line = route(art, src, raw.decode("utf-8", errors="replace"))
         if key is None:

@@ -182,12 +182,43 @@ class ErrorFile:
 
 
 def read_error_file(path: str, data: Any) -> ErrorFile | None:
-    """An error file's content (parsed JSON), or None when the JSON has another shape."""
+    """An error file's content (parsed JSON): None when the JSON has another shape (no
+    {"message": {...}}: not an error file); ValueError, a phrase naming the field, when it has the
+    shape but a field of another type than torch writes (a number for the message, a list for
+    extraInfo, a py_callstack that is no text, a timestamp that is no time)."""
     if not isinstance(data, dict) or not isinstance(data.get("message"), dict):
         return None
-    extra = data["message"].get("extraInfo") or {}
+    msg = data["message"]
+    if msg.get("message") is not None and not isinstance(msg["message"], str):
+        raise ValueError(f"its message.message is {_json_kind(msg['message'])}, not text")
+    extra = msg.get("extraInfo")
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"its message.extraInfo is {_json_kind(extra)}, not an object")
+    if extra.get("py_callstack") is not None and not isinstance(extra["py_callstack"], str):
+        raise ValueError(f"its message.extraInfo.py_callstack is {_json_kind(extra['py_callstack'])}, not text")
+    return ErrorFile(path=path, text=error_file_text(data), time=_timestamp(extra.get("timestamp")))
+
+
+def _timestamp(value: Any) -> float | None:
+    """extraInfo.timestamp: torch writes the Unix time in seconds as text ("1764000000")."""
+    if value is None:
+        return None
     try:
-        when: float | None = float(extra.get("timestamp")) if isinstance(extra, dict) else None
-    except (TypeError, ValueError):
+        when = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+    except ValueError:
         when = None
-    return ErrorFile(path=path, text=error_file_text(data), time=when)
+    if when is None or not 0 < when < 1e11:  # nan and inf fail the comparison
+        raise ValueError(f"its message.extraInfo.timestamp is {_json_kind(value)}, not a Unix time")
+    return when
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value as a message names it: its type, and a short quote of a scalar."""
+    kinds = {dict: "an object", list: "a list", bool: "a boolean", type(None): "null"}
+    if type(value) in kinds:
+        return kinds[type(value)]
+    if isinstance(value, (int, float)):
+        return f"the number {str(value)[:40]}"
+    return f"the text {str(value)[:40]!r}"
