@@ -64,7 +64,7 @@ class Finding:
         return {
             "id": self.id, "category": self.category, "severity": self.severity,
             "title": self.title, "message": self.message, "hint": self.hint,
-            "ranks": sorted(self.ranks), "evidence": evidence, "phase": self.phase,
+            "ranks": sorted(r for r in self.ranks if r >= 0), "evidence": evidence, "phase": self.phase,
             "time": self.time, "caused_by": self.caused_by,
         }
 

@@ -86,6 +86,24 @@ def call_with_time_limit(fn: Callable[[], T], seconds: float, *, name: str = "dd
     return out
 
 
+def call_until(fn: Callable[[], T], seconds: float, *, stop: Callable[[float], Any] | None = None,
+               name: str = "ddp-doctor-bounded") -> tuple[Bounded[T], bool]:
+    """Call fn() and wait at most `seconds` for it, as call_with_time_limit; `stop(s)` (optional)
+    waits up to s seconds for a reason to give up (a stop signal) and returns it, truthy, when one
+    came: the wait then ends at once. Returns what the call came to and whether a stop ended the wait."""
+    t, out = _start(fn, name)
+    deadline = time.monotonic() + max(0.0, seconds)
+    while t.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if stop is None:
+            t.join(left)
+        elif stop(min(0.1, left)):
+            return out, True
+    return out, False
+
+
 def call_all_with_time_limit(calls: Mapping[K, Callable[[], Any]], seconds: float, *,
                              name: str = "ddp-doctor-bounded") -> dict[K, Bounded[Any]]:
     """Start every call at once and wait at most `seconds` for all of them together."""

@@ -5,15 +5,33 @@ exit codes are ddp_doctor.exit_codes. Nothing here imports torch: ranks import i
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-from typing import Callable, NamedTuple
 
-from ddp_doctor.cli import analyze, bench_comm, catalogue, diff, env, history, preflight, run, schema
-from ddp_doctor.cli.options import UsageError
-from ddp_doctor.exit_codes import EXIT_USAGE
-from ddp_doctor.version import __version__
+from ddp_doctor.processes.stop_signals import hold_early, release_early
+
+# The parents that report a stop (`run`, `preflight`) hold SIGTERM/SIGINT/SIGHUP from their first
+# instruction, before the imports below: a stop sent while the command starts waits for the
+# SignalCatcher that reports it ("interrupted", 128 + N) instead of killing it report-less.
+PARENT_COMMANDS = ("run", "preflight")
+
+
+def _started_as_command(argv: list[str]) -> bool:
+    """Whether this process is the `ddp-doctor` command (its console script or `python -m ddp_doctor`)."""
+    first = argv[0].replace("\\", "/") if argv else ""
+    return first.rsplit("/", 1)[-1] == "ddp-doctor" or first.endswith("ddp_doctor/__main__.py")
+
+
+if len(sys.argv) > 1 and sys.argv[1] in PARENT_COMMANDS and _started_as_command(sys.argv):
+    hold_early()
+
+import argparse  # noqa: E402 - after the hold above, as every import below
+import os  # noqa: E402
+from typing import Callable, NamedTuple  # noqa: E402
+
+from ddp_doctor.cli import analyze, bench_comm, catalogue, diff, env, history, preflight, run, schema  # noqa: E402
+from ddp_doctor.cli.options import UsageError  # noqa: E402
+from ddp_doctor.exit_codes import EXIT_USAGE  # noqa: E402
+from ddp_doctor.version import __version__  # noqa: E402
 
 
 class Command(NamedTuple):
@@ -65,11 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in PARENT_COMMANDS:
+        hold_early()  # when called in-process (not held at import); released unless a parent takes it over
+    try:
+        return _main(argv)
+    finally:
+        release_early()
+
+
+def _main(argv: list[str]) -> int:
     reopen_closed_stdio()
     from ddp_doctor.facts.own_env import ignore_missing_numpy_here
     ignore_missing_numpy_here()  # before torch loads: a bare CPU venv has no numpy, and needs none
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "run":
         # `run` takes torchrun's options and then the script's own: argparse must not see them.
         args = argparse.Namespace(command="run", argv=argv[1:], func=run.command)

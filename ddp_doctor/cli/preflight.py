@@ -114,6 +114,8 @@ def command(args: argparse.Namespace) -> int:
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))
         return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
                             trace_path=args.trace, fail_on=fail_on, progress=getattr(args, "progress", None))
+    from ddp_doctor.processes.stop_signals import release_early
+    release_early()  # a rank under a launcher: the stop signals act as usual (cli holds them from the start)
     from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, run_preflight_rank
     code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=select, skip=skip, backend=args.backend,
                             output=out, check_options=check_options(args), trace_path=args.trace,

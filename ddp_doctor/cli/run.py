@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
         RunHelpAsked,
         RunUsageError,
         check_nproc_per_node,
+        check_torchrun_ranges,
         help_text,
         run_options,
         split_argv,
@@ -35,6 +36,7 @@ def main(argv: list[str]) -> int:
         return 0
     opts = run_options(doctor, target)
     check_nproc_per_node(torchrun)
+    check_torchrun_ranges(torchrun)
     if target.path and not os.path.isfile(target.path):
         raise RunUsageError(f"no such script: {target.path}")
     from ddp_doctor.training.run.start import start_run

@@ -261,6 +261,51 @@ def check_nproc_per_node(torchrun: list[str]) -> None:
             raise RunUsageError(f"--nproc-per-node {value!r}: {why}; torchrun takes {NPROC_ACCEPTED}")
 
 
+def _given(torchrun: list[str], *names: str) -> list[str]:
+    """Every value given for one of `names` (`--name V` or `--name=V`), in order."""
+    out = []
+    for i, a in enumerate(torchrun):
+        key, eq, val = a.partition("=")
+        if key in names:
+            out.append(val if eq else (torchrun[i + 1] if i + 1 < len(torchrun) else ""))
+    return out
+
+
+def _whole(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def check_torchrun_ranges(torchrun: list[str]) -> None:
+    """The torchrun options whose range ddp-doctor can judge itself, before any launch: --nnodes
+    (N or MIN:MAX, each at least 1, MIN at most MAX), --master-port (1-65535) and --node-rank
+    (0 to the number of nodes - 1). RunUsageError, one line naming the option, otherwise (torchrun
+    would fail later, or wait, with an error of its own)."""
+    max_nodes: int | None = None
+    for value in _given(torchrun, "--nnodes"):
+        low, colon, high = value.partition(":")
+        lo, hi = _whole(low), (_whole(high) if colon else _whole(low))
+        if lo is None or hi is None:
+            raise RunUsageError(f"--nnodes {value!r}: torchrun takes a number of nodes N or a range MIN:MAX")
+        if lo < 1 or hi < 1:
+            raise RunUsageError(f"--nnodes {value!r}: a job needs at least 1 node")
+        if lo > hi:
+            raise RunUsageError(f"--nnodes {value!r}: the minimum ({lo}) is above the maximum ({hi})")
+        max_nodes = hi
+    for value in _given(torchrun, "--master-port", "--master_port"):
+        port = _whole(value)
+        if port is None or not 1 <= port <= 65535:
+            raise RunUsageError(f"--master-port {value!r}: a TCP port is a whole number from 1 to 65535")
+    for value in _given(torchrun, "--node-rank", "--node_rank"):
+        node = _whole(value)
+        nodes = max_nodes if max_nodes is not None else 1
+        if node is None or not 0 <= node < nodes:
+            raise RunUsageError(f"--node-rank {value!r}: with --nnodes {nodes} a node's rank is a whole number "
+                                f"from 0 to {nodes - 1}")
+
+
 def _nproc_problem(value: str) -> str | None:
     try:
         n: int | None = int(value)

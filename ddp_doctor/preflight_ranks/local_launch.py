@@ -78,10 +78,31 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
                 terminate_tree(proc, since=since)
                 raise
         rep = _launch_report(tmp, nproc, proc, timed_out, bound, stop, launched, trace_path)
-        publish(rep, out)
+        rep_out: list[dict[str, Any]] = [rep]
+
+        def stopped_upload(done: dict[str, Any], caught: Any) -> dict[str, Any]:
+            rep_out[0] = stopped_during_upload(done, caught, "preflight")
+            return rep_out[0]
+
+        publish(rep, out, stop=stop.wait_new, stopped=stopped_upload)  # the file first, then a bounded upload
+        rep = rep_out[0]
         note_later(stop.drain(), "while the report was written; it was written first")
     first = stop.first()  # the exit status a stop signal asks for, whenever it came
     return first.exit_code if first is not None else apply_fail_on(reportlib.exit_code(rep), rep, fail_on)
+
+
+def stopped_during_upload(rep: dict[str, Any], caught: Any, phase: str) -> dict[str, Any]:
+    """The report a stop signal makes of a finished one while its S3 upload was awaited: the
+    verdict's findings kept, the stop noted (DDP811), status "interrupted" (never a "pass" for a
+    process that was stopped)."""
+    if rep.get("status") == "interrupted":
+        return rep
+    from ddp_doctor.checks.stops import late_stop_finding
+    kept = {k: v for k, v in rep.items() if k not in ("status", "findings", "root_cause", "summary")}
+    new = reportlib.build_report(world=rep.get("world") or {}, ranks=rep.get("ranks") or [],
+                                 measurements=rep.get("measurements") or {}, phase=rep.get("phase") or phase,
+                                 findings=[*reportlib.findings_of(rep), late_stop_finding(caught, phase)])
+    return reportlib.mark_interrupted({**kept, **new}, caught.to_dict())
 
 
 def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out: bool, bound: float,

@@ -31,7 +31,8 @@ def collect_view(ctx: RankContext) -> dict[str, Any]:
     """This rank's view: identity, host, device, versions, communication env, entry script."""
     device = _device(ctx)
     view: dict[str, Any] = {
-        "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+        # a negative value (RANK=-1) is no rank: the launcher_env checks name it, the report keeps null
+        "rank": _own(ctx.rank), "local_rank": _own(ctx.local_rank), "node_rank": _own(ctx.node_rank),
         "world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
         "launcher": ctx.launcher.name, "backend": ctx.backend,
         "hostname": ctx.host.hostname or socket.gethostname(),
@@ -114,3 +115,7 @@ def script_digest(path: str | None) -> dict[str, str] | None:
     except OSError:
         return None
     return {"path": path, "sha256": h.hexdigest()}
+
+
+def _own(n: int | None) -> int | None:
+    return n if n is None or n >= 0 else None

@@ -83,6 +83,9 @@ class SignalCatcher:
 
     def __enter__(self) -> "SignalCatcher":
         self._old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        global _EARLY_OLD
+        if _EARLY_OLD is not None:  # held since the command began (hold_early): its mask is the one to restore
+            self._old, _EARLY_OLD = _EARLY_OLD, None
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -95,6 +98,17 @@ class SignalCatcher:
             return self.caught
         self.caught = _take(seconds)
         return self.caught
+
+    def wait_new(self, seconds: float) -> Interrupt | None:
+        """Wait up to `seconds` for a stop signal that comes now (a report's upload waits so), even
+        when one was already caught: the new one is kept (as `caught`, else in `later`) and returned."""
+        got = _take(seconds)
+        if got is not None:
+            if self.caught is None:
+                self.caught = got
+            else:
+                self.later.append(got)
+        return got
 
     def drain(self) -> list[Interrupt]:
         """The stop signals pending now (taken without waiting), kept in `later` and returned: a
@@ -115,6 +129,28 @@ class SignalCatcher:
     def first(self) -> Interrupt | None:
         """The first stop signal taken, whether it ended the run or came after its end."""
         return self.caught or (self.later[0] if self.later else None)
+
+
+_EARLY_OLD: Any = None  # the signal mask the process began with, while hold_early holds the stop signals
+
+
+def hold_early() -> None:
+    """Block the stop signals from the first instruction of a parent command (cli's main, before
+    its heavy imports), so that one sent while it starts waits, pending, for the SignalCatcher that
+    reports it (which takes the hold over), instead of killing the process before it can write a
+    report. A path that turns out to report no stop (a rank, a usage error) calls release_early."""
+    global _EARLY_OLD
+    if _EARLY_OLD is None:
+        _EARLY_OLD = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def release_early() -> None:
+    """Give up hold_early's hold (when no SignalCatcher took it over): the mask the process began
+    with again; a stop signal pending now acts as it would have (its handler, else its default)."""
+    global _EARLY_OLD
+    if _EARLY_OLD is not None:
+        old, _EARLY_OLD = _EARLY_OLD, None
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _take(seconds: float) -> Interrupt | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ddp_doctor.exit_codes import FailOn, fail_on_exit
 from ddp_doctor.report import sinks
@@ -56,20 +56,32 @@ def _say(stream: Any, text: str) -> None:
         pass
 
 
-def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str = "") -> None:
+def upload_report(rep: dict[str, Any], out: Output, env: Any = None, suffix: str = "",
+                  stop: Callable[[float], Any] | None = None) -> Any:
     """Upload the report to S3 when asked (--report-s3-uri or DDP_DOCTOR_REPORT_S3_URI); a failure
-    is a warning on stderr and never changes the exit code."""
+    is a warning on stderr and never changes the exit code. The upload is bounded as a whole
+    (report/s3.py DEADLINE_S); `stop(s)` waits up to s seconds for a stop signal and returns it:
+    one that comes during the upload cuts it short and is returned (else None)."""
     env = os.environ if env is None else env
     uri = out.report_s3_uri or env.get("DDP_DOCTOR_REPORT_S3_URI")
     if not uri:
-        return
+        return None
+    came: list[Any] = []
+
+    def wait(seconds: float) -> Any:
+        got = stop(seconds) if stop is not None else None
+        if got:
+            came.append(got)
+        return got
+
     try:
         from ddp_doctor.report.s3 import upload_report as s3_upload
-        err = s3_upload(rep, uri, env=env, suffix=suffix)
+        err = s3_upload(rep, uri, env=env, suffix=suffix, stop=wait if stop is not None else None)
     except Exception as e:  # noqa: BLE001 - a sink never takes the run down
         err = f"could not upload the report to {uri}: {type(e).__name__}: {e}"
     if err:
         warn(err)
+    return came[0] if came else None
 
 
 def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None, prefix: str = "") -> None:
@@ -89,11 +101,16 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
 
 
 def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,
-            write: bool = True, suffix: str = "", stream: Any = None, prefix: str = "") -> str | None:
+            write: bool = True, suffix: str = "", stream: Any = None, prefix: str = "",
+            stop: Callable[[float], Any] | None = None,
+            stopped: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> str | None:
     """The one way a finished report leaves ddp-doctor: write it to its file (`path`, else --report,
     DDP_DOCTOR_REPORT or the default; `write=False` writes only a path that was asked for), warn
-    when that failed, show it as `out` asks, and upload it when S3 is asked for. Returns the path
-    written, None when none was."""
+    when that failed, show it as `out` asks, and upload it when S3 is asked for. The file is written
+    with the final status before any upload is awaited. A parent that holds the stop signals passes
+    `stop` (a wait for the next one: SignalCatcher.wait_new) and `stopped` (the report a stop makes
+    of this one): a stop during the upload cuts it short and the file is written again, "interrupted".
+    Returns the path written, None when none was."""
     env = os.environ if env is None else env
     path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
     kept = rep
@@ -106,7 +123,16 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
             warn(err)
             path = None
     show(rep, out, path, stream=stream, prefix=prefix)
-    upload_report(kept, out, env, suffix=suffix)
+    came = upload_report(kept, out, env, suffix=suffix, stop=stop)
+    if came is not None and stopped is not None:
+        rep = stopped(rep, came)
+        if path:
+            err = sinks.write_report_file(rep, path)
+            if err:
+                warn(err)
+        status = rep.get("status")
+        said = f"; {path} says {status}" if path else ""
+        _say(sys.stderr, f"ddp-doctor: {came.describe()} during the report's upload: the upload was cut short{said}\n")
     if not suffix:  # a rank's own partial report (suffix ".rankN") is not the job's
         from ddp_doctor.history.from_report import record
         said = record(rep, env)

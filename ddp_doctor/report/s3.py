@@ -18,11 +18,16 @@ from typing import Any, Callable, Mapping
 
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.report.sinks import report_json
+from ddp_doctor.time_limit import call_until
 
 S3_URI_ENV = "DDP_DOCTOR_REPORT_S3_URI"
 REPORT_NAME = "ddp-doctor-report.json"
 TRIES = 3
 BACKOFF_S = 0.5  # 0.5 s, then 1 s between the three tries
+CONNECT_TIMEOUT_S = 5.0  # each connection
+READ_TIMEOUT_S = 10.0    # each read of the answer
+DEADLINE_S = 30.0        # the whole upload, every try together: a trickling endpoint cannot hold it longer
+STOPPED = "upload cut short by a stop signal"
 # Errors a retry cannot fix: give up at once.
 PERMANENT = {"NoSuchBucket", "AccessDenied", "InvalidBucketName", "AllAccessDisabled", "InvalidAccessKeyId",
              "SignatureDoesNotMatch", "AccountProblem", "NoCredentialsError", "NoRegionError",
@@ -80,35 +85,54 @@ def _error_code(e: BaseException) -> str:
 
 def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | None = None,
                   suffix: str = "", session: Any = None, client: Any = None, tries: int = TRIES,
-                  backoff: float = BACKOFF_S, sleep: Callable[[float], None] = time.sleep) -> str | None:
+                  backoff: float = BACKOFF_S, sleep: Callable[[float], None] = time.sleep,
+                  deadline: float = DEADLINE_S, stop: Callable[[float], Any] | None = None) -> str | None:
     """Upload the redacted report as JSON to `uri` (see the module doc for the key).
-    Returns None on success, else why it failed (after up to `tries` attempts)."""
+    Returns None on success, else why it failed (after up to `tries` attempts). The whole upload
+    (credentials, connection, every try and its backoff) is bounded by `deadline` seconds: an
+    endpoint that never answers, or answers a byte at a time, is left behind in its thread (botocore's
+    read timeout bounds each read, not a trickling answer). `stop(s)` waits up to s seconds for a
+    stop signal and returns it: one that comes ends the wait at once (STOPPED in the text)."""
     try:
         bucket, key = report_location(uri, env, suffix)
     except S3UriError as e:
         return f"could not upload the report: {e}"
-    try:
-        body = (report_json(redact_obj(report)) + "\n").encode("utf-8")
-        if client is None:
-            import boto3
-            from botocore.config import Config
-            cfg = Config(connect_timeout=5, read_timeout=15, retries={"total_max_attempts": 1})
-            client = (session or boto3.Session()).client("s3", config=cfg)
-    except ImportError:
-        return 'could not upload the report: boto3 is not installed (pip install "ddp-doctor[aws]")'
-    except Exception as e:  # noqa: BLE001 - a sink never raises
-        return f"could not upload the report to s3://{bucket}/{key}: {type(e).__name__}: {e}"
-    last = ""
-    attempt = 0
-    for attempt in range(1, max(1, tries) + 1):
+    where = f"s3://{bucket}/{key}"
+
+    def attempts() -> str | None:
+        nonlocal client
         try:
-            client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
-            return None
-        except Exception as e:  # noqa: BLE001 - botocore raises many kinds; _error_code says which to retry
-            code = _error_code(e)
-            last = f"{type(e).__name__}: {e}"
-            if code in PERMANENT or attempt >= tries:
-                break
-            sleep(backoff * (2 ** (attempt - 1)))
-    return redact_text(f"could not upload the report to s3://{bucket}/{key} "
-                       f"(after {attempt} {'try' if attempt == 1 else 'tries'}): {last}")
+            body = (report_json(redact_obj(report)) + "\n").encode("utf-8")
+            if client is None:
+                import boto3
+                from botocore.config import Config
+                cfg = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                             retries={"total_max_attempts": 1})
+                client = (session or boto3.Session()).client("s3", config=cfg)
+        except ImportError:
+            return 'could not upload the report: boto3 is not installed (pip install "ddp-doctor[aws]")'
+        except Exception as e:  # noqa: BLE001 - a sink never raises
+            return f"could not upload the report to {where}: {type(e).__name__}: {e}"
+        last = ""
+        attempt = 0
+        for attempt in range(1, max(1, tries) + 1):
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+                return None
+            except Exception as e:  # noqa: BLE001 - botocore raises many kinds; _error_code says which to retry
+                code = _error_code(e)
+                last = f"{type(e).__name__}: {e}"
+                if code in PERMANENT or attempt >= tries:
+                    break
+                sleep(backoff * (2 ** (attempt - 1)))
+        return f"could not upload the report to {where} (after {attempt} {'try' if attempt == 1 else 'tries'}): {last}"
+
+    got, stopped = call_until(attempts, deadline, stop=stop, name="ddp-doctor-s3-upload")
+    if stopped:
+        return redact_text(f"{STOPPED}: the report's upload to {where} was abandoned")
+    if not got.finished:
+        return redact_text(f"could not upload the report to {where}: no answer within {deadline:g} s "
+                           f"(the upload's whole deadline; the endpoint is slow or unreachable)")
+    if got.error is not None:  # attempts() catches what botocore raises; anything else is said, never raised
+        return redact_text(f"could not upload the report to {where}: {type(got.error).__name__}: {got.error}")
+    return redact_text(got.value) if got.value else None

@@ -83,7 +83,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
             hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
             slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
-            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True,
+            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True, heartbeats=heartbeats,
             clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
         rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
                                ranks=(pf or {}).get("ranks") or [],
@@ -97,7 +97,20 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         rep = _with_findings(rep, late_stop_finding(late[0]))
     from ddp_doctor.training.run.trace_file import write_trace_if_asked
     write_trace_if_asked(opts, run_dir, rep)
-    publish(rep, out)
+    if signals is not None:  # the file first; a stop during the (bounded) upload makes it "interrupted"
+        from ddp_doctor.preflight_ranks.local_launch import stopped_during_upload
+        rep_out = [rep]
+
+        def stopped_upload(done: dict[str, Any], caught: Any) -> dict[str, Any]:
+            rep_out[0] = stopped_during_upload(done, caught, "training")
+            return rep_out[0]
+
+        publish(rep, out, stop=signals.wait_new, stopped=stopped_upload)
+        if rep_out[0] is not rep:
+            rep = rep_out[0]
+            code = signals.first().exit_code
+    else:
+        publish(rep, out)
     if rep.get("status") in ("fail", "interrupted"):
         from ddp_doctor.context import current_context
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
