@@ -17,8 +17,9 @@ LEFTOVERS_ENDED = declare(
     running: plain children, children in a session of their own, double-forked daemons. They are
     found by the process tree, by the rank's session or process group and by a mark ddp-doctor puts
     in the rank's environment (which their environment inherits), never by name; the finding names
-    each one (pid, command line, the TCP ports it listens on, how it was found) and ddp-doctor ended
-    them (SIGTERM, then SIGKILL after a short grace). The processes the interpreter and torch own
+    each one (pid, command line with secrets redacted, the TCP ports it listens on, how it was
+    found, the script's line that started it where the probes saw it) and ddp-doctor ended them
+    (SIGTERM, then SIGKILL after a short grace). The processes the interpreter and torch own
     (multiprocessing's children, torch's compile workers) end with the rank and are left alone.
     The same is done for each rank of a `@pytest.mark.distributed` test: the test keeps its own
     outcome, and a warning in pytest's summary and a note of the test name what was ended.
@@ -76,7 +77,8 @@ def describe(p: dict[str, Any], grace: float) -> str:
     ended = str(p.get("ended") or "")
     fate = {"SIGTERM": "ended by SIGTERM", "SIGKILL": f"ended by SIGKILL ({grace:g} s after SIGTERM)",
             "exited": "exited as it was found"}.get(ended) or NOT_ENDED.get(ended, ended)
-    return f"pid {p.get('pid')} ({_command(p)}){listening}, {how}: {fate}"
+    started = f", started at {p['started_at']}" if p.get("started_at") else ""
+    return f"pid {p.get('pid')} ({_command(p)}){listening}, {how}{started}: {fate}"
 
 
 def _listed(procs: list[dict[str, Any]], grace: float) -> str:

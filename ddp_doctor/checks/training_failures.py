@@ -92,18 +92,28 @@ SPAWN_CHILD_FAILED = declare(
     """)
 
 STUCK_AT_EXIT = declare(
-    "DDP806", category="teardown", severity="warning", title="Process did not exit after the script ended",
-    severities=("warning", "info"),
+    "DDP806", category="teardown", severity="error", title="Process did not exit after the script ended",
+    severities=("error", "warning", "info"),
     doc="""
-    What: The script ended (its exit status was recorded) but the process was still alive long
-    after, hung in interpreter teardown; ddp-doctor ended it. The job's exit status is the script's.
-    Why: A process group that was never destroyed, a non-daemon thread, or torch 2.13's gloo
-    teardown can keep a finished rank alive, so the launcher waits and the job never completes.
-    Fix: Call dist.destroy_process_group() at the end of training and make background threads
-    daemons (or join them); if it persists, end the script with os._exit(status) after flushing.
-    Severity: info when another rank had failed first (raised, or died before its script ended):
-    this rank was then blocked with it in a collective or its teardown, a consequence of that
-    failure, not a problem of its own; warning otherwise.
+    What: The script ended (its exit status was recorded) but the process was still alive past the
+    teardown bound (60 s); ddp-doctor ended it. The finding names what kept it alive, from what the
+    process held, never from the script's text: each thread alive and not a daemon (its name, where
+    it is blocked: its innermost frame and the script's line, and the line that started it) and
+    each child process still running (pid, command line with secrets redacted, the line that
+    started it). The training's exit status stays the script's (3 with --fail-on error).
+    Why: Python's exit waits for every non-daemon thread (a metrics uploader blocked on
+    queue.get(), a thread waiting on an Event nobody sets) and joins multiprocessing's non-daemon
+    children, so a finished rank never exits: under torchrun the job never completes, and on
+    SageMaker it is billed until its max_run. A process group never destroyed or torch 2.13's gloo
+    teardown can hang the exit too.
+    Fix: Stop and join what the script starts (put a sentinel on the queue, set the Event, then
+    thread.join(); close() and join() a Pool; wait() for a child), or make background threads
+    daemons; call dist.destroy_process_group() at the end of training.
+    Severity: error when the process held a thread or a child process the script started (the
+    finding names it); warning when it held none (interpreter or torch teardown: not the script's
+    doing, nothing named); info when another rank had failed first (raised, or died before its
+    script ended): this rank was then blocked with it in a collective or its teardown, a
+    consequence of that failure, not a problem of its own.
     """)
 
 

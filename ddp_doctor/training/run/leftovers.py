@@ -6,9 +6,10 @@ report (DDP816-DDP818, checks/leftovers.py).
     record = watch.end()            # after it: find (facts/leftovers.py), describe, end, record
 
 Each leftover is described before it is touched (pid, command line redacted, the TCP ports it
-listens on, how it was found), then sent SIGTERM; what is alive after GRACE seconds gets SIGKILL;
-a process that escapes even that is recorded as still running. A leftover may start more while it
-is ended, so the search runs again, at most ROUNDS times. Every wait is bounded, a pid is signalled
+listens on, how it was found, the script's line that started it where the probes saw it), then
+sent SIGTERM; what is alive after GRACE seconds gets SIGKILL; a process that escapes even that is
+recorded as still running. A leftover may start more while it is ended, so the search runs again,
+at most ROUNDS times. Every wait is bounded, a pid is signalled
 only while it is still the process that was found (same start time), and nothing here raises: a
 failure is recorded (DDP818) and the rank ends as it would have.
 """
@@ -131,12 +132,16 @@ def _end(table: dict[int, facts.Proc], found: dict[int, str], grace: float) -> l
     """Describe each process found (before touching it), SIGTERM them all, SIGKILL what outlives the
     grace; one record per process, saying how it ended."""
     from ddp_doctor.report.redact import redact_text
+    from ddp_doctor.training.probes.exit_holders import started_at
     records: dict[int, dict[str, Any]] = {}
     for pid, how in found.items():
         cmd = facts.command_line(pid)
         records[pid] = {"pid": pid, "ppid": table[pid].ppid, "sid": table[pid].sid,
                         "cmdline": redact_text(cmd) if cmd else cmd,
                         "ports": facts.listening_ports(pid), "found_by": how, "ended": "exited"}
+        site = started_at(pid)  # the script's line that started it (Popen, multiprocessing), when the probes saw it
+        if site:
+            records[pid]["started_at"] = site
     started = {pid: table[pid].started for pid in found}
     for pid in found:
         if _alive(pid, started[pid]):
