@@ -19,6 +19,7 @@ import linecache
 import operator
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -100,6 +101,33 @@ def argument_texts(site: str | None, line_source: Callable[[str], list[str]] = l
     return out
 
 
+def assignment_of(site: str | None, name: str,
+                  line_source: Callable[[str], list[str]] = linecache.getlines) -> dict[str, str] | None:
+    """Where a bare name passed to init_process_group at `site` (file:line) was computed: the last
+    `name = ...` above the call in its file (`{"text": "rank = int(os.environ['LOCAL_RANK'])",
+    "site": "train.py:8"}`); None when it cannot be read. A courtesy for the message, never a verdict."""
+    if not site or ":" not in site or not name.isidentifier():
+        return None
+    path, _, line_text = site.rpartition(":")
+    try:
+        line = int(line_text)
+        source = "".join(line_source(path))
+        tree = ast.parse(source) if source else None
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        return None
+    found = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+             and n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == name
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))] if tree else []
+    if not found:
+        return None
+    node = max(found, key=lambda n: n.lineno)
+    text = " ".join((ast.get_source_segment(source, node) or "").split())
+    if not text:
+        return None
+    return {"text": text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 3] + "...", "site": f"{path}:{node.lineno}"}
+
+
 def spawn_of_this_process() -> dict[str, Any] | None:
     """In a child of torch.multiprocessing.spawn / start_processes: the spawn that started it
     (its parent's pid, how many processes it started, its call site) and this child's index."""
@@ -127,17 +155,21 @@ def call_record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     launched = _launcher.get("pid") == os.getpid()  # the rank process itself, not a child it started
     site = user_site()
     texts: dict[str, str] = {}
+    computed = None
     try:
         texts = argument_texts(site)
+        computed = assignment_of(site, texts.get("rank", ""))
     except Exception:  # noqa: BLE001 - the texts are a courtesy
         pass
     spawn = None if launched else spawn_of_this_process()
     return {
-        "pid": os.getpid(), "ppid": os.getppid(), "time": time.time(), "done": False, "site": site,
+        "pid": os.getpid(), "ppid": os.getppid(), "host": os.uname().nodename, "time": time.time(), "done": False,
+        "site": site,
         "rank_arg": rank_arg if rank_arg is not None and rank_arg >= 0 else None,
         "world_size_arg": world_arg if world_arg is not None and world_arg > 0 else None,
         "rank_passed": _passed(args, kwargs, "rank"), "world_size_passed": _passed(args, kwargs, "world_size"),
         "arg_text": texts,
+        **({"rank_computed": computed} if computed else {}),
         "init_method": str(init_method) if init_method is not None else None,
         "store_given": kwargs.get("store") is not None,
         "env": {k: os.environ.get(k) for k in RENDEZVOUS_VARS},
@@ -151,6 +183,13 @@ def init_arguments_wrapper(out_dir: Callable[[], str | None]) -> Callable[[Calla
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             path = None
+            lock = threading.Lock()  # the record is rewritten by the claim's watch too
+
+            def write_claims(claims: dict[str, Any]) -> None:
+                with lock:
+                    rec["claims"] = claims
+                    write_json(path, rec)  # type: ignore[arg-type]
+
             try:
                 d = out_dir()
                 if d:
@@ -159,6 +198,14 @@ def init_arguments_wrapper(out_dir: Callable[[], str | None]) -> Callable[[Calla
                     write_json(path, rec)
             except Exception:  # noqa: BLE001 - a probe never breaks the call
                 path = None
+            if path:
+                try:  # the rank claimed, in the job's store: a duplicate on another node is seen
+                    from ddp_doctor.training.probes.rank_claims import claim_rank
+                    claims = claim_rank(rec, write_claims)
+                    if claims:
+                        write_claims(claims)
+                except Exception:  # noqa: BLE001 - a probe never breaks the call
+                    pass
             ok = False
             try:
                 result = orig(*args, **kwargs)
@@ -167,8 +214,9 @@ def init_arguments_wrapper(out_dir: Callable[[], str | None]) -> Callable[[Calla
             finally:
                 if path:
                     try:
-                        rec["done"], rec["ok"], rec["ended"] = True, ok, time.time()
-                        write_json(path, rec)
+                        with lock:
+                            rec["done"], rec["ok"], rec["ended"] = True, ok, time.time()
+                            write_json(path, rec)
                     except Exception:  # noqa: BLE001 - a probe never breaks the call
                         pass
         return init_process_group

@@ -6,7 +6,9 @@ them wait for torch's timeout (30 minutes). The rules are in checks/init_argumen
 
 - `judge_waiting`: the bounded wait before a judgement (a grace inside init; every launched rank,
   or every child of a spawn, has called; or nobody new for UNCOUNTED_WAIT seconds).
-- `InitWatch`: the judgement, and the ending, in the one-process mode.
+- `InitWatch`: the judgement, and the ending, in the one-process mode; under an outside launcher
+  (no ddp-doctor parent), a rank's own call whose rank another process claimed in the job's store
+  (probes/rank_claims.py: a duplicate across nodes).
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ def judge_waiting(calls: list[dict[str, Any]], now: float, launched: int = 0) ->
     cannot work, so the job should be ended now; and whether every process that will call init
     has had its chance (what `settled` means to the rules). `launched`: how many ranks a launcher
     started (0 when none did); the judgement waits for all of them, or INIT_WAIT_FOR_ALL."""
-    from ddp_doctor.checks.init_arguments import blocking, init_argument_findings
-    waits = [now - float(c.get("time") or now) for c in calls if not c.get("done")]
+    from ddp_doctor.checks.init_arguments import blocking, init_argument_findings, waiting_in_init
+    waits = [now - float(c.get("time") or now) for c in calls if waiting_in_init(c)]
     if not waits or max(waits) <= INIT_GRACE:
         return False, False
     newest = max(float(c.get("time") or 0) for c in calls)
@@ -73,9 +75,10 @@ class InitWatch:
     (called with settled=True) and ends this process with exit status 124."""
 
     def __init__(self, run_dir: str, watch: Any, since: float, report: Callable[[], None],
-                 *, own_dir: bool = True, interval: float = WATCH_INTERVAL) -> None:
+                 *, own_dir: bool = True, interval: float = WATCH_INTERVAL, claims_of: int | None = None) -> None:
         self.run_dir, self.watch, self.since, self.report = run_dir, watch, since, report
         self.own_dir, self.interval = own_dir, interval
+        self.claims_of = claims_of  # a rank under an outside launcher: only its own call, with others' claims
         self._stop = threading.Event()
 
     def start(self) -> "InitWatch":
@@ -88,13 +91,36 @@ class InitWatch:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                calls = calls_since(self.run_dir, self.since)
+                if self.claims_of is not None:  # its rank held by another process (the job's store said)
+                    calls = self._own_claims()
+                    if calls is None:
+                        return  # its init returned well: nothing left to watch
+                else:
+                    calls = calls_since(self.run_dir, self.since)
                 stuck = bool(calls) and judge_waiting(calls, time.time())[0]
             except Exception:  # noqa: BLE001 - the watch never breaks the job
                 stuck = False
             if stuck and not self._stop.is_set() and self.watch.phase == "training":
                 self._end()
                 return
+
+    def _own_claims(self) -> list[dict[str, Any]] | None:
+        """This rank's init record, when the job's store showed its rank claimed by another
+        process; None once its init returned well (one small file read a look, at init only)."""
+        import json
+
+        from ddp_doctor.checks.init_arguments import other_claims
+        from ddp_doctor.training import records
+        try:
+            with open(records.init_call_path(self.run_dir, int(self.claims_of or 0)), encoding="utf-8") as f:
+                call = json.load(f)
+        except (OSError, ValueError):
+            return []
+        if not isinstance(call, dict) or float(call.get("time") or 0) < self.since:
+            return []
+        if call.get("done") and call.get("ok"):
+            return None
+        return [call] if other_claims(call) else []
 
     def _end(self) -> None:
         from ddp_doctor.exit_codes import EXIT_HANG

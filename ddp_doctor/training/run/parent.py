@@ -69,6 +69,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                         break
                     if stall_watch.nodes_never_met(run_dir, torchrun, opts, launched):
                         break  # the agent is ended below; finish reports the missing node
+                if proc.poll() is not None and hang is None and not stuck_in_init and stop.caught is None:
+                    stuck_in_init = stall_watch.ended_by_bad_init(run_dir)  # another node ended it first
                 stop.caught = sent_to_launcher(stop.caught, proc.pid)
                 ended_here = proc.poll() is None  # this parent ends the launcher (else it ended on its own)
                 if stop.caught is not None and proc.poll() is None:

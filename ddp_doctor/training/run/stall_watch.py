@@ -119,3 +119,14 @@ def detect_bad_init(run_dir: str) -> bool:
     from ddp_doctor.training.run.init_verdict import judge_waiting
     calls = records.read_init_calls(run_dir)
     return judge_waiting(calls, time.time(), launched=len(records.read_heartbeats(run_dir)))[0]
+
+
+def ended_by_bad_init(run_dir: str) -> bool:
+    """The launcher ended on its own after a rank of this node failed in init_process_group while a
+    process on another node held its rank (the job's store went with the node whose verdict ended
+    the job first): the job was ended for the duplicate, as if this node had judged it."""
+    from ddp_doctor.checks.init_arguments import blocking, init_argument_findings, waiting_in_init
+    from ddp_doctor.training import records
+    calls = records.read_init_calls(run_dir)
+    return (any(c.get("done") and waiting_in_init(c) for c in calls)
+            and blocking(init_argument_findings(calls, settled=True), calls))
