@@ -33,6 +33,7 @@ def load_catalogue() -> dict[str, Check]:
         history_rules,
         host,
         init_arguments,
+        init_late,
         init_order,
         init_waits,
         internal,
@@ -67,7 +68,9 @@ def load_catalogue() -> dict[str, Check]:
             continue
         try:
             importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - a broken plugin is reported, not fatal
+        except KeyboardInterrupt:  # Ctrl-C while it loads: the user's, not the plugin's
+            raise
+        except BaseException as e:  # noqa: BLE001 - a broken plugin (sys.exit() included) is reported, not fatal
             registry.LOAD_ERRORS[name] = f"{type(e).__name__}: {e}"
     return registry.REGISTRY
 

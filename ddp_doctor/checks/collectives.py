@@ -57,7 +57,9 @@ UNEVEN_INPUTS = declare(
     doc="""
     What: A rank finished its training loop (or destroyed its process group) while the other ranks
     still wait in a collective it never issued, typically the gradient all_reduce of one more
-    step. The finding gives the steps each rank ran where they were recorded.
+    step; or its DataLoader pass ended with fewer batches than the others' and the collective
+    after its loop (a barrier, an evaluation's reduce) met their next step's. The finding gives
+    the steps each rank ran and the batches each drew where they were recorded.
     Why: DDP synchronises gradients on every backward: when ranks get different numbers of batches
     (a dataset not split evenly, a sampler without drop_last, an iterable dataset), the rank with
     fewer batches leaves the loop and the others block in their extra step until the timeout.
@@ -385,7 +387,12 @@ def _decide(present: dict[int, dict[str, Any]], by_sig: dict[tuple[Any, ...], li
     call is new (or out of the order kept so far) while the others' is routine; else the ranks
     whose call sits in a branch of the source that reads the rank while the others' does not;
     else the minority when one variant is held by more ranks than any other; else nobody (None:
-    it cannot be told)."""
+    it cannot be told). Before all of these, what the ranks' data did: ranks whose pass over their
+    DataLoader had ended while the others' went on, with more batches, ran out first (uneven
+    inputs: the call after their loop met the others' next step)."""
+    out = _ran_out(present, by_rank)
+    if out:
+        return out, "data_ran_out"
     level = {rank: history.novelty(by_rank[rank], n) for rank in present}
     if max(level.values()) > min(level.values()):
         top = max(level.values())
@@ -408,24 +415,55 @@ def _steps_text(ranks: list[_Rank]) -> str:
     return ""
 
 
+def _data_pass(rank: _Rank) -> dict[str, Any] | None:
+    passing = rank.ledger.get("data_pass")
+    return passing if isinstance(passing, dict) and isinstance(passing.get("batches"), int) else None
+
+
+def _ran_out(present: dict[int, dict[str, Any]], by_rank: dict[int, _Rank]) -> list[int]:
+    """The ranks whose latest DataLoader pass ended with fewer batches than every other rank drew
+    from the same loader (whose pass may have ended too: a loader that fetches one batch ahead,
+    as accelerate's does, ends its pass while the last batch is still being trained on); [] when
+    the passes do not say so."""
+    passes = {r: _data_pass(by_rank[r]) for r in present}
+    if any(p is None for p in passes.values()) or len({p.get("loader") for p in passes.values()}) != 1:
+        return []
+    ended = [r for r, p in passes.items() if p.get("ended")]
+    if not ended:
+        return []
+    fewest = min(passes[r]["batches"] for r in ended)
+    odd = [r for r in ended if passes[r]["batches"] == fewest]
+    others = [r for r in passes if r not in odd]
+    return sorted(odd) if others and all(passes[r]["batches"] > fewest for r in others) else []
+
+
 def _branches_at(entry: dict[str, Any], branches: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    site = site_of(entry)
-    found = branches.get(site) if site else None
-    return [b for b in found if isinstance(b, dict) and b.get("condition")] if isinstance(found, list) else []
+    """The rank-reading branches around the call's line or, when none, around the innermost of its
+    callers' lines that has one (a helper that reduces, called under `if rank == 0:`); each branch
+    carries the "site" it encloses."""
+    callers = entry.get("user_callers")
+    for site in [site_of(entry), *(callers if isinstance(callers, list) else [])]:
+        found = branches.get(site) if isinstance(site, str) else None
+        if isinstance(found, list):
+            kept = [{**b, "site": site} for b in found if isinstance(b, dict) and b.get("condition")]
+            if kept:
+                return kept
+    return []
 
 
 def _in_branch(entry: dict[str, Any], branches: dict[str, list[dict[str, Any]]]) -> str:
-    """" in a branch that reads the rank (...)" for a call whose line sits in one (the innermost
-    named), "" otherwise."""
+    """" in a branch that reads the rank (...)" for a call whose line, or a caller's, sits in one
+    (the innermost named), "" otherwise."""
     found = _branches_at(entry, branches)
     if not found:
         return ""
     b = found[0]
     cond = str(b["condition"])
+    called = "" if b["site"] == site_of(entry) else f", around the call at {b['site']}"
     if cond.startswith("@"):
-        return f" in a function decorated {cond} (line {b.get('line')}), which runs on some ranks only"
+        return f" in a function decorated {cond} (line {b.get('line')}{called}), which runs on some ranks only"
     taken = "false" if b.get("taken_when") == "false" else "true"
-    return f" in a branch that reads the rank (`{cond}` {taken} there, line {b.get('line')})"
+    return f" in a branch that reads the rank (`{cond}` {taken} there, line {b.get('line')}{called})"
 
 
 def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[str, Any]],
@@ -445,6 +483,8 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
         found = _branches_at(e, branches)
         if found:
             evidence["ranks"][str(rank)]["rank_branches"] = found
+    if decided_by == "data_ran_out":
+        return _ran_out_finding(label, n, present, odd, others, by_rank, evidence, branches)
     own_path = decided_by in ("new_call", "new_order", "rank_branch") and (
         {(op_of(present[r]), site_of(present[r])) for r in odd}.isdisjoint(
             {(op_of(present[r]), site_of(present[r])) for r in others}))
@@ -483,6 +523,25 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
                     f"{_who(others)} the ones every rank had")
     return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=odd, evidence=evidence,
                          phase="training")
+
+
+def _ran_out_finding(label: str, n: int, present: dict[int, dict[str, Any]], odd: list[int], others: list[int],
+                     by_rank: dict[int, _Rank], evidence: dict[str, Any],
+                     branches: dict[str, list[dict[str, Any]]]) -> Finding:
+    """Uneven inputs seen at a mismatch: the ranks whose data ran out left their loop, and their
+    next collective (a barrier, an evaluation's reduce) met the others' next step."""
+    def drawn(ranks: list[int]) -> str:
+        counts = sorted({by_rank[r].ledger["data_pass"]["batches"] for r in ranks})
+        text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        return f"{text} batch" if counts == [1] else f"{text} batches"
+    evidence["decided_by"] = "data_ran_out"
+    evidence["data_pass"] = {str(r): by_rank[r].ledger["data_pass"] for r in sorted(present)}
+    message = (f"{_who(odd)} ran out of batches first: {'its' if len(odd) == 1 else 'their'} DataLoader pass "
+               f"ended after {drawn(odd)}, while {_who(others)} drew {drawn(others)} and trained on "
+               f"({_describe(present[others[0]])}{_in_branch(present[others[0]], branches)}, call #{n} of {label}); "
+               f"{_who(odd)} then issued {_describe(present[odd[0]])}{_in_branch(present[odd[0]], branches)}, "
+               f"which met it" + _steps_text([by_rank[r] for r in sorted(present)]))
+    return event_finding(UNEVEN_INPUTS, message, rank=None, ranks=odd, evidence=evidence, phase="training")
 
 
 def _whereabouts(ledger: dict[str, Any]) -> dict[str, Any]:

@@ -30,16 +30,17 @@ def _op_named(op: str) -> str:
 def crash_site(dump: str) -> dict[str, Any] | None:
     """Where a crashed rank was, from faulthandler's dump: {"op": the collective it was inside
     ("backward": a DDP model's gradient all_reduce), "site": the user's "file:line" that called it
-    (None if no frame of the user's), "function": that frame's function}; None when no thread was
-    inside a collective."""
+    (None if no frame of the user's), "function": that frame's function, "callers": the next lines
+    of the user's code around it, innermost first}; None when no thread was inside a collective."""
     found = thread_in_collective(dump)
     if found is None:
         return None
     thread, op, index = found
-    for file, line, func in thread.frames[index + 1:]:
-        if not is_library_file(file):
-            return {"op": op, "site": f"{file}:{line}", "function": func}
-    return {"op": op, "site": None, "function": None}
+    users = [(file, line, func) for file, line, func in thread.frames[index + 1:] if not is_library_file(file)]
+    if not users:
+        return {"op": op, "site": None, "function": None, "callers": []}
+    return {"op": op, "site": f"{users[0][0]}:{users[0][1]}", "function": users[0][2],
+            "callers": [f"{file}:{line}" for file, line, _ in users[1:4]]}
 
 
 def crash_ledgers(crashes: dict[int, tuple[str, float]],
@@ -111,6 +112,7 @@ def _infer(rank: int, site: dict[str, Any], peers: dict[int, dict[str, Any]], wh
         "retired": False, "failed_here": True, "is_p2p": False, "inferred": INFERRED,
         "time_created_ns": created if isinstance(created, int) else int(when * 1e9),
         **({"user_site": site["site"]} if site["site"] and site["op"] != "backward" else {}),
+        **({"user_callers": site["callers"]} if site["callers"] and site["op"] != "backward" else {}),
         **({"in_backward": True} if site["op"] == "backward" else {}),
     })
     where = f"{site['site']} in {site['function']}" if site["site"] else None

@@ -30,6 +30,9 @@ DUPLICATE_RANK = declare(
     What: Two or more processes called init_process_group for the same rendezvous with the same
     rank (a `rank=0` written by hand, or RANK overwritten), while the launcher numbered them apart.
     The finding names the processes, the rank they passed, the launcher's RANK for each, and the line.
+    Across nodes (`rank=LOCAL_RANK`, a wrong node_rank), judged from the claims each process puts in
+    the job's store at init (torchrun's agent store): both hosts and pids, and the line that
+    computed the rank; without a reachable store a duplicate across nodes cannot be told.
     After the fact (`ddp-doctor analyze`, no record of the calls): the process the launcher started
     as rank r was itself waiting in init for rank r's key when the group's timeout ended it.
     Why: The rendezvous waits until every rank from 0 to world_size-1 has joined; with a rank
@@ -109,10 +112,14 @@ NO_PROCESS_GROUP = declare(
     What: Several ranks were launched and ended well, but never called init_process_group (nor
     did anything they called form a process group): judged from what each rank left (its
     init_process_group record, its probe record and its ledger of collectives), not from the
-    script's text. Only when more than one rank was launched.
+    script's text. Only when more than one rank was launched. A rank that ended without a training
+    step is named too (nothing ran distributed: a script that finds too few GPUs, prints so and
+    returns ends well on every rank); ranks whose data were split by rank (a DistributedSampler given
+    num_replicas and rank by hand) trained independent models on their shards, and the finding
+    says so with the DataLoader's line.
     Why: Each rank then trains its own copy of the model on its own data: nothing is averaged,
     the job takes as long as one process and ends with as many different models, and rank 0's
-    checkpoint holds one of them. No error is ever raised.
+    checkpoint holds one of them. No error is ever raised; a job that did nothing reads as a pass.
     Fix: Call `torch.distributed.init_process_group()` (backend "nccl" on GPUs, "gloo" on CPU)
     before wrapping the model in DistributedDataParallel. With a framework, let it see the
     launcher's variables: the Hugging Face Trainer (accelerate) trains distributed only when
@@ -182,6 +189,39 @@ def _value(call: dict[str, Any], name: str) -> tuple[int | None, str]:
 
 def _effective(call: dict[str, Any], name: str) -> int | None:
     return _value(call, name)[0]
+
+
+def effective_rank(call: dict[str, Any]) -> int | None:
+    """The rank init_process_group was asked for in `call` (the argument, init_method's query, or
+    RANK at the call): the rank the process claims in the job's store (probes/rank_claims.py)."""
+    return _effective(call, "rank")
+
+
+def _identity(call: dict[str, Any]) -> tuple[Any, Any]:
+    return call.get("host"), call.get("pid")
+
+
+def other_claims(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The claims of the same rank by other processes that this process found in the job's store
+    (its record's `claims.others`, probes/rank_claims.py): each as a call record of its own,
+    marked `claimed`. Its own earlier claims (a second init in the same process) are left out."""
+    claims = call.get("claims")
+    if not isinstance(claims, dict):
+        return []
+    out = []
+    for other in claims.get("others") or []:
+        if isinstance(other, dict) and _identity(other) != _identity(call) and other.get("pid") is not None:
+            out.append({**other, "claimed": True, "done": False})
+    return out
+
+
+def waiting_in_init(call: dict[str, Any]) -> bool:
+    """Whether the process waits inside init_process_group, or its init failed while another
+    process on another host held its rank (the job's store went with the node whose verdict
+    ended the job first: the failure is the duplicate's consequence)."""
+    if not call.get("done"):
+        return True
+    return not call.get("ok") and any(o.get("host") != call.get("host") for o in other_claims(call))
 
 
 def _how(call: dict[str, Any], name: str) -> str:
@@ -316,25 +356,18 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
             by_rdzv.setdefault(key, []).append(c)
 
     duplicated: set[int] = set()  # pids
-    for group in by_rdzv.values():
+    for group in _with_claims(by_rdzv, calls).values():
         by_rank: dict[int, list[dict[str, Any]]] = {}
         for c in group:
             r = _effective(c, "rank")
-            if r is not None and c.get("pid") not in bad_world | out_of_range:
+            if r is not None and (c.get("claimed") or c.get("pid") not in bad_world | out_of_range):
                 by_rank.setdefault(r, []).append(c)
         for r, same in sorted(by_rank.items()):
             if len(same) < 2:
                 continue
-            duplicated |= {c.get("pid") for c in same}
-            who, ranks = _who(same)
-            given = [f"RANK={_launcher_rank(c)}" for c in same if _launcher_rank(c) is not None]
-            launcher = f"; the launcher gave {', '.join(given)}" if len(given) == len(same) else ""
-            sites = sorted({c.get("site") for c in same if c.get("site")})
-            message = (f"{who} all joined with rank {r} ({_how(same[0], 'rank')}"
-                       f"{' at ' + sites[0] if len(sites) == 1 else ''}){launcher}")
-            findings.append(event_finding(
-                DUPLICATE_RANK, message, rank=None, ranks=ranks, phase="training",
-                evidence={"rank": r, "calls": [_evidence(c) for c in same]}))
+            same = sorted(same, key=_order)
+            duplicated |= {c.get("pid") for c in same if not c.get("claimed")}
+            findings.append(_duplicate_finding(r, same))
 
     wrong_world: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # one finding per way it happened
     for c in calls:
@@ -365,6 +398,58 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
         if found is not None:
             findings.append(found)
     return findings
+
+
+CROSS_NODE_HINT = ("A rank is unique across every node, and LOCAL_RANK numbers the processes of one node only: "
+                   "pass rank=int(os.environ['RANK']) (or leave rank and world_size out: init_process_group reads "
+                   "RANK and WORLD_SIZE), or compute node_rank * nproc_per_node + local_rank with "
+                   "node_rank = int(os.environ['GROUP_RANK']) (the launcher's --node-rank).")
+
+
+def _with_claims(by_rdzv: dict[str, list[dict[str, Any]]],
+                 calls: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The calls of each rendezvous, with the claims of other processes (other nodes') that the
+    recorded processes found in the job's store, each process once (by host and pid)."""
+    out = {k: list(v) for k, v in by_rdzv.items()}
+    seen = {_identity(c) for c in calls}
+    for c in calls:
+        for other in other_claims(c):
+            key = _rendezvous(other)
+            if key is None or _identity(other) in seen:
+                continue
+            seen.add(_identity(other))
+            out.setdefault(key, []).append(other)
+    return out
+
+
+def _duplicate_finding(r: int, same: list[dict[str, Any]]) -> Finding:
+    who, ranks = _who(same)
+    given = [f"RANK={_launcher_rank(c)}" for c in same if _launcher_rank(c) is not None]
+    launcher = f"; the launcher gave {', '.join(given)}" if len(given) == len(same) else ""
+    sites = sorted({c.get("site") for c in same if c.get("site")})
+    hosts = {c.get("host") for c in same if c.get("host")}
+    where = ""
+    if len(hosts) > 1:  # several nodes: which process on which host
+        where = "; " + ", ".join(
+            f"{_label(c)} on {c.get('host') or 'an unknown host'} (pid {c.get('pid')}, "
+            f"claimed rank {_effective(c, 'rank')}{'' if _launcher_rank(c) is None else f', RANK={_launcher_rank(c)}'})"
+            for c in same)
+    computed = {(d.get("text"), d.get("site")) for c in same if isinstance(d := c.get("rank_computed"), dict)}
+    origin = ""
+    if len(computed) == 1 and _passed(same[0], "rank") not in (None, -1):  # the line that computed it
+        text, at = next(iter(computed))
+        origin = f", computed by `{text}` at {at}" if text and at else ""
+    message = (f"{who} all joined with rank {r} ({_how(same[0], 'rank')}"
+               f"{' at ' + sites[0] if len(sites) == 1 else ''}{origin}){launcher}{where}")
+    return event_finding(
+        DUPLICATE_RANK, message, rank=None, ranks=ranks, phase="training",
+        hint=CROSS_NODE_HINT if len(hosts) > 1 else None,
+        evidence={"rank": r, "hosts": sorted(hosts), "calls": [_evidence(c) for c in same]})
+
+
+def _label(c: dict[str, Any]) -> str:
+    r = _launcher_rank(c)
+    return f"rank {r}" if r is not None else "a process"
 
 
 def _world_beyond_started(rdzv: str, group: list[dict[str, Any]], bad_world: set[Any],
@@ -411,15 +496,15 @@ def _world_beyond_started(rdzv: str, group: list[dict[str, Any]], bad_world: set
 
 
 def _evidence(call: dict[str, Any]) -> dict[str, Any]:
-    keys = ("pid", "site", "rank_arg", "world_size_arg", "rank_passed", "world_size_passed", "arg_text",
-            "init_method", "env", "launcher", "spawn", "done", "ok")
+    keys = ("pid", "host", "site", "rank_arg", "world_size_arg", "rank_passed", "world_size_passed", "arg_text",
+            "init_method", "env", "launcher", "spawn", "done", "ok", "claimed", "rank_computed")
     return {k: call[k] for k in keys if k in call}
 
 
 def blocking(findings: list[Finding], calls: list[dict[str, Any]]) -> bool:
     """Whether the findings leave processes waiting inside init for nothing: an error while some
     call has not returned (the job is ended and reported at once rather than at the timeout)."""
-    return any(f.severity == "error" for f in findings) and any(not c.get("done") for c in calls)
+    return any(f.severity == "error" for f in findings) and any(waiting_in_init(c) for c in calls)
 
 
 def _formed_group(probe: dict[str, Any] | None) -> bool:
@@ -458,16 +543,44 @@ def no_process_group_finding(launched: list[int], outcomes: dict[int, dict[str, 
         return None
     every = len(alone) == len(set(launched))
     who = f"rank {alone[0]}" if len(alone) == 1 else f"ranks {format_ranks(alone)}"
-    if every:
+    probes_of = {r: by_pid.get((outcomes.get(r) or {}).get("pid")) or {} for r in alone}
+    shard = _shard_site(probes_of)
+    others = sorted(set(launched) - set(alone))
+    with_others = "" if every else f" with {'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)}"
+    one = len(alone) == 1
+    idle = not any(probes_of[r].get("steps") for r in alone)
+    if idle:
+        what = ("nothing ran distributed: no optimizer step and no collective on any of them, each script "
+                "ended on its own with exit status 0 (a script that checks for GPUs or arguments and returns "
+                "early ends well this way: read what it printed)")
+    elif shard:
+        what = (f"the ranks trained independent models on their shards of the data (the DataLoader made at "
+                f"{shard} splits the data by rank, yet no gradients were synchronised{with_others}): each "
+                f"shard trained its own model, and rank 0's checkpoint holds one of them") if not one else (
+                f"it trained an independent model on its shard of the data (the DataLoader made at {shard} "
+                f"splits the data by rank, yet no gradients were synchronised{with_others})")
+    elif every:
         what = "each trained alone (no gradients were synchronised)"
     else:
-        others = sorted(set(launched) - set(alone))
-        what = (f"{'it' if len(alone) == 1 else 'each'} trained alone (no gradients were synchronised with "
-                f"{'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)})")
+        what = (f"{'it' if one else 'each'} trained alone (no gradients were synchronised{with_others})")
     return event_finding(
         NO_PROCESS_GROUP, f"{who} ended without calling init_process_group: {what}", rank=None, ranks=alone,
         hint=NO_GROUP_HINT, phase="training",
-        evidence={"ranks": alone, "launched": sorted(set(launched)), "optimizer_steps": steps})
+        evidence={"ranks": alone, "launched": sorted(set(launched)), "optimizer_steps": steps,
+                  "nothing_ran": idle, "sharded_loader": shard})
+
+
+def _shard_site(probes: dict[int, dict[str, Any]]) -> str | None:
+    """Where the DataLoader was made that split the data by rank while the ranks trained alone: a
+    loader drawn during optimizer steps through a sampler sharded by rank (a DistributedSampler
+    given num_replicas and rank by hand, which needs no process group) on every rank; None if none."""
+    sites: dict[str, set[int]] = {}
+    for r, probe in probes.items():
+        for ld in probe.get("loaders") or []:
+            if ld.get("distributed") and any(it.get("training") for it in ld.get("iterations") or []):
+                sites.setdefault(str(ld.get("site")), set()).add(r)
+    every = [site for site, rs in sites.items() if rs == set(probes)]
+    return every[0] if every else None
 
 
 def init_verdict(findings: list[Finding], calls: list[dict[str, Any]], *, settled: bool = False) -> list[Finding]:

@@ -20,6 +20,7 @@ from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.crash_ledgers import crash_ledgers
 from ddp_doctor.checks.ddp_parameters import with_parameter_names
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
+from ddp_doctor.checks.init_late import LATE_TO_INIT, late_init_verdict
 from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftovers import leftover_findings
 from ddp_doctor.checks.probe_records import by_rank
@@ -88,6 +89,9 @@ class JobEvidence:
     # ({"line", "condition", "taken_when", "reads"}, innermost first: facts/rank_branches.py), read
     # by whoever gathered the evidence (training/job_report.py), so the verdict never reads files
     rank_branches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # rank -> its last heartbeat (where it was, "where": its innermost line of the user's code, and
+    # when), whatever the ending: where a rank late to init was when a peer's wait for it expired
+    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -119,6 +123,9 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     findings = with_ledgers(findings, ledgers, world_size=ev.world_size, branches=ev.rank_branches)
     # init's arguments date from the first call; an error they explain becomes their consequence
     findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)
+    # a rank's init (or store wait) timed out: the ranks that had not called init by then are the cause
+    findings = late_init_verdict(findings, ranks=ev.ranks, outcomes=ev.outcomes, init_calls=ev.init_calls,
+                                 ledgers=ev.ledgers, heartbeats=ev.heartbeats)
     if not ev.init_calls:  # no record of the calls (a post-mortem): what the ranks' init waited for
         findings = init_wait_verdict(findings, ev.outcomes, ev.ranks, launched_known=ev.launched_known)
     if ev.slow and not ev.hung:
@@ -135,7 +142,9 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     if ev.launched_alone:
         alone = no_process_group_finding(ev.ranks, ev.outcomes, ev.init_calls, ev.probes, ev.ledgers)
         # the sampler rules' "each rank trained alone on all the data" already says it, and more
-        said = any(f.id == TRAINED_ALONE.id and set(alone.ranks) <= set(f.ranks) for f in findings) if alone else True
+        # (or DDP879: it ended without init while a peer's init waited for it)
+        said = any(f.id in (TRAINED_ALONE.id, LATE_TO_INIT.id) and set(alone.ranks) <= set(f.ranks)
+                   for f in findings) if alone else True
         findings += [alone] if alone is not None and not said else []
     return findings, code
 

@@ -15,6 +15,7 @@ from typing import Any
 from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
+from ddp_doctor.checks.teardown import exit_holders
 from ddp_doctor.checks.wrapped_errors import RealError, real_error, user_frame
 from ddp_doctor.facts.frames import dumped_threads, is_library_file, not_user_code_dirs, thread_in_collective
 from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks
@@ -271,13 +272,26 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
             # a peer stuck the same way was ended first. After another rank failed (this one was
             # blocked with it in a collective) it is a consequence: info, said so.
             after = _failed_first(r, outcomes, exits)
+            # what the process held past the bound (non-daemon threads, children): the script's, an error
+            held = exit_holders(o.get("held_by"))
             findings.append(event_finding(
                 failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
                 f"but the process did not exit and was ended ({_signal_name(code)})"
+                + (f"; what kept it alive: {held}" if held else "")
                 + (f", after rank {after} failed (a consequence)" if after is not None else ""),
-                rank=r, phase="teardown", severity="info" if after is not None else None,
+                rank=r, phase="teardown",
+                severity="info" if after is not None else "error" if held else "warning",
+                hint=None if after is not None else (
+                    "Stop and join what the script starts before it ends (a sentinel on the queue or the "
+                    "Event set, then thread.join(); Pool.close() and join(); Popen.wait()), or make "
+                    "background threads daemons: Python's exit waits for them, so the rank never exits."
+                ) if held else (
+                    "No thread or child process of the script was seen holding it (the interpreter's or "
+                    "torch's own teardown): call dist.destroy_process_group() at the end of training; if it "
+                    "persists, end the script with os._exit(status) after flushing its output."),
                 caused_by=ROOT_CAUSE if after is not None else None,
-                evidence={"exit_status": code, **({"after_rank": after} if after is not None else {})}))
+                evidence={"exit_status": code, **({"after_rank": after} if after is not None else {}),
+                          **({"held_by": o["held_by"]} if held else {})}))
         elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
             # the launcher stops the survivors once a rank has failed: a consequence, said so
             findings.append(event_finding(

@@ -22,6 +22,9 @@ Which loaders are judged, from what the ranks did (never from the script's text)
   purpose) is not a sharding bug: nothing is reported;
 - a loader drawn with no optimizer step and no DDP training forward (evaluation) that every rank
   reads in full, in a job whose DDP model trains, is wasteful, not wrong: DDP854, info;
+- coverage (DDP851) is judged on every loader that all ranks drew a whole epoch from: the indices
+  the ranks drew, counted over the pass, against the data set's length; what split the data twice
+  is named from the samplers and the DistributedSampler arguments each rank recorded;
 - accelerate's prepared loaders shard on their own terms: `dispatch_batches` (rank 0 loads and
   broadcasts, the other ranks draw nothing) and `split_batches` (each rank keeps its slice of one
   batch, so the indices may be the same on every rank) are never DDP850 or DDP853. Lightning's
@@ -51,8 +54,14 @@ OVERLAP = declare(
     batch across the ranks, are sharded by design.
     Why: Without a distributed-aware sampler every rank trains on the same data: the job "works"
     at 1/N of the speed it should, with N times the effective repetition.
+    When the loader does draw through a DistributedSampler, its arguments recorded on each rank
+    (num_replicas, rank, seed, shuffle, drop_last) are compared and the finding names what makes
+    the shards overlap: a seed that differs by rank with shuffle=True (`seed=rank`), or rank= /
+    num_replicas= passed by hand with a wrong value.
     Fix: Use DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=False) (or let
-    Trainer/Accelerate shard the data), and call sampler.set_epoch(epoch) every epoch.
+    Trainer/Accelerate shard the data), and call sampler.set_epoch(epoch) every epoch. With a
+    DistributedSampler already there: the same seed on every rank, and rank / num_replicas left to
+    the process group.
     """)
 
 NOT_COVERED = declare(
@@ -60,10 +69,20 @@ NOT_COVERED = declare(
     doc="""
     What: Over all ranks, one epoch leaves indices of the data set undrawn, beyond what
     drop_last=True may drop (fewer than world_size samples).
-    Why: A sampler built for another data set size, or num_replicas larger than the world, skips
-    data silently.
-    Fix: Build DistributedSampler from the data set the DataLoader uses, with num_replicas equal to
-    the world size (the default reads it from the process group).
+    In training (`ddp-doctor run`) it is decided from what the ranks drew: in each rank's first
+    complete pass over a loader every drawn index is counted, and the ranks' draws together (their
+    union where every index was kept) are compared with the data set's length (a Subset's base data
+    set, when each rank's Subset holds other indices). The finding says what each rank draws ("each
+    rank draws 1/4 of the data with 2 ranks") and why, from the loader's samplers and the
+    DistributedSampler arguments each rank recorded: sharded twice (a DistributedSampler inside and
+    accelerate's per-process split of Accelerator.prepare, a per-rank Subset such as
+    indices[rank::world_size], or a sampler that splits the DistributedSampler's draws by rank
+    again), num_replicas larger than the world, or seeds that differ by rank.
+    Why: A sampler built for another data set size, num_replicas larger than the world, or data
+    sharded twice skips data silently: part of every epoch is never trained on.
+    Fix: Shard once: build DistributedSampler from the data set the DataLoader uses, with
+    num_replicas equal to the world size (the default reads it from the process group), and do not
+    split again (hand accelerate a DataLoader without a DistributedSampler, or do not prepare it).
     """)
 
 SAME_ORDER = declare(
@@ -252,14 +271,19 @@ def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
             allowed = (len(trained) - 1) * int(info.get("batch_size") or 1)
             if shared > allowed:
                 flagged = True
-                out.append(finding_at(OVERLAP, (
+                cause, hint = overlap_cause({r: have[r] for r in trained}, world)
+                f = finding_at(OVERLAP, (
                     f"ranks {format_ranks(trained)} drew the same samples from the DataLoader made at "
                     f"{info.get('site')} ({info.get('sampler')} over {info.get('dataset')} of "
                     f"{info.get('dataset_size')}): {shared} of {drawn} samples in the first "
                     f"{max(len(it.get('indices') or []) for it in first.values())} batches of the first "
-                    f"epoch were drawn by more than one rank (padding allows {allowed})"),
+                    f"epoch were drawn by more than one rank (padding allows {allowed}){cause}"),
                     rank=None, ranks=trained, evidence={"loader": info.get("site"), "shared": shared,
-                                                        "drawn": drawn, "sampler": info.get("samplers")}))
+                                                        "drawn": drawn, "sampler": info.get("samplers"),
+                                                        "sampler_args": _args_by_rank(have)})
+                if hint:
+                    f.hint = hint
+                out.append(f)
         if (not flagged and not rank_data and world > 1 and info.get("map_style") and mode is None
                 and not any(ld.get("distributed") for ld in have.values())):
             out.append(finding_at(NOT_SHARDED, (
@@ -269,6 +293,9 @@ def sampler_rules(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
                 rank=None, ranks=sorted(have), evidence={"loader": info.get("site"),
                                                          "samplers": info.get("samplers")}))
         out += _same_order(info, training)
+    for key in keys:
+        have = {r: ks[key] for r, ks in keyed.items() if key in ks}
+        out += coverage_findings(have, world)
     if not ddp_job and not _ddp_made(ranks):
         out += _trained_alone(ranks, keyed, world)
     return out
@@ -365,3 +392,153 @@ def _same_order(info: dict[str, Any], training: dict[int, list[dict[str, Any]]])
         f"{a.get('number')} and {b.get('number')} with the same order on rank(s) {format_ranks(rs)}{epoch}: "
         f"set_epoch(epoch) is not called"), rank=None, ranks=rs,
         evidence={"loader": info.get("site"), "epoch": a.get("epoch")})]
+
+
+# ---------------------------------------------------------------- what makes shards overlap or fall short
+
+def _args_by_rank(have: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """rank -> the DistributedSampler's arguments its loader recorded (num_replicas, rank, seed,
+    shuffle, drop_last), for the ranks whose loader has one."""
+    return {str(r): ld["sampler_args"] for r, ld in sorted(have.items()) if ld.get("sampler_args")}
+
+
+def overlap_cause(have: dict[int, dict[str, Any]], world: int) -> tuple[str, str | None]:
+    """(": what makes the shards overlap", a hint) from the DistributedSampler arguments each rank
+    recorded, compared across ranks; ("", None) when no rank's loader has a DistributedSampler (the
+    catalogue's own fix, a DistributedSampler, then applies)."""
+    args = {r: ld.get("sampler_args") for r, ld in sorted(have.items()) if ld.get("sampler_args")}
+    if not args:
+        return "", None
+    ranks = sorted(args)
+    seeds = {r: a.get("seed") for r, a in args.items()}
+    given = {r: a.get("rank") for r, a in args.items()}
+    replicas = {r: a.get("num_replicas") for r, a in args.items()}
+    shuffles = any(a.get("shuffle") for a in args.values())
+    taken = [v for v in given.values() if v is not None]
+    if len(set(taken)) < len(taken):
+        dup = sorted({v for v in taken if taken.count(v) > 1})[0]
+        who = [r for r in ranks if given[r] == dup]
+        return (f": a DistributedSampler with rank={dup} on ranks {format_ranks(who)} (rank= passed by hand "
+                f"with a wrong value), so they draw the same shard",
+                "Leave rank= and num_replicas= out of DistributedSampler (they are read from the process group), "
+                "or pass dist.get_rank() and dist.get_world_size().")
+    wrong_world = {r: n for r, n in replicas.items() if isinstance(n, int) and n != world}
+    if wrong_world:
+        r, n = sorted(wrong_world.items())[0]
+        return (f": a DistributedSampler with num_replicas={n} in a world of {world} (num_replicas= passed by "
+                f"hand, on rank(s) {format_ranks(wrong_world)}), so the shards are cut for another world",
+                "Leave num_replicas= and rank= out of DistributedSampler (they are read from the process group), "
+                "or pass dist.get_world_size() and dist.get_rank().")
+    if shuffles and len(set(seeds.values())) > 1:
+        shown = ", ".join(f"seed={seeds[r]} on rank {r}" for r in ranks[:4])
+        return (f": a DistributedSampler whose seed differs by rank ({shown}{', ...' if len(ranks) > 4 else ''}"
+                f"): with shuffle=True each rank shards its own permutation, so the shards overlap and leave "
+                f"samples out",
+                "Give DistributedSampler the same seed on every rank (the default, 0, or one shared value; "
+                "seed=rank breaks the sharding), and call sampler.set_epoch(epoch) for a new order each epoch.")
+    return "", None
+
+
+def _fraction(part: float, whole: int) -> str:
+    """"1/4" when part/whole is within 10% of one over an integer, else a percentage."""
+    if part <= 0 or whole <= 0:
+        return "none"
+    k = round(whole / part)
+    if k >= 2 and abs(whole / part - k) <= 0.1 * k:
+        return f"1/{k}"
+    return f"{100 * part / whole:.0f}%"
+
+
+def _per_rank_subset(have: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The Subset every rank's loader draws from, when its indices differ by rank (a hand-made split
+    of the data set, `indices[rank::world]`); None otherwise."""
+    subsets = [ld.get("subset") for ld in have.values()]
+    if len(subsets) < 2 or not all(isinstance(x, dict) and x.get("head") and x.get("base_size") for x in subsets):
+        return None
+    heads = {tuple(x["head"]) for x in subsets}  # type: ignore[index]
+    return subsets[0] if len(heads) > 1 else None  # type: ignore[return-value]
+
+
+def _second_split(have: dict[int, dict[str, Any]], args: dict[str, Any] | None,
+                  subset: dict[str, Any] | None, world: int) -> tuple[str, str]:
+    """(the cause, the hint) of a loader whose ranks leave samples undrawn."""
+    lds = list(have.values())
+    accelerate = any(ld.get("wrapper") or "BatchSamplerShard" in (ld.get("samplers") or []) for ld in lds)
+    inside = ", ".join(dict.fromkeys(str(ld.get("sampler")) for ld in lds if ld.get("wrapped_samplers")))
+    if args and accelerate:
+        return ("sharded twice: a DistributedSampler inside, and accelerate's per-process split",
+                "Shard once: hand Accelerator.prepare() a DataLoader without a DistributedSampler (accelerate "
+                "shards it per process), or keep the DistributedSampler and do not prepare that DataLoader.")
+    if args and subset:
+        return ("sharded twice: a DistributedSampler inside, and a per-rank Subset of the data set (each rank's "
+                f"Subset of {subset.get('base')} holds other indices: a hand-made split such as "
+                "indices[rank::world_size])",
+                "Shard once: give every rank the same data set and let the DistributedSampler split it, or keep "
+                "the per-rank split and use a plain sampler on it.")
+    if args and inside:
+        return (f"sharded twice: a DistributedSampler inside {inside}, which splits what it draws by rank again",
+                "Shard once: keep the DistributedSampler and drop the second per-rank split around it (or the "
+                "reverse).")
+    nums = [a.get("num_replicas") for a in [ld.get("sampler_args") or {} for ld in lds]]
+    big = max((n for n in nums if isinstance(n, int)), default=0)
+    if args and big > world:
+        return (f"a DistributedSampler with num_replicas={big} in a world of {world}: the shards of ranks "
+                f"{format_ranks(range(world, big))} are drawn by no one",
+                "Leave num_replicas= out of DistributedSampler (it is read from the process group), or pass "
+                "dist.get_world_size().")
+    seeded, seed_hint = overlap_cause(have, world)
+    if seeded:
+        return seeded[2:], seed_hint or ""
+    if subset:
+        return (f"each rank draws from its own Subset of {subset.get('base')}, and the Subsets leave samples out",
+                "Check the per-rank split covers the data set.")
+    return ("the samplers leave part of the data set undrawn",
+            "Build the sampler from the data set the DataLoader uses, sharded once across the world.")
+
+
+def coverage_findings(have: dict[int, dict[str, Any]], world: int) -> list[Finding]:
+    """DDP851 over the probe records: in the first complete pass of each rank over one loader, the
+    samples all ranks drew (counted over the whole pass; distinct where every index was kept) fall
+    short of the data set's length (the base data set's, for a Subset that differs by rank) by more
+    than drop_last may drop. Judged only when every rank of the world drew a whole epoch from it;
+    accelerate's dispatch_batches (rank 0 draws for everyone) and iterable data sets are left out."""
+    if world < 2 or len(have) < world or _sharded_by_wrapper(have) == "dispatch_batches":
+        return []
+    info = have[min(have)]
+    if not info.get("map_style"):
+        return []
+    passes: dict[int, dict[str, Any]] = {}
+    for r, ld in have.items():
+        done = [it for it in ld.get("iterations") or [] if it.get("complete") and it.get("samples") is not None]
+        if not done:
+            return []
+        passes[r] = done[0]
+    subset = _per_rank_subset(have)
+    n = int((subset or {}).get("base_size") or info.get("dataset_size") or 0)
+    total = sum(int(it.get("samples") or 0) for it in passes.values())
+    if n <= 0 or total <= 0:
+        return []
+    drawn = total
+    kept = [it.get("indices") or [] for it in passes.values()]
+    if subset is None and all(sum(len(b or []) for b in k) == int(it.get("samples") or 0)
+                              for k, it in zip(kept, passes.values())):
+        drawn = len({i for k in kept for b in k for i in (b or [])})  # every index kept: the exact union
+    bs = int(info.get("batch_size") or 1)
+    allowed = (world - 1) + (world * (bs - 1) if any(ld.get("drop_last") for ld in have.values()) else 0)
+    if drawn + allowed >= n:
+        return []
+    args = next((ld.get("sampler_args") for _, ld in sorted(have.items()) if ld.get("sampler_args")), None)
+    cause, hint = _second_split(have, args, subset, world)
+    share = _fraction(total / len(passes), n)
+    f = finding_at(NOT_COVERED, (
+        f"the DataLoader made at {info.get('site')} ({info.get('sampler')} over "
+        f"{(subset or {}).get('base') or info.get('dataset')} of {n}): one epoch over {world} ranks draws "
+        f"{drawn} of {n} samples, {n - drawn} never drawn: each rank draws {share} of the data with {world} "
+        f"ranks: {cause}"),
+        rank=None, ranks=sorted(have), evidence={
+            "loader": info.get("site"), "dataset_size": n, "drawn": drawn, "missing": n - drawn,
+            "per_rank": {str(r): int(it.get("samples") or 0) for r, it in sorted(passes.items())},
+            "samplers": info.get("samplers"), "sampler_args": _args_by_rank(have),
+            "wrapper": info.get("wrapper"), "per_rank_subset": subset is not None})
+    f.hint = hint
+    return [f]

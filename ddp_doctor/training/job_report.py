@@ -64,12 +64,12 @@ def rank_branches_of(ev: JobEvidence) -> dict[str, list[dict[str, Any]]]:
     for dump, _when in ev.crashes.values():
         found = crash_site(dump) if isinstance(dump, str) else None
         if found and found["site"]:
-            sites.append(str(found["site"]))
+            sites += [str(found["site"]), *found["callers"]]
     for ledger in ev.ledgers.values():
         for entry in reversed(entries_of(ledger) if isinstance(ledger, dict) else []):
-            site = site_of(entry)
-            if site:
-                sites.append(site)
+            callers = entry.get("user_callers")
+            sites += [s for s in [site_of(entry), *(callers if isinstance(callers, list) else [])]
+                      if isinstance(s, str)]
     out: dict[str, list[dict[str, Any]]] = {}
     for site in dict.fromkeys(sites):
         if len(out) >= MAX_SITES:

@@ -24,7 +24,7 @@ def abort_dump(*inner: tuple[str, int, str], current: bool = False) -> str:
     """faulthandler's text at a SIGABRT raised on a thread of gloo's own: the watchdog's Python
     thread, then the main thread, `inner` its innermost frames (above the script's module frame)."""
     main = [f'  File "{f}", line {ln} in {fn}' for f, ln, fn in inner]
-    main += ['  File "/usr/lib/python3.11/runpy.py", line 88 in _run_code']
+    main += ['  File "<frozen runpy>", line 88 in _run_code']
     header = "Current thread 0x00007f00d89f7b80" if current else "Thread 0x00007f00d89f7b80"
     return "\n".join([
         "Fatal Python error: Aborted", "",
@@ -59,12 +59,12 @@ def test_the_thread_inside_a_collective_is_found_when_no_thread_took_the_signal(
     assert [t.current for t in dumped_threads(dump)] == [False, False]
     thread, op, index = thread_in_collective(dump)
     assert op == "all_reduce" and thread.frames[index][2] == "all_reduce"
-    assert crash_site(dump) == {"op": "all_reduce", "site": at(11), "function": "<module>"}
+    assert crash_site(dump) == {"op": "all_reduce", "site": at(11), "function": "<module>", "callers": []}
     assert crashing_frames(dump)[-2] == (SCRIPT, 11, "<module>")  # the main thread, not the watchdog's
 
 
 def test_a_backward_is_a_ddp_gradient_all_reduce() -> None:
-    assert crash_site(in_backward(9)) == {"op": "backward", "site": at(9), "function": "<module>"}
+    assert crash_site(in_backward(9)) == {"op": "backward", "site": at(9), "function": "<module>", "callers": []}
     assert collective_of_frame(f"{LIB}/autograd/graph.py", "_engine_run_backward") == "backward"
     # a user's own file that happens to share a name is not torch's
     assert collective_of_frame("/work/job/graph.py", "_engine_run_backward") is None
@@ -183,3 +183,44 @@ def test_both_calls_in_rank_branches_stay_undecided() -> None:
     [f] = ledger_findings(leds, branches=branch)
     assert f.id == "DDP890" and f.ranks == [0, 1]
     assert "`rank == 0` true there" in f.message and "`rank == 0` false there" in f.message
+
+
+# ------------------------------------------------------------------------------ the data decides
+
+def test_a_rank_whose_data_pass_ended_with_fewer_batches_ran_out_first() -> None:
+    """Rank 1 left its loop after 4 batches and waits in a barrier; rank 0 drew a 5th and its
+    backward issued the next gradient all_reduce: uneven inputs (DDP892), not a barrier of rank
+    1's own."""
+    common = ddp_construction() + steps(4, 4, params=8)
+    leds = {0: ledger(0, common + [entry(8, "all_reduce", [[8]], retired=False)], "hung", steps=4,
+                      data_pass={"loader": 0, "batches": 5, "ended": False, "length": 5}),
+            1: ledger(1, common + [entry(8, "barrier", retired=False, user_site=at(20))], "hung", steps=4,
+                      data_pass={"loader": 0, "batches": 4, "ended": True, "length": 4})}
+    [f] = ledger_findings(leds)
+    assert f.id == "DDP892" and f.ranks == [1], f.message
+    assert "rank 1 ran out of batches first: its DataLoader pass ended after 4 batches, while rank 0 drew 5" \
+        in f.message and f"issued barrier at {at(20)}" in f.message
+    # a loader that fetches ahead (accelerate's) ends its pass on every rank: fewer batches decide
+    leds[0]["data_pass"]["ended"] = True
+    assert [g.id for g in ledger_findings(leds)] == ["DDP892"]
+    # the same batches on both (a NaN check that left the loop early): the ledgers decide
+    leds[1]["data_pass"] = {"loader": 0, "batches": 5, "ended": False, "length": 4}
+    leds[0]["data_pass"]["ended"] = False
+    [g] = ledger_findings(leds)
+    assert g.id == "DDP893" and g.ranks == [1]
+    # passes over different loaders say nothing
+    leds[1]["data_pass"] = {"loader": 3, "batches": 1, "ended": True, "length": 1}
+    assert ledger_findings(leds)[0].id == "DDP893"
+
+
+def test_a_helper_that_reduces_called_in_a_rank_branch_is_decided_by_its_caller() -> None:
+    """`evaluate()` all_reduces at line 5 (no branch there); it is called at line 20 under
+    `if rank == 0:`: the caller's branch decides and is quoted with the call's line."""
+    branch = {at(5): [], at(20): [{"line": 19, "condition": "rank == 0", "taken_when": "true", "reads": "rank"}],
+              at(22): []}
+    leds = {0: ledger(0, [entry(1, "all_reduce", [[1]], retired=False, user_site=at(5), user_callers=[at(20)])],
+                      "hung"),
+            1: ledger(1, [entry(1, "barrier", retired=False, user_site=at(22))], "hung")}
+    [f] = ledger_findings(leds, branches=branch)
+    assert f.id == "DDP893" and f.ranks == [0], f.message
+    assert f"(`rank == 0` true there, line 19, around the call at {at(20)})" in f.message

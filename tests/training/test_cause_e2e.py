@@ -30,6 +30,8 @@ RUNS = {
     "nan_break": ("leaves_loop_on_nan.py", ["--hang-timeout", "6"]),
     "metric_abort": ("metric_in_rank0_block.py", []),
     "skipped_abort": ("metric_skipped_on_one_rank.py", []),
+    "ran_out": ("uneven_loader_then_barrier.py", ["--hang-timeout", "8"]),
+    "eval_helper": ("evaluates_on_rank0_only.py", ["--hang-timeout", "6"]),
 }
 
 
@@ -163,6 +165,27 @@ def test_a_rank_that_skipped_a_routine_metric_is_named_not_the_rank_gloo_aborted
     assert "out of the order every rank had kept" in cause["message"]
     assert line_of("metric_skipped_on_one_rank.py", "dist.all_reduce(logged)") in cause["message"]
     assert "`step % 2 == 0 or rank == 1` true there" in cause["message"]
+
+
+def test_a_rank_whose_data_ran_out_first_is_uneven_inputs_not_its_own_way(runs):
+    res, rep = ran(runs, "ran_out")
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP892" and cause["ranks"] == [1], rep["findings"]
+    assert "rank 1 ran out of batches first: its DataLoader pass ended after 4 batches" in cause["message"]
+    assert "rank 0 drew 5" in cause["message"]
+    assert line_of("uneven_loader_then_barrier.py", "dist.barrier()") in cause["message"]
+    assert cause["evidence"]["data_pass"]["1"]["ended"] is True
+
+
+def test_a_helper_that_reduces_called_on_rank_0_only_is_named_at_its_call(runs):
+    res, rep = ran(runs, "eval_helper")
+    assert res.rc == 124, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP893" and cause["ranks"] == [0], rep["findings"]
+    assert line_of("evaluates_on_rank0_only.py", "dist.all_reduce(correct)") in cause["message"]
+    assert "`local_rank == 0` true there" in cause["message"]
+    assert "around the call at " + line_of("evaluates_on_rank0_only.py", "evaluate(model))") in cause["message"]
 
 
 def test_a_rank_written_by_hand_is_reported_at_once(runs):

@@ -43,17 +43,22 @@ def _is_user_file(name: str) -> bool:
     return user
 
 
-def _site() -> Any:
+OUTER_SITES = 3  # the callers' lines kept above the call's own: where a helper that reduces was called
+
+
+def _site() -> tuple[Any, tuple[Any, ...]]:
     """Where the script called the wrapper: its innermost frame outside the libraries and
     ddp-doctor, as (code, instruction offset), made "file:line" by `_resolve` when the calls are
-    read (on Python 3.9, "file:line" at once)."""
+    read (on Python 3.9, "file:line" at once); and the next OUTER_SITES frames of the user's code
+    around it, innermost first (an `evaluate()` that reduces, called under `if rank == 0:`)."""
     f = sys._getframe(2)
-    while f is not None:
+    found: list[Any] = []
+    while f is not None and len(found) <= OUTER_SITES:
         code = f.f_code
         if _is_user_file(code.co_filename):
-            return (code, f.f_lasti) if _LAZY_LINES else f"{code.co_filename}:{f.f_lineno}"
+            found.append((code, f.f_lasti) if _LAZY_LINES else f"{code.co_filename}:{f.f_lineno}")
         f = f.f_back
-    return None
+    return (found[0], tuple(found[1:])) if found else (None, ())
 
 
 def _line(code: types.CodeType, offset: int) -> int | None:
@@ -82,11 +87,13 @@ def collective_wrapper(op: str) -> Callable[[Callable[..., Any]], Callable[..., 
             if getattr(_local, "inside", False):  # all_gather_object calls all_gather: one site
                 return orig(*args, **kwargs)
             global _recorded
-            call = [time.time_ns(), None, op, None]
+            # start, end, op, the user's line, the call's details (without a flight recorder), the
+            # callers' lines
+            call = [time.time_ns(), None, op, None, None, ()]
             try:
-                call[3] = _site()
+                call[3], call[5] = _site()
                 if _detail:
-                    call.append(_describe_call(args, kwargs))
+                    call[4] = _describe_call(args, kwargs)
             except Exception:  # noqa: BLE001 - a probe never breaks the call
                 pass
             _calls.append(call)
@@ -102,9 +109,10 @@ def collective_wrapper(op: str) -> Callable[[Callable[..., Any]], Callable[..., 
 
 
 def calls() -> list[list[Any]]:
-    """[start_ns, end_ns or None while running, op, site] of the calls kept, oldest first."""
+    """[start_ns, end_ns or None while running, op, site, [the callers' sites]] of the calls kept,
+    oldest first."""
     memo: dict[tuple[int, int], str] = {}
-    return [[c[0], c[1], c[2], _resolve(c[3], memo)] for c in list(_calls)]
+    return [[c[0], c[1], c[2], _resolve(c[3], memo), [_resolve(o, memo) for o in c[5]]] for c in list(_calls)]
 
 
 # ------------------------------------------------------------ without torch's flight recorder
@@ -153,13 +161,14 @@ def fallback_dump() -> dict[str, Any] | None:
     entries = []
     first = _recorded - len(_calls)
     for i, c in enumerate(list(_calls)):
-        pg, sizes, dtypes = c[4] if len(c) > 4 else ("0", [], [])
+        pg, sizes, dtypes = c[4] or ("0", [], [])
         seq[pg] = seq.get(pg, 0) + 1
         entries.append({
             "record_id": first + i, "collective_seq_id": seq[pg], "process_group": [pg, ""],
             "profiling_name": f"python:{c[2]}", "input_sizes": sizes, "input_dtypes": dtypes,
             "time_created_ns": c[0], "retired": c[1] is not None, "is_p2p": False,
-            "user_site": _resolve(c[3], memo), "user_op": c[2]})
+            "user_site": _resolve(c[3], memo), "user_op": c[2],
+            **({"user_callers": [_resolve(o, memo) for o in c[5]]} if c[5] else {})})
     return {"entries": entries, "pg_config": {}, "source": "python_calls"}
 
 
@@ -178,6 +187,9 @@ def annotate(entries: list[dict[str, Any]], recorded: list[list[Any]] | None = N
         i = bisect.bisect_right(starts, created) - 1  # the latest call started before the entry
         if i < 0:
             continue
-        start, end, op, site = recorded[i]
+        start, end, op, site = recorded[i][:4]
         if (end is None or created <= end) and site:
             e["user_site"], e["user_op"] = site, op
+            callers = recorded[i][4] if len(recorded[i]) > 4 else []
+            if callers:
+                e["user_callers"] = callers

@@ -1,5 +1,6 @@
 """Starting the probes in a process: `install(out_dir)` makes this process's recorder and puts the
-wrappers in place (dist_wrappers, loader_wrappers, trainer_wrapper, the fork hooks of children) once;
+wrappers in place (dist_wrappers, loader_wrappers, trainer_wrapper, the fork hooks of children, the
+start sites of threads and child processes of exit_holders) once;
 `install_in_child` does it from sitecustomize once the child imports torch.
 
 The wrappers only record and then call the original: no collective is added, nothing the script
@@ -16,6 +17,7 @@ from ddp_doctor.training.probes import (
     children,
     collective_sites,
     dist_wrappers,
+    exit_holders,
     init_calls,
     loader_wrappers,
     recorder,
@@ -35,6 +37,7 @@ def install(out_dir: str | None) -> Recorder:
         if made:
             atexit.register(_at_exit)
         _patch_torch()
+    exit_holders.install()  # where non-daemon threads and children start: what may keep the rank alive (DDP806)
     return rec
 
 

@@ -78,13 +78,15 @@ class Iteration:
     """One pass over a DataLoader (one `iter(loader)`): what the first K batches were made of, and
     what was done with them: `training` when an optimizer stepped between its first and last draw,
     `ddp_training` when a DDP model did training work then (its batches fed the distributed model),
-    `collectives` when the process groups carried a collective then (None: unknown). Without a DDP
+    `collectives` when the process groups carried a collective then (None: unknown); `samples`: the
+    indices drawn over the whole pass (counted, not kept), `complete` when the pass ran to its end
+    (what the coverage rule, DDP851, adds up across ranks). Without a DDP
     model, an optimizer step with collectives around it is how FSDP, DeepSpeed or a hand-made
     all_reduce synchronise gradients; one without any trained each rank's model on its own."""
 
     __slots__ = ("loader", "number", "epoch", "steps_at_start", "steps_at_last", "batches",
                  "indices", "hashes", "data_times", "recorder", "done", "ddp_at_start", "ddp_at_last",
-                 "coll_at_start", "coll_at_last")
+                 "coll_at_start", "coll_at_last", "samples", "complete")
 
     def __init__(self, recorder: "Recorder", loader: dict[str, Any], number: int, epoch: Any) -> None:
         self.recorder, self.loader, self.number, self.epoch = recorder, loader, number, epoch
@@ -96,6 +98,8 @@ class Iteration:
         self.hashes: list[Any] = []
         self.data_times: list[float] = []
         self.done = False
+        self.samples = 0
+        self.complete = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "epoch": self.epoch, "batches": self.batches,
@@ -103,7 +107,8 @@ class Iteration:
                 "ddp_training": self.ddp_at_last > self.ddp_at_start,
                 "collectives": (None if self.coll_at_start is None or self.coll_at_last is None
                                 else self.coll_at_last != self.coll_at_start),
-                "indices": self.indices, "hashes": self.hashes}
+                "indices": self.indices, "hashes": self.hashes, "samples": self.samples,
+                "complete": self.complete}
 
 
 class Recorder:
@@ -124,6 +129,10 @@ class Recorder:
         self.pg: dict[str, Any] = {}       # rank / world size / backend of the default group
         self.extra: dict[str, Any] = {}    # what callbacks add (Trainer arguments, ...)
         self.ended: dict[str, Any] | None = None
+        # The latest pass over a DataLoader, every epoch (not only the ones kept in full):
+        # [loader id, batches drawn, whether it ended (StopIteration), len(loader) or None]. A
+        # rank whose pass ended while its peers' goes on ran out of batches first (uneven inputs).
+        self.current_pass: list[Any] | None = None
         self.set_device_called = False
         # Training work on DistributedDataParallel models: forwards with autograd on (DDP then
         # all-reduces the gradients in backward) and optimizer steps over a DDP model's parameters.
@@ -213,10 +222,12 @@ class Recorder:
                 "ddp_models": len(self.ddp_modules), "ddp_parameters": self.ddp_parameters,
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
 
-    def flush(self) -> None:
+    def flush(self, *, empty_too: bool = False) -> None:
+        """Write the record; `empty_too`: even when nothing was recorded (a rank's script that
+        ended: that it did nothing is what DDP876 judges)."""
         if not self.out_dir or os.getpid() != self.pid:
             return
-        if not (self.events or self.steps or self.loaders):
+        if not (self.events or self.steps or self.loaders or empty_too):
             return  # a helper process that did nothing worth reporting
         write_json(probe_path(self.out_dir, self.pid), self.to_dict())
 
@@ -228,7 +239,7 @@ class Recorder:
         if "end" not in self.checksums and self.steps:
             self.checksum("end")
         self.ended = {"t": time.time(), "pg_initialized": group_is_up(), **data}
-        self.flush()
+        self.flush(empty_too=data.get("how") == "script")  # the rank's script ended: kept even if empty
 
 
 def script_identity(argv: list[str] | None = None) -> dict[str, str] | None:

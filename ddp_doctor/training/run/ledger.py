@@ -129,10 +129,22 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
             "source": data.get("source") or "flight_recorder", "position": position, "steps": steps, "where": where,
             "since_ns": since_ns, "complete": complete, "entries": entries,
             "pg_config": data.get("pg_config") or {}, "host": os.uname().nodename,
-            **({"samples": samples} if samples else {})})
+            **({"samples": samples} if samples else {}), **_data_pass()})
         return True
     except Exception:  # noqa: BLE001 - a ledger that cannot be made must not break the user's job
         return False
+
+
+def _data_pass() -> dict[str, Any]:
+    """{"data_pass": {"loader", "batches", "ended", "length"}}: this rank's latest pass over a
+    DataLoader (probes/recorder.py), or {} when none was recorded."""
+    from ddp_doctor.training.probes.recorder import current_recorder
+    rec = current_recorder()
+    passing = list(rec.current_pass) if rec is not None and rec.current_pass else None
+    if passing is None:
+        return {}
+    lid, batches, ended, length = passing
+    return {"data_pass": {"loader": lid, "batches": batches, "ended": bool(ended), "length": length}}
 
 
 def requested(run_dir: str, since: float = 0.0) -> bool:

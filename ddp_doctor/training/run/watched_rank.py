@@ -124,6 +124,8 @@ def run_training_rank(opts: RunOptions) -> int:
     if not under_parent and not own_dir:  # a stopped job (torchrun forwards SIGTERM) still reports
         watch.watch_stop_signals(lambda w, sig: _end_stopped_rank(w, sig, started, opts))
     alone = _StopsAlone(watch, started, opts) if own_dir else None  # one process: stops reported too
+    from ddp_doctor.processes.stop_signals import release_early
+    release_early()  # held since the command began (cli): a stop that came meanwhile reaches the handlers now
     outside = not under_parent and not own_dir  # torchrun, SageMaker's toolkit, mpirun, SLURM
     if outside:  # a chdir in the script must not move the report
         opts.report_path = os.path.abspath(Output(report_path=opts.report_path).path())
@@ -149,10 +151,12 @@ def run_training_rank(opts: RunOptions) -> int:
     from ddp_doctor.training.probes.init_calls import remember_launcher
     remember_launcher(info.rank, info.world_size)
     init_watch = None
-    if own_dir:  # no launcher: the processes the script starts are judged at init (they may wait there)
+    if own_dir or outside:  # no launcher: the processes the script starts are judged at init (they may
+        # wait there); an outside launcher: this rank's own claim, when another process holds its rank
         from ddp_doctor.training.run.init_verdict import InitWatch
         init_watch = InitWatch(run_dir, watch, started, lambda: _finish_outside(
-            rank, run_dir, started, True, opts, stuck_in_init=True)).start()
+            rank, run_dir, started, True, opts, stuck_in_init=True), own_dir=own_dir,
+            claims_of=None if own_dir else os.getpid()).start()
     _record_fatal_signals(run_dir, rank)
     watch.script_started_ns = time.time_ns()
     from ddp_doctor.training.run.leftovers import watch_children
@@ -181,6 +185,9 @@ def run_training_rank(opts: RunOptions) -> int:
               "host": os.uname().nodename, "phase": "training",
               "local_rank": os.environ.get("LOCAL_RANK"), "leftovers": children.end()}  # checks/leftovers.py
     records.write_outcome(run_dir, rank, ending)
+    if under_parent and probe is not None:  # what keeps the process alive past the teardown bound (DDP806)
+        from ddp_doctor.training.probes.exit_holders import watch_exit
+        watch_exit(records.outcome_path(run_dir, rank))
     job = None  # several nodes: what the job's store says of every rank's ending
     if not own_dir:  # after the records the report needs: a peer's failure may end this rank soon
         _leave_ledger(watch, run_dir, rank, position, outcome)
@@ -600,6 +607,7 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     ev = JobEvidence(ranks=sorted(set(run.outcomes) | set(gone) | set(beats)), outcomes=run.outcomes,
                      ledgers=run.ledgers, probes=run.probes, interrupted=interrupted, stopped_at=beats,
                      stacks=run.stacks(beats), init_calls=calls, stuck_in_init=stuck_in_init, vanished=gone,
+                     heartbeats=run.heartbeats,
                      hung=hung is not None, hang_timeout=max((float(hb.get("bound") or 0) for hb in beats.values()),
                                                              default=0.0))
     ctx = current_context()
