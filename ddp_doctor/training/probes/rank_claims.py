@@ -30,6 +30,7 @@ from ddp_doctor.time_limit import call_with_time_limit
 CLAIM_BOUND = 3.0  # seconds, at most, the claim holds up init_process_group
 CONNECT_S = 1.0  # torch's connect timeout for the claim's client
 WATCH_S = 1800.0  # the first claim's wait for a second one (torch's default init timeout)
+WATCH_STEP_S = 5.0  # one wait request at a time: the first claim lets the store go soon after init worked
 MAX_OTHERS = 8  # earlier claims of the same rank read
 
 
@@ -104,11 +105,21 @@ class RankClaim:
 
     def _watch(self, store: Any, key: str) -> None:
         """The first claim: wait on the store's side for a second claim of the same rank while
-        init has not returned; keep it in the record. Never raises."""
+        init has not returned (in waits of WATCH_STEP_S, so that the connection is let go once init
+        worked); keep it in the record. Never raises."""
+        deadline = time.monotonic() + WATCH_S
         try:
-            store.wait([key], timedelta(seconds=WATCH_S))
+            while True:
+                if self.rec.get("done") and self.rec.get("ok"):
+                    return  # init worked: nobody else holds this rank
+                try:
+                    store.wait([key], timedelta(seconds=WATCH_STEP_S))
+                    break
+                except Exception:  # noqa: BLE001 - torch's timeout (a DistStoreError or RuntimeError): look again
+                    if time.monotonic() >= deadline or not store_alive(store):
+                        return
             if self.rec.get("done") and self.rec.get("ok"):
-                return  # init worked: nobody else holds this rank
+                return
             other = json.loads(store.get(key).decode("utf-8"))
         except Exception:  # noqa: BLE001 - the store gone (the job ended) or its bound: nothing to keep
             return
@@ -118,6 +129,16 @@ class RankClaim:
                 self.update(self.claims)
             except Exception:  # noqa: BLE001 - a probe never breaks the job
                 pass
+
+
+def store_alive(store: Any) -> bool:
+    """Whether the store still answers (a wait that failed because the job's store went away, not
+    because its step ended)."""
+    try:
+        store.check(["ddp_doctor/alive"])
+        return True
+    except Exception:  # noqa: BLE001 - any failure: the store is gone
+        return False
 
 
 def claim_rank(rec: dict[str, Any], update: Callable[[dict[str, Any]], None], env: Any = None) -> dict[str, Any]:
