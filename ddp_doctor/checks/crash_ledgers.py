@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.checks.collectives import entries_of, group_of, is_pending, op_of, seq_of, site_of
-from ddp_doctor.facts.frames import is_library_file, thread_in_collective
+from ddp_doctor.facts.frames import collective_of_frame, is_library_file, thread_in_collective
 
 INFERRED = "crash_dump"  # an entry's or a ledger's `inferred` / `source`: not recorded, inferred
 
@@ -37,17 +37,20 @@ def crash_site(dump: str) -> dict[str, Any] | None:
         return None
     thread, op, index = found
     users = [(file, line, func) for file, line, func in thread.frames[index + 1:] if not is_library_file(file)]
+    # every collective the thread was inside (all_gather_object calls all_gather): the one noted
+    ops = [o for o in (collective_of_frame(f, fn) for f, _, fn in thread.frames) if o]
     if not users:
-        return {"op": op, "site": None, "function": None, "callers": []}
+        return {"op": op, "site": None, "function": None, "callers": [], "ops": ops}
     return {"op": op, "site": f"{users[0][0]}:{users[0][1]}", "function": users[0][2],
-            "callers": [f"{file}:{line}" for file, line, _ in users[1:4]]}
+            "callers": [f"{file}:{line}" for file, line, _ in users[1:4]], "ops": ops}
 
 
-def crash_ledgers(crashes: dict[int, tuple[str, float]],
-                  ledgers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def crash_ledgers(crashes: dict[int, tuple[str, float]], ledgers: dict[int, dict[str, Any]],
+                  last_calls: dict[int, dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
     """rank -> a ledger inferred for each rank that crashed inside a collective and left none,
     from its dump and the ledgers of the ranks that left one; {} when nothing can be inferred
-    (no crash inside a collective, no peer's ledger)."""
+    (no crash inside a collective, no peer's ledger). `last_calls`: rank -> the newest Python-level
+    call it kept through the crash: when it is the call the dump shows, its tensors are known."""
     peers = {int(r): led for r, led in ledgers.items() if entries_of(led)}
     if not peers:
         return {}
@@ -58,13 +61,16 @@ def crash_ledgers(crashes: dict[int, tuple[str, float]],
         site = crash_site(dump)
         if site is None:
             continue
-        inferred = _infer(rank, site, peers, when)
+        note = (last_calls or {}).get(rank)
+        inferred = _infer(rank, site, peers, when, note if isinstance(note, dict) and note.get("op") in site["ops"]
+                          else None)
         if inferred is not None:
             out[rank] = inferred
     return out
 
 
-def _infer(rank: int, site: dict[str, Any], peers: dict[int, dict[str, Any]], when: float) -> dict[str, Any] | None:
+def _infer(rank: int, site: dict[str, Any], peers: dict[int, dict[str, Any]], when: float,
+           note: dict[str, Any] | None) -> dict[str, Any] | None:
     per_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
     names: dict[str, str] = {}
     for r, led in peers.items():
@@ -106,9 +112,12 @@ def _infer(rank: int, site: dict[str, Any], peers: dict[int, dict[str, Any]], wh
     backend = str(model.get("profiling_name") or "").partition(":")[0]
     op = _op_named(site["op"])
     created = at_n.get("time_created_ns") if at_n else None
+    tensors = note if note is not None and isinstance(note.get("input_sizes"), list) and note["input_sizes"] \
+        else {"input_sizes": [], "input_dtypes": []}
     entries.append({
         "collective_seq_id": n, "process_group": [pg, names.get(pg, "")],
-        "profiling_name": f"{backend or '?'}:{op}", "input_sizes": [], "input_dtypes": [],
+        "profiling_name": f"{backend or '?'}:{op}", "input_sizes": tensors["input_sizes"],
+        "input_dtypes": tensors.get("input_dtypes") or [],
         "retired": False, "failed_here": True, "is_p2p": False, "inferred": INFERRED,
         "time_created_ns": created if isinstance(created, int) else int(when * 1e9),
         **({"user_site": site["site"]} if site["site"] and site["op"] != "backward" else {}),

@@ -59,6 +59,9 @@ class JobEvidence:
     outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)
     crashes: dict[int, tuple[str, float]] = field(default_factory=dict)
+    # rank -> the newest Python-level collective call it kept through a crash ({"op", "pg",
+    # "input_sizes", "input_dtypes", "time_ns"}): the tensors of the call a crashed rank was inside
+    last_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     ledgers: dict[int, dict[str, Any]] = field(default_factory=dict)
     init_calls: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
@@ -119,7 +122,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     findings = with_parameter_names(findings, ev.outcomes, ev.probes)
     # a rank that crashed inside a collective left no ledger: what it issued is inferred from its
     # crash dump and its peers' ledgers, and judged with theirs
-    ledgers = {**crash_ledgers(ev.crashes, ev.ledgers), **ev.ledgers}
+    ledgers = {**crash_ledgers(ev.crashes, ev.ledgers, ev.last_calls), **ev.ledgers}
     findings = with_ledgers(findings, ledgers, world_size=ev.world_size, branches=ev.rank_branches)
     # init's arguments date from the first call; an error they explain becomes their consequence
     findings = init_verdict(findings, ev.init_calls, settled=ev.stuck_in_init)

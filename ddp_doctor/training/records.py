@@ -76,6 +76,7 @@ OUTCOME_FILE = "rank-{}.json"
 HEARTBEAT_FILE = "hb-{}.json"
 STACK_FILE = "stack-{}.txt"
 CRASH_FILE = "crash-{}.txt"
+CALL_NOTE_FILE = "call-{}.txt"  # the newest Python-level collective call, kept through a crash
 PROBE_FILE = "probe-{}.json"  # its pattern also matches the remote ones: read_probes reads both
 REMOTE_PROBE_FILE = "probe-remote-{}.json"
 LEDGER_FILE = "ledger-{}.json"
@@ -107,6 +108,10 @@ def stack_path(run_dir: str, rank: int) -> str:
 
 def crash_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, CRASH_FILE.format(rank))
+
+
+def call_note_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, CALL_NOTE_FILE.format(rank))
 
 
 def probe_path(run_dir: str, pid: int) -> str:
@@ -284,6 +289,22 @@ def read_crashes(run_dir: str) -> dict[int, tuple[str, float]]:
             continue
         if text and text.strip():
             out[rank] = (text, when)
+    return out
+
+
+def read_call_notes(run_dir: str) -> dict[int, dict[str, Any]]:
+    """rank -> the newest Python-level collective call it kept (probes/collective_sites.py)."""
+    from ddp_doctor.training.probes.collective_sites import read_note
+    out: dict[int, dict[str, Any]] = {}
+    before, _, after = CALL_NOTE_FILE.partition("{}")
+    for p in glob.glob(glob_pattern(run_dir, CALL_NOTE_FILE)):
+        try:
+            rank = int(os.path.basename(p)[len(before):-len(after)])
+        except ValueError:
+            continue
+        note = read_note(p)
+        if note is not None:
+            out[rank] = note
     return out
 
 

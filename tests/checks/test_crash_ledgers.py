@@ -59,12 +59,13 @@ def test_the_thread_inside_a_collective_is_found_when_no_thread_took_the_signal(
     assert [t.current for t in dumped_threads(dump)] == [False, False]
     thread, op, index = thread_in_collective(dump)
     assert op == "all_reduce" and thread.frames[index][2] == "all_reduce"
-    assert crash_site(dump) == {"op": "all_reduce", "site": at(11), "function": "<module>", "callers": []}
+    assert crash_site(dump) == {"op": "all_reduce", "site": at(11), "function": "<module>", "callers": [],
+                                "ops": ["all_reduce"]}
     assert crashing_frames(dump)[-2] == (SCRIPT, 11, "<module>")  # the main thread, not the watchdog's
 
 
 def test_a_backward_is_a_ddp_gradient_all_reduce() -> None:
-    assert crash_site(in_backward(9)) == {"op": "backward", "site": at(9), "function": "<module>", "callers": []}
+    assert crash_site(in_backward(9))["op"] == "backward" and crash_site(in_backward(9))["site"] == at(9)
     assert collective_of_frame(f"{LIB}/autograd/graph.py", "_engine_run_backward") == "backward"
     # a user's own file that happens to share a name is not torch's
     assert collective_of_frame("/work/job/graph.py", "_engine_run_backward") is None
@@ -224,3 +225,21 @@ def test_a_helper_that_reduces_called_in_a_rank_branch_is_decided_by_its_caller(
     [f] = ledger_findings(leds, branches=branch)
     assert f.id == "DDP893" and f.ranks == [0], f.message
     assert f"(`rank == 0` true there, line 19, around the call at {at(20)})" in f.message
+
+
+def test_the_call_a_crashed_rank_kept_gives_its_tensors() -> None:
+    """The same all_gather line on both ranks, tensors sized by each rank's data: rank 1 completed
+    it, rank 0 aborted inside it. The call rank 0 kept through the crash (its note) gives its
+    tensors: the ranks' shapes differ at that line (DDP890), not just "a crash"."""
+    peer = ledger(1, [entry(1, "all_gather", [[4]], user_site=at(7))], "destroyed", steps=0, complete=True)
+    note = {"n": 1, "op": "all_gather", "pg": "0", "input_sizes": [[3]], "input_dtypes": ["Float"], "time_ns": 1}
+    inferred = crash_ledgers({0: (in_all_reduce(7, "all_gather"), 2.5)}, {1: peer}, {0: note})
+    assert inferred[0]["entries"][-1]["input_sizes"] == [[3]]
+    [f] = ledger_findings({1: peer, **inferred})
+    assert f.id == "DDP890" and f.ranks == [0, 1], f.message
+    assert "rank 0 all_gather Float[3] at" in f.message and "rank 1 all_gather Float[4] at" in f.message
+    assert "their shape depends on each rank's data" in f.message
+    # a note of another call (the crash was elsewhere) is not used
+    other = {**note, "op": "broadcast"}
+    assert crash_ledgers({0: (in_all_reduce(7, "all_gather"), 2.5)}, {1: peer}, {0: other})[0]["entries"][-1][
+        "input_sizes"] == []

@@ -32,6 +32,7 @@ RUNS = {
     "skipped_abort": ("metric_skipped_on_one_rank.py", []),
     "ran_out": ("uneven_loader_then_barrier.py", ["--hang-timeout", "8"]),
     "eval_helper": ("evaluates_on_rank0_only.py", ["--hang-timeout", "6"]),
+    "gather_sizes": ("gathers_rank_sized.py", []),
 }
 
 
@@ -186,6 +187,20 @@ def test_a_helper_that_reduces_called_on_rank_0_only_is_named_at_its_call(runs):
     assert line_of("evaluates_on_rank0_only.py", "dist.all_reduce(correct)") in cause["message"]
     assert "`local_rank == 0` true there" in cause["message"]
     assert "around the call at " + line_of("evaluates_on_rank0_only.py", "evaluate(model))") in cause["message"]
+
+
+def test_an_all_gather_sized_by_each_ranks_data_is_a_mismatch_with_both_sizes(runs):
+    """Whichever way gloo ends it (an abort on one rank, a raise on the other), the verdict is the
+    mismatch at the all_gather's line, with each rank's size: the aborted rank's kept through its
+    crash (its note of the call)."""
+    res, rep = ran(runs, "gather_sizes")
+    assert res.rc != 0, res.output
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP890" and cause["ranks"] == [0, 1], rep["findings"]
+    assert "rank 0 all_gather Float[3] at" in cause["message"] and "rank 1 all_gather Float[4] at" in cause["message"]
+    assert line_of("gathers_rank_sized.py", "dist.all_gather(") in cause["message"]
+    assert "their shape depends on each rank's data" in cause["message"]
+    assert "no Python frame" not in str(rep["findings"])
 
 
 def test_a_rank_written_by_hand_is_reported_at_once(runs):

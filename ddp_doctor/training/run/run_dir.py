@@ -46,6 +46,7 @@ class RunRecords:
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
     ledgers: dict[int, dict[str, Any]] = field(default_factory=dict)
     crashes: dict[int, tuple[str, float]] = field(default_factory=dict)
+    last_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     init_calls: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -60,7 +61,8 @@ def read_run(run_dir: str, since: float = 0.0) -> RunRecords:
     return RunRecords(run_dir=run_dir, outcomes=records.read_outcomes(run_dir, since),
                       heartbeats=records.read_heartbeats(run_dir, since),
                       ledgers=merged(run_dir, records.read_ledgers(run_dir, since), since=since),
-                      crashes=records.read_crashes(run_dir), init_calls=records.read_init_calls(run_dir),
+                      crashes=records.read_crashes(run_dir), last_calls=records.read_call_notes(run_dir),
+                      init_calls=records.read_init_calls(run_dir),
                       probes=records.read_probes(run_dir, since))
 
 
