@@ -14,7 +14,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 SCRIPT = "rank_from_local_rank.py"
 
 
-def two_nodes(tmp_path: Path, script_args: list[str]) -> list:
+def two_nodes(tmp_path: Path, script_args: list[str], script: str = SCRIPT) -> list:
     """`ddp-doctor run --nnodes 2` of SCRIPT, one rank a node, on algo-1 and algo-2 (namespaces);
     each node's report in tmp_path/nodeN.json. Their results, waited for with a bound."""
     from helpers.nodes import hosts_file, on_node, require_namespaces
@@ -27,14 +27,14 @@ def two_nodes(tmp_path: Path, script_args: list[str]) -> list:
         cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
                "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
                "--timeout", "30", "--skip", "communication", "--report", str(tmp_path / f"node{node}.json"),
-               str(SCRIPTS / SCRIPT), *script_args]
+               str(SCRIPTS / script), *script_args]
         procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
     return [finish(p, 150) for p in procs]
 
 
-def line_of(text: str) -> str:
-    lines = (SCRIPTS / SCRIPT).read_text().splitlines()
-    return f"{SCRIPT}:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
+def line_of(text: str, script: str = SCRIPT) -> str:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return f"{script}:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
 
 
 def test_rank_from_local_rank_on_two_nodes_is_named_on_each_node_with_both_hosts(tmp_path):
@@ -61,3 +61,18 @@ def test_the_launchers_rank_on_two_nodes_stays_clean(tmp_path):
         assert res.rc == 0, (node, res.output)
         rep = load_json(str(tmp_path / f"node{node}.json"))
         assert not [f for f in rep["findings"] if f["id"] in ("DDP867", "DDP869")], rep["findings"]
+
+
+def test_a_node_index_the_launcher_does_not_set_is_named_with_the_line_that_computed_the_rank(tmp_path):
+    """rank = NODE_RANK x per node + LOCAL_RANK, NODE_RANK unset under torchrun: both nodes claim
+    rank 0; each node's report names both hosts and the computing line."""
+    script = "rank_from_node_rank.py"
+    results = two_nodes(tmp_path, [], script)
+    for node, res in enumerate(results):
+        assert res.rc == 124, (node, res.output)
+        rep = load_json(str(tmp_path / f"node{node}.json"))
+        assert rep["root_cause"]["id"] == "DDP867", rep["findings"]
+        msg = rep["root_cause"]["message"]
+        assert line_of("dist.init_process_group(", script) in msg, msg
+        assert line_of("rank = node *", script) in msg, msg
+        assert "rank 0 on algo-1 (pid" in msg and "rank 1 on algo-2 (pid" in msg, msg
