@@ -11,7 +11,7 @@ from typing import Iterator, Mapping
 from ddp_doctor.checks.sagemaker_config import host_evidence, hosts_text
 from ddp_doctor.context import BACKENDS, RankContext
 from ddp_doctor.facts.host import SMDDP_MODULE
-from ddp_doctor.facts.launchers import RANK_VARIABLES, LauncherInfo
+from ddp_doctor.facts.launchers import RANK_VARIABLES, LauncherInfo, address_problem
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
@@ -239,6 +239,30 @@ def master_port_valid(ctx: RankContext) -> Iterator[Problem]:
     elif port < 1024:
         yield Problem(message=f"MASTER_PORT={port} is a privileged port (below 1024)",
                       severity="warning", evidence={"MASTER_PORT": port})
+
+
+@check("DDP111", category="launcher_env", severity="error", title="MASTER_ADDR is not an address")
+def master_addr_valid(ctx: RankContext) -> Iterator[Problem]:
+    """
+    What: MASTER_ADDR is set to something that is neither a host name (letters, digits, hyphens,
+    underscores and dots) nor an IPv4 or IPv6 address: a path, a URL, an address with its port, a
+    value with spaces.
+    Why: Every rank connects to MASTER_ADDR:MASTER_PORT for the rendezvous; a value that is no
+    address never resolves, and the ranks wait at the rendezvous until their timeout (torch's
+    default is 30 minutes) instead of failing at once. The preflight does not attempt the
+    rendezvous with it.
+    Fix: Set MASTER_ADDR to rank 0's host name or IP address alone (`MASTER_ADDR=10.0.0.1`,
+    `MASTER_ADDR=algo-1`), and the port in MASTER_PORT.
+    """
+    addr = ctx.master_addr
+    why = address_problem(addr) if addr is not None else None
+    if why is None:
+        return
+    shown = addr if len(addr) <= 200 else addr[:200] + "..."
+    yield Problem(message=f"MASTER_ADDR={shown!r} is {why}: the rendezvous is not attempted with it",
+                  hint="Set MASTER_ADDR to rank 0's host name or IP address alone (e.g. MASTER_ADDR=10.0.0.1) "
+                       "and the port in MASTER_PORT.",
+                  evidence={"MASTER_ADDR": shown, "why": why})
 
 
 @check("DDP106", category="launcher_env", severity="error", title="Requested backend not available")

@@ -97,13 +97,17 @@ def several_consoles_finding(read: list[str], left: list[str]) -> Finding:
 
 
 def log_missing_finding(ranks: list[int], known_from: dict[int, str], empty: list[int], *,
-                        ending_known: bool = False) -> Finding:
+                        ending_known: bool = False, unlisted: int = 0, world: int | None = None) -> Finding:
     """Ranks known to the artifacts but without output (`empty`: their file is there, empty).
-    `ending_known`: the launcher said how each of them ended (a killed rank prints nothing): info."""
+    `ending_known`: the launcher said how each of them ended (a killed rank prints nothing): info.
+    `unlisted`: how many more ranks below `world` the artifacts hold nothing of, too many to list."""
     absent = [r for r in ranks if r not in empty]
     parts = []
     if absent:
         parts.append(f"no output of rank(s) {format_ranks(absent)} is among the inputs")
+    if unlisted:
+        parts.append(f"nothing of {unlisted:,} more of the {world:,} ranks the artifacts imply (the largest rank "
+                     f"or world size they name) is among the inputs; too many to list one by one")
     if empty:
         parts.append(f"the output of rank(s) {format_ranks(empty)} is empty")
     sources = sorted({known_from[r] for r in ranks if r in known_from})
@@ -112,7 +116,8 @@ def log_missing_finding(ranks: list[int], known_from: dict[int, str], empty: lis
     return event_finding(
         LOG_MISSING, "; ".join(parts) + (f" (known from {', '.join(sources)})" if sources else "") + why,
         rank=None, ranks=ranks, phase="training", severity="info" if ending_known else None,
-        evidence={"missing": absent, "empty": empty, "known_from": {str(r): known_from.get(r) for r in ranks}})
+        evidence={"missing": absent, "empty": empty, "known_from": {str(r): known_from.get(r) for r in ranks},
+                  **({"unlisted": unlisted, "world_size": world} if unlisted else {})})
 
 
 def unread_input_finding(skipped: list[tuple[str, str]]) -> Finding:

@@ -19,6 +19,12 @@ from ddp_doctor.facts.env_values import Invalid, as_int, env_bool, env_int
 
 LAUNCHERS = ("spawn", "torchrun", "mpirun", "mpich", "slurm", "env", "none")
 
+# The most ranks a job can have here (2**20): far beyond any real job, small enough that what
+# is made per rank (a rendezvous's lists, a report's ranks) stays bounded. A rank, local rank,
+# world size or node count past it is not believed: it is read as invalid (DDP101).
+MAX_RANKS = 1 << 20
+BEYOND = f"beyond any real job (at most {MAX_RANKS:,} ranks)"
+
 
 @dataclass(frozen=True)
 class LauncherInfo:
@@ -69,15 +75,19 @@ def _slurm_tasks_per_node(raw: str | None, node_id: int | None = None) -> str | 
     # per-node counts in node order; this node's count is the entry at SLURM_NODEID.
     if not raw:
         return raw
-    counts: list[str] = []
+    # walked without expanding: "8(x100000000000)" builds nothing per node
+    first: str | None = None
+    seen = 0  # nodes counted so far
     for part in raw.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*(\d{1,9})\s*(?:\(x(\d{1,9})\))?\s*", part)
         if not m:  # not the compressed form: hand the first entry on, env_int reports it
             return raw.split(",")[0].split("(")[0]
-        counts += [m.group(1)] * int(m.group(2) or 1)
-    if node_id is not None and 0 <= node_id < len(counts):
-        return counts[node_id]
-    return counts[0]
+        first = m.group(1) if first is None else first
+        times = int(m.group(2) or 1)
+        if node_id is not None and seen <= node_id < seen + times:
+            return m.group(1)
+        seen += times
+    return first
 
 
 def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int | None = None,
@@ -104,6 +114,9 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
                 as_int(env_int(env, "SLURM_NODEID"))) or ""
         values = {n: env_int(view, n) for n in names}
         variables = {n: env.get(n) for n in names}
+    for n, v in values.items():  # the launcher's word, but no job has this many ranks
+        if isinstance(v, int) and abs(v) > MAX_RANKS:
+            values[n] = Invalid(str(variables.get(n) if variables.get(n) is not None else v), BEYOND)
     r, lr, ws, lws = (as_int(values[n]) for n in names)
     invalid = {n: v for n, v in values.items() if isinstance(v, Invalid)}
 
@@ -115,13 +128,13 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
         extra = ("SLURM_NODEID", "SLURM_NNODES")
     for n in extra:
         variables[n] = env.get(n)
-        v = env_int(env, n)
+        v = _bounded_int(env, n)
         if isinstance(v, Invalid):
             invalid[n] = v
     if name == "torchrun":
-        node_rank, nnodes = as_int(env_int(env, "GROUP_RANK")), as_int(env_int(env, "GROUP_WORLD_SIZE"))
+        node_rank, nnodes = as_int(_bounded_int(env, "GROUP_RANK")), as_int(_bounded_int(env, "GROUP_WORLD_SIZE"))
     elif name == "slurm":
-        node_rank, nnodes = as_int(env_int(env, "SLURM_NODEID")), as_int(env_int(env, "SLURM_NNODES"))
+        node_rank, nnodes = as_int(_bounded_int(env, "SLURM_NODEID")), as_int(_bounded_int(env, "SLURM_NNODES"))
     elif lws and ws is not None and r is not None and ws % lws == 0:
         # mpirun / mpich / generic env: homogeneous layout assumed (ranks packed by node)
         node_rank, nnodes = r // lws, ws // lws
@@ -135,6 +148,41 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
         master_port=as_int(port), agent_store=env_bool(env, "TORCHELASTIC_USE_AGENT_STORE"),
         variables=variables, invalid=invalid,
     )
+
+
+def _bounded_int(env: Mapping[str, str], name: str) -> int | None | Invalid:
+    """env_int, and Invalid past MAX_RANKS either way (a node count or node rank is no larger)."""
+    v = env_int(env, name)
+    if isinstance(v, int) and abs(v) > MAX_RANKS:
+        return Invalid(env.get(name) or str(v), BEYOND)
+    return v
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def address_problem(addr: str) -> str | None:
+    """Why MASTER_ADDR cannot be a rendezvous address, or None when it can: a host name (labels of
+    letters, digits, hyphens and underscores, joined by dots; at most 253 characters), an IPv4
+    address, or an IPv6 address, plain or in brackets. Read from the text alone: nothing resolves."""
+    import ipaddress
+    text = addr.strip()
+    if not text:
+        return "empty"
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else None
+    try:
+        ipaddress.ip_address(inner if inner is not None else text)
+        return None
+    except ValueError:
+        if inner is not None:
+            return "not an IPv6 address inside its brackets"
+    if ":" in text:
+        return "not a host name or an IP address (a port goes in MASTER_PORT, an IPv6 address is written whole)"
+    name = text[:-1] if text.endswith(".") else text
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return ("not a host name or an IP address (a host name is letters, digits, hyphens, underscores and "
+                "dots, at most 253 characters)")
+    return None
 
 
 def _invalid(env: Mapping[str, str], names: tuple[str, ...]) -> dict[str, Invalid]:

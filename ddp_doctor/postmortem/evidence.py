@@ -22,6 +22,7 @@ from ddp_doctor.checks.efa import nccl_network_finding
 from ddp_doctor.checks.job import JobEvidence
 from ddp_doctor.checks.wrapped_errors import parse_traceback
 from ddp_doctor.facts.efa import nccl_network
+from ddp_doctor.facts.launchers import MAX_RANKS
 from ddp_doctor.findings import Finding
 from ddp_doctor.postmortem.artifacts import Artifacts
 from ddp_doctor.postmortem.launcher_text import RankExit
@@ -29,6 +30,43 @@ from ddp_doctor.postmortem.nccl_lines import op_name
 from ddp_doctor.postmortem.rank_text import RankText
 
 ORDER_STEP = 1e-3  # seconds between two ranks' endings: their order, on the artifacts' clock
+# Ranks the artifacts imply (below the largest rank or world size they name) but hold nothing of
+# are listed one by one up to this many; past it they are counted, never made one by one.
+MAX_LISTED_ABSENT = 4096
+MAX_EXIT_STATUS = 255  # an exit status outside -255..255 (a signal is negative) is no process's
+
+
+def _believed(art: Artifacts) -> list[dict[str, Any]]:
+    """Drop from `art` what no real job says: a rank or local rank outside 0..MAX_RANKS-1, a world
+    size past MAX_RANKS; an exit status outside -255..255 is read as unknown. Returns what was
+    dropped, for measurements.post_mortem.unplaced."""
+    def ok(n: Any) -> bool:
+        return isinstance(n, int) and 0 <= n < MAX_RANKS
+
+    why = f"rank beyond any real job (0 to {MAX_RANKS - 1:,}): not believed"
+    dropped: list[dict[str, Any]] = []
+    for r in [r for r in art.texts if not ok(r)]:
+        del art.texts[r]
+        dropped.append({"output": f"rank {str(r)[:40]}", "why": why})
+    for key in [k for k in art.local_texts if not ok(k[1])]:
+        del art.local_texts[key]
+        dropped.append({"output": str(key[0])[:200], "local_rank": None, "why": why})
+    for key in [k for k, r in art.local_to_rank.items() if not (ok(k[1]) and ok(r))]:
+        del art.local_to_rank[key]
+    for key in [k for k in art.error_files if not ok(k[1] if isinstance(k, tuple) else k)]:
+        dropped.append({"output": str(art.error_files.pop(key).path)[:200], "why": why})
+    for r in [r for r in art.ledgers if not ok(r)]:
+        dropped.append({"output": str(art.ledgers.pop(r).get("path"))[:200], "why": why})
+    for r in [r for r in art.launcher.exits if not ok(r)]:
+        del art.launcher.exits[r]
+        dropped.append({"output": f"the launcher's summary of rank {str(r)[:40]}", "why": why})
+    for e in art.launcher.exits.values():
+        if e.local_rank is not None and not ok(e.local_rank):
+            e.local_rank = None
+        if e.exit_code is not None and not -MAX_EXIT_STATUS <= e.exit_code <= MAX_EXIT_STATUS:
+            e.exit_code = None
+    art.launcher.world_sizes = {n for n in art.launcher.world_sizes if 1 <= n <= MAX_RANKS}
+    return dropped
 
 
 @dataclass
@@ -143,6 +181,7 @@ def _watchdog_ledgers(texts: dict[int, RankText], ranks: list[int], when: Any, *
 def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
     """The evidence of the job in `art`; `platform`: what the platform knows of it (the SageMaker
     job's instance type and count, or --instance-type), for the rules that need the hardware."""
+    doubted = _believed(art)
     unplaced, one_node = _resolve_local(art)
     exits: dict[int, RankExit] = dict(art.launcher.exits)
     texts = art.texts
@@ -154,8 +193,11 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
     for r in texts:
         known_from.setdefault(r, "its output")
     world = max([*known_from, *[n - 1 for n in art.launcher.world_sizes]], default=-1) + 1
-    for r in range(world):
-        known_from.setdefault(r, f"the world size ({world})")
+    absent = world - sum(1 for r in known_from if r < world)  # ranks the world implies, of which nothing is here
+    unlisted = absent if absent > MAX_LISTED_ABSENT else 0
+    if not unlisted:
+        for r in range(world):
+            known_from.setdefault(r, f"the world size ({world})")
     ranks = sorted(known_from)
     for r in ranks:
         if (r not in texts or not texts[r].lines) and art.printed_in_scanned(r):
@@ -267,13 +309,14 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
     found: list[Finding] = []
     failed = bool(ev.outcomes or any(c for c in ev.exits.values()) or ev.crashes)
     missing = sorted(ev.unlogged)
-    if missing:
+    if missing or unlisted:
         empty = [r for r in missing if texts.get(r) is not None]
         # a rank that printed nothing but whose ending the launcher gives (killed, crashed without
         # faulthandler, or ended well) is said so, but its ending is known: no warning
         unknown = [r for r in missing if per_rank[r]["ended"] not in ("killed", "crashed")
                    and per_rank[r].get("exit_status") != 0]
-        found.append(post_mortem.log_missing_finding(missing, known_from, empty, ending_known=not unknown))
+        found.append(post_mortem.log_missing_finding(missing, known_from, empty, ending_known=not unknown
+                                                     and not unlisted, unlisted=unlisted, world=world))
     if ev.interrupted is not None:
         pass  # stopped: DDP808 says where each rank was, neither a failure to find nor a rank still at work
     elif failed:
@@ -308,5 +351,5 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
                   "nnodes": len(hosts) or None, "hosts": hosts, "source": "post-mortem",
                   **({"run_id": art.job, "attempts": art.attempts} if art.job is not None else {})}
     return PostMortem(evidence=ev, findings=found, world=world_info, ranks=per_rank,
-                      unplaced=[{"output": node, "local_rank": local} for node, local in unplaced])
+                      unplaced=[{"output": node, "local_rank": local} for node, local in unplaced] + doubted)
 

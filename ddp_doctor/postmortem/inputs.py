@@ -33,7 +33,7 @@ from ddp_doctor.postmortem.rank_text import RankText
 SNIFF = 8192
 SMALL_FILE = 4 << 20  # read line by line whole; a larger file is scanned (postmortem/large_text.py)
 MAX_FILES = 100_000  # a walk past this many files stops, and says so
-_TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d+)[/\\](?P<local>\d+)[/\\]"
+_TREE = re.compile(r"(?:^|[/\\])(?P<node>[^/\\]+)[/\\]attempt_(?P<attempt>\d{1,9})[/\\](?P<local>\d{1,9})[/\\]"
                    r"(?P<name>stdout\.log|stderr\.log|error\.json)$")
 _RANK_NAME = re.compile(r"(?:^|[^A-Za-z0-9])rank[_-]?(?P<n>\d{1,7})(?:[^0-9]|$)", re.I)
 # SageMaker's hosts are algo-1, algo-2, ...: a host's stream saved as algo-2.log is that host's
@@ -185,11 +185,11 @@ def read_one(art: Artifacts, path: str) -> None:
 
 
 def _read_dump(art: Artifacts, path: str) -> None:
-    from ddp_doctor.training.run.nccl_dumps import as_ledger, load
-    data = load(path)
+    from ddp_doctor.training.run.nccl_dumps import as_ledger, load_why
+    data, why = load_why(path)
     m = _DUMP_NAME.search(os.path.basename(path))
     if data is None:
-        art.skipped.append((path, "not a readable flight-recorder dump (truncated, another format, or refused)"))
+        art.skipped.append((path, f"not a readable flight-recorder dump: {why}"))
     elif m is None:
         art.skipped.append((path, "a flight-recorder dump whose file name carries no rank number"))
     else:

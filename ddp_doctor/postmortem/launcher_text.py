@@ -28,12 +28,12 @@ from ddp_doctor.checks.wrapped_errors import error_file_text
 
 _BLOCK = re.compile(r"^\s*\[\d+\]:\s*$")
 _FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*?)\s*$")
-_RANK = re.compile(r"^(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
-_EXIT = re.compile(r"^(?P<code>-?\d+)")
+_RANK = re.compile(r"^(?P<rank>\d{1,18})(?!\d)(?: \(local_rank: (?P<local>\d{1,18})\))?")
+_EXIT = re.compile(r"^(?P<code>-?\d{1,18})(?!\d)")
 _FAILED = re.compile(r"\bFAILED\s*$")
 _RULE = re.compile(r"^\s*(?:-{3,}|={3,})\s*$")
-_MPI_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]")
-_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(?P<code>-?\d+)")
+_MPI_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d{1,18})\]")
+_MPI_EXIT = re.compile(r"^\s*Exit code:\s*(?P<code>-?\d{1,18})(?!\d)")
 MAX_TRACEBACK_LINES = 400
 _WORLD = re.compile(r"\b(?:WORLD_SIZE|world_size)\s*[=:]\s*(?P<n>\d{1,7})\b")
 # torchrun's agent logs through torch.distributed.elastic (its banner, its warnings): a console
@@ -42,8 +42,8 @@ _AGENT = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/(?:elastic|
                     r"^Setting OMP_NUM_THREADS environment variable for each process")
 # the agent stopped by a signal: "Received 15 death signal, shutting down workers" (older torch:
 # "Received Signals.SIGTERM death signal"), then its "SignalException: Process 2210 got signal: 15"
-_DEATH = re.compile(r"Received (?:(?P<n>\d+)|Signals\.(?P<name>SIG\w+)) death signal, shutting down workers")
-_SIGNALLED = re.compile(r"SignalException: Process (?P<pid>\d+) got signal: (?P<n>\d+)")
+_DEATH = re.compile(r"Received (?:(?P<n>\d{1,9})|Signals\.(?P<name>SIG\w+)) death signal, shutting down workers")
+_SIGNALLED = re.compile(r"SignalException: Process (?P<pid>\d{1,18}) got signal: (?P<n>\d{1,9})(?!\d)")
 
 
 @dataclass

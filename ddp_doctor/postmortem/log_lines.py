@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TORCHRUN = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<n>\d+)\]:")
-_TORCH_RANK = re.compile(r"^\[rank(?P<n>\d+)\]:\s?")
-_OMPI = re.compile(r"^\[(?P<job>\d+),(?P<n>\d+)\]<(?P<stream>stdout|stderr|stddiag)>:\s?")
-_SAGEMAKER_MPI = re.compile(r"^\[(?P<job>\d+),mpirank:(?P<n>\d+),(?P<host>[^\]]+)\]<(?P<stream>stdout|stderr)>:\s?")
+_TORCHRUN = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<n>\d{1,9})\]:")
+_TORCH_RANK = re.compile(r"^\[rank(?P<n>\d{1,9})\]:\s?")
+_OMPI = re.compile(r"^\[(?P<job>\d{1,18}),(?P<n>\d{1,9})\]<(?P<stream>stdout|stderr|stddiag)>:\s?")
+_SAGEMAKER_MPI = re.compile(r"^\[(?P<job>\d{1,18}),mpirank:(?P<n>\d{1,9}),(?P<host>[^\]]+)\]"
+                            r"<(?P<stream>stdout|stderr)>:\s?")
 _SRUN = re.compile(r"^\s*(?P<n>\d{1,6}): ")
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_WAIT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-                   r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?(?:, NumelOut=\d+)?"
-                   r"(?:, Timeout\(ms\)=(?P<timeout>\d+))?\) ran for (?P<ran>\d+) milliseconds")
+_WAIT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,18}), "
+                   r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d{1,18}))?(?:, NumelOut=\d+)?"
+                   r"(?:, Timeout\(ms\)=(?P<timeout>\d{1,18}))?\) ran for (?P<ran>\d{1,18}) milliseconds")
 _PROGRESS = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)(?: PG GUID (?P<guid>\d+))?"
                        r"(?:\s*\((?P<name>[^)]*)\)|\((?P<name2>[^)]*)\))?[^\]]*\] "
-                       r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<at>\d+), "
-                       r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)")
+                       r"Exception \(either an error or timeout\) detected by watchdog at work: (?P<at>\d{1,18}), "
+                       r"last enqueued NCCL work: (?P<enq>-?\d{1,18}), "
+                       r"last completed NCCL work: (?P<done>-?\d{1,18})(?!\d)")
 MARKERS = ("Watchdog caught collective operation timeout", "detected by watchdog at work")
 
 

@@ -24,6 +24,7 @@ from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.history_rules import BANDWIDTH, against_history
 from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
+from ddp_doctor.facts.launchers import address_problem
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
@@ -136,8 +137,8 @@ class RankPreflight:
             import torch.distributed as dist
             return self._with_store(dist.HashStore(), hosting=True)
         addr, port = self._master()
-        if addr is None:
-            return self._alone()
+        if addr is None or address_problem(addr) is not None:
+            return self._alone()  # no address, or one that is none (DDP111 says so): no rendezvous
         hosting = self.rank == 0 and not ctx.launcher.agent_store
         if hosting:
             busy = rendezvous.port_in_use(port)

@@ -112,25 +112,161 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError("refused persistent id in a flight recorder dump")
 
 
-def load(path: str) -> dict[str, Any] | None:
-    """One dump as plain JSON-like data (tuples become lists), or None for anything else: a
-    file that is not a dump, truncated, too large, or holding a global other than plain data."""
+MAX_DUMP_ITEMS = 4_000_000  # values a dump may expand to, each memo reference counted whole
+MAX_DUMP_DEPTH = 64  # containers within containers (a real dump nests about 6 deep)
+
+# opcodes that push one value built from nothing on the stack
+_SCALARS = frozenset((
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "STRING", "BINSTRING",
+    "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "UNICODE",
+    "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "FLOAT", "BINFLOAT", "NONE", "NEWTRUE",
+    "NEWFALSE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_TUPLE", "EMPTY_SET", "GLOBAL"))
+_INTO_TOP = {"APPEND": 1, "SETITEM": 2, "BUILD": 1}  # pop n values into the container below them
+_MARKED_INTO_TOP = frozenset(("APPENDS", "SETITEMS", "ADDITEMS"))
+_MARKED_NEW = frozenset(("LIST", "TUPLE", "DICT", "FROZENSET"))
+_TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+_CALLS = {"REDUCE": 2, "NEWOBJ": 2, "NEWOBJ_EX": 3, "STACK_GLOBAL": 2}  # pop n, push the result
+
+
+class DumpRefused(ValueError):
+    """A dump not read, and why (DDP951 names it)."""
+
+
+def check_pickle(raw: bytes) -> None:
+    """Walk a pickle's opcodes without building anything, and refuse it (DumpRefused) when what
+    loading it would make is too large: each value counts once for every place it appears (a memo
+    reference, GET or DUP, counts as the whole value it refers to, so a "billion laughs" of nested
+    references is refused before it is loaded or expanded), past MAX_DUMP_ITEMS in all; containers
+    nested past MAX_DUMP_DEPTH; or an opcode a plain-data pickle never holds (persistent ids,
+    extension codes, out-of-band buffers, INST/OBJ)."""
+    import pickletools
+    sizes: list[int] = []  # per stack value: how many values it stands for, once expanded
+    depths: list[int] = []
+    marks: list[int] = []
+    memo: dict[Any, tuple[int, int]] = {}
+    total = 0
+
+    def push(size: int, depth: int) -> None:
+        nonlocal total
+        total += size
+        if total > MAX_DUMP_ITEMS or size > MAX_DUMP_ITEMS:
+            raise DumpRefused(f"it expands to more than {MAX_DUMP_ITEMS:,} values")
+        if depth > MAX_DUMP_DEPTH:
+            raise DumpRefused(f"it nests deeper than {MAX_DUMP_DEPTH} levels")
+        sizes.append(size)
+        depths.append(depth)
+
+    def pop(n: int) -> tuple[int, int]:
+        if n > len(sizes) - (marks[-1] if marks else 0):
+            raise DumpRefused("its opcodes are malformed (a stack underflow)")
+        size, depth = sum(sizes[len(sizes) - n:]), max(depths[len(depths) - n:], default=0)
+        del sizes[len(sizes) - n:], depths[len(depths) - n:]
+        return size, depth
+
+    def pop_mark() -> tuple[int, int]:
+        if not marks:
+            raise DumpRefused("its opcodes are malformed (no mark)")
+        start = marks[-1]
+        got = pop(len(sizes) - start)
+        marks.pop()
+        return got
+
     try:
-        if os.path.getsize(path) > MAX_DUMP_BYTES:
-            return None
+        for op, arg, _ in pickletools.genops(raw):
+            name = op.name
+            if name in _SCALARS:
+                push(1, 0)
+            elif name == "MARK":
+                marks.append(len(sizes))
+                if len(marks) > MAX_DUMP_DEPTH:
+                    raise DumpRefused(f"it nests deeper than {MAX_DUMP_DEPTH} levels")
+            elif name in _MARKED_NEW:
+                size, depth = pop_mark()
+                push(1 + size, depth + 1)
+            elif name in _TUPLES:
+                size, depth = pop(_TUPLES[name])
+                push(1 + size, depth + 1)
+            elif name in _INTO_TOP or name in _MARKED_INTO_TOP:
+                size, depth = pop_mark() if name in _MARKED_INTO_TOP else pop(_INTO_TOP[name])
+                if not sizes or (marks and len(sizes) <= marks[-1]):
+                    raise DumpRefused("its opcodes are malformed (nothing to add to)")
+                sizes[-1] += size
+                depths[-1] = max(depths[-1], depth + 1)
+                total += size
+                if total > MAX_DUMP_ITEMS or sizes[-1] > MAX_DUMP_ITEMS:
+                    raise DumpRefused(f"it expands to more than {MAX_DUMP_ITEMS:,} values")
+                if depths[-1] > MAX_DUMP_DEPTH:
+                    raise DumpRefused(f"it nests deeper than {MAX_DUMP_DEPTH} levels")
+            elif name in _CALLS:
+                size, depth = pop(_CALLS[name])
+                push(1 + size, depth)
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                if not sizes:
+                    raise DumpRefused("its opcodes are malformed (a memo of nothing)")
+                memo[len(memo) if name == "MEMOIZE" else arg] = (sizes[-1], depths[-1])
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                if arg not in memo:
+                    raise DumpRefused("its opcodes are malformed (a memo reference to nothing)")
+                push(*memo[arg])
+            elif name == "DUP":
+                if not sizes:
+                    raise DumpRefused("its opcodes are malformed (DUP of nothing)")
+                push(sizes[-1], depths[-1])
+            elif name == "POP":
+                pop(1) if sizes and not (marks and len(sizes) == marks[-1]) else pop_mark()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name in ("PROTO", "FRAME"):
+                continue
+            elif name == "STOP":
+                return
+            else:  # PERSID, BINPERSID, EXT1/2/4, INST, OBJ, NEXT_BUFFER, READONLY_BUFFER
+                raise DumpRefused(f"it holds the opcode {name}, which no plain-data dump holds")
+    except DumpRefused:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # genops on junk
+        raise DumpRefused(f"it is not a pickle ({e})") from None
+    raise DumpRefused("it is cut (no STOP opcode)")
+
+
+def load_why(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One dump as plain JSON-like data (tuples become lists) and None, or None and why it was not
+    read: a file that is not a dump, truncated, over MAX_DUMP_BYTES, expanding past
+    MAX_DUMP_ITEMS values or MAX_DUMP_DEPTH levels (check_pickle: refused before it is loaded), or
+    holding a global other than plain data (refused as it loads: never called)."""
+    try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_DUMP_BYTES + 1)
+        if len(raw) > MAX_DUMP_BYTES:
+            return None, f"larger than {MAX_DUMP_BYTES // (1024 * 1024)} MiB: not read"
         if raw[:1] == b"{":
-            data = json.loads(raw.decode("utf-8"))  # a JSON dump
+            from ddp_doctor.facts.env_values import bounded_json
+            data = bounded_json(raw.decode("utf-8"), max_depth=MAX_DUMP_DEPTH, max_bytes=MAX_DUMP_BYTES)
         else:
             import io
+            check_pickle(raw)
             data = _DataOnly(io.BytesIO(raw)).load()
         data = json.loads(json.dumps(data, default=str))  # OrderedDict, tuples, bytes: plain JSON
-    except Exception:  # noqa: BLE001 - junk, a refused global, a partial write: skipped
-        return None
+    except DumpRefused as e:
+        return None, f"refused: {e}"
+    except pickle.UnpicklingError as e:
+        return None, f"refused: {e}"
+    except OSError as e:
+        return None, f"unreadable: {e.strerror or e}"
+    except ValueError as e:  # bounded_json's phrase: "larger than ...", "nested N levels deep ..."
+        return None, f"it is {str(e)[:200]}"
+    except RecursionError:
+        return None, f"refused: it nests deeper than {MAX_DUMP_DEPTH} levels"
+    except Exception:  # noqa: BLE001 - junk, a partial write: skipped
+        return None, "truncated, or another format"
     if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
-        return None
-    return data
+        return None, "a pickle that is no flight-recorder dump (no entries)"
+    return data, None
+
+
+def load(path: str) -> dict[str, Any] | None:
+    """One dump as plain JSON-like data, or None for anything else (load_why says why)."""
+    return load_why(path)[0]
 
 
 def _pg_of(entry: dict[str, Any]) -> str:
