@@ -4,8 +4,10 @@ the process tree, by the rank's session or process group, and by a mark in their
 ending them is training/run/leftovers.py's job.
 
 Why three ways: a plain child is in the tree; a child in its own session (`start_new_session=True`)
-is in the tree while its parent lives; a double-forked daemon is reparented away from the tree (to
-init or a subreaper) and, after setsid, is in no session of ours, but it still carries the
+is in the tree while its parent lives; a double-forked daemon is reparented to the rank, which is a
+child subreaper while its script runs (training/run/leftovers.py), so it is the rank's child; where
+that is not available it is reparented away from the tree (to init) and, after setsid, is in no
+session of ours, but it still carries the
 environment the rank gave it: `MARK_ENV` (a value unique to the rank) is put in the rank's
 environment before its script runs, and every process started from it inherits the mark unless
 it replaces its whole environment. The session (when the rank leads one, as torchrun's ranks do)

@@ -192,10 +192,10 @@ def records_problem(path: str) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     free = st.f_bavail * st.f_frsize
+    if st.f_files and st.f_favail < RECORDS_INODES:
+        return f"its file system has {st.f_favail or 'no'} free inodes"
     if free < RECORDS_ROOM:
         return f"its file system is full: {free // 1024} KiB free"
-    if st.f_files and st.f_favail < RECORDS_INODES:
-        return f"its file system has {st.f_favail} free inodes"
     probe = os.path.join(path, f".ddp-doctor-probe-{os.getpid()}-{threading.get_ident()}")
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE)
@@ -231,6 +231,8 @@ def make_records_dir(path: str | None = None, *, parent: str | None = None) -> t
             temp = None
         places = list(dict.fromkeys(p for p in (parent, temp, *FALLBACK_ROOTS) if p))
     problems: list[str] = []
+    if not path and parent is None:
+        problems += _temp_passed_over(temp)
     made: str | None = None  # the first directory made, used when none has room
     for place in places:
         try:
@@ -262,6 +264,17 @@ def make_records_dir(path: str | None = None, *, parent: str | None = None) -> t
     fallback = path or os.path.join(places[0] if places else ".", RUN_DIR_PREFIX + "unwritable")
     return fallback, (f"no directory can be made for ddp-doctor's records ({'; '.join(problems)}): they are "
                       f"lost; the job runs as it would without ddp-doctor")
+
+
+def _temp_passed_over(temp: str | None) -> list[str]:
+    """Why the TMPDIR the user set is not the temp directory Python chose (tempfile skips, without a
+    word, one where it cannot create a file: no free inodes, full, read-only), as a problem of
+    make_records_dir's; [] when it is the one chosen or none is set."""
+    asked = os.environ.get("TMPDIR")
+    if not asked or (temp is not None and os.path.realpath(asked) == os.path.realpath(temp)):
+        return []
+    why = records_problem(asked) if os.path.isdir(asked) else "not a directory"
+    return [f"TMPDIR {asked}: {why or 'not usable as a temp directory'}"]
 
 
 def _moved_note(problems: list[str], chosen: str) -> str:

@@ -103,7 +103,9 @@ def _sub_pattern(pattern: re.Pattern[str], kind: str, text: str) -> str:
         if kind == "aws":
             return MASK + m.group("sep") + MASK
         name, value = m.group("name"), m.group("value")
-        if not is_secret_name(name) or value == MASK or (_NUMBER.fullmatch(value) and _numbers_may_stay(name)):
+        # a value already masked stays as it is, with what closes around it: "(... --password=***)"
+        if not is_secret_name(name) or value.rstrip(").:!?>") == MASK \
+                or (_NUMBER.fullmatch(value) and _numbers_may_stay(name)):
             return m.group(0)
         return m.group("name") + m.group("sep") + MASK
     return pattern.sub(repl, text)

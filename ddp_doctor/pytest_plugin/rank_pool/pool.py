@@ -73,14 +73,20 @@ def _raise_interrupt(signo: int, _frame: Any) -> None:
 
 
 def stop_as_interrupt() -> None:
-    """SIGTERM and SIGHUP (a cancelled CI job) end the session as Ctrl-C does: pytest reports the
-    interrupted session and the running distributed test shows its ranks' stacks. Only where
-    nobody else handles them, and only from the main thread (where Python can install handlers)."""
+    """SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) end the session as Ctrl-C does:
+    pytest reports the interrupted session, exits 128 + the signal, and the running distributed
+    test shows its ranks' stacks. Only where nobody else handles them, and only from the main
+    thread (where Python can install handlers)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    for sig in stops:
         if signal.getsignal(sig) is signal.SIG_DFL:
             signal.signal(sig, _raise_interrupt)
+    # A mask inherited blocked (pytest started by a process that held the stop signals) would keep
+    # them pending for ever, the session outliving them: they act here (a signal ignored on purpose,
+    # `nohup pytest`, stays ignored)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (*stops, signal.SIGINT))
 
 
 def interrupted_stacks(d: str, live: list[int]) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
 from ddp_doctor.facts import leftovers as facts
+from ddp_doctor.processes.tree import adopt_orphans
 
 GRACE = 2.0      # seconds a leftover gets to end after SIGTERM
 KILL_WAIT = 2.0  # seconds to see it gone after SIGKILL
@@ -33,7 +34,8 @@ POLL = 0.02
 @dataclass
 class ChildWatch:
     """What a rank needs at its end to find what its script left: the mark its processes carry and
-    what existed before the script (never a leftover)."""
+    what existed before the script (never a leftover). The rank is a child subreaper from then
+    on (watch_children), so what its script's processes orphan is reparented to it."""
     mark: str | None
     root: int
     before: frozenset[tuple[int, float]] = frozenset()
@@ -68,16 +70,24 @@ class ChildWatch:
         return out
 
 
-def watch_children(*, by_group: bool = True, environ: MutableMapping[str, str] | None = None) -> ChildWatch:
+def watch_children(*, by_group: bool = True, environ: MutableMapping[str, str] | None = None,
+                   adopt: bool | None = None) -> ChildWatch:
     """Before the script runs: put a mark unique to this rank in its environment (the processes the
     script starts inherit it) and note what exists (the rank's children, its session's and group's
     members): never leftovers. `by_group=False` where the rank shares its process group with its
-    peers (the pytest rank pool). Never raises."""
+    peers (the pytest rank pool). `adopt` (default: when the mark goes in this process's own
+    environment): this process becomes a child subreaper for the rest of its life, so what the
+    script's processes orphan (a double-forked daemon) is reparented to it. Never raises."""
     env = os.environ if environ is None else environ
     root = os.getpid()
     mark = uuid.uuid4().hex
     try:
         env[facts.MARK_ENV] = mark
+        # A daemon that double-forks, calls setsid and clears its environment escapes the tree, the
+        # session, the group and the mark: as a child subreaper the rank adopts it when its parent
+        # exits, so it is the rank's child when the script ends (Linux; elsewhere the other ways stand)
+        if (environ is None) if adopt is None else adopt:
+            adopt_orphans(True)
         before = facts.before_script(facts.process_table(), root, by_group=by_group)
     except Exception as e:  # noqa: BLE001 - the script runs anyway; the report says why nothing was watched
         return ChildWatch(mark, root, by_group=by_group, error=f"{type(e).__name__}: {e}")
