@@ -328,15 +328,19 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     stopped = {r for r in ranks if outcomes.get(r) is None and exits.get(r) == -signal.SIGTERM
                and _others_failed(r, outcomes, exits)}
     ranks = [r for r in ranks if r not in stopped] + sorted(stopped)
-    killed = [exits[r] for r in ranks if outcomes.get(r) is None and (exits.get(r) or 0) < 0]
+    # ranks that died without an ending (killed by a signal, or os._exit(N) / a native crash with
+    # status N): when the only errors raised are lost-peer symptoms, such a rank is the cause and
+    # the job's status is its own, whichever ending came first in time (the peer's "Connection
+    # closed by peer" may be recorded before the launcher saw the rank die)
+    died = [exits[r] for r in ranks if outcomes.get(r) is None and exits.get(r)]
     # a script that ended itself with sys.exit(N) while its peers waited: only lost-peer symptoms
     # were raised, and the rank that left has the job's status, N
     exited = [int(o["exit_code"]) for r in ranks if (o := outcomes.get(r)) is not None and o.get("exit_code")
               and not o.get("exception") and not o.get("interrupted")]
     if first_rank is not None and not causes and exited:
         code = exited[0]
-    elif first_rank is not None and not causes and killed:
-        code = 128 - killed[0]  # only lost-peer symptoms raised: the killed rank is the cause
+    elif first_rank is not None and not causes and died:
+        code = 128 - died[0] if died[0] < 0 else died[0]  # only lost-peer symptoms raised: the dead rank's
     elif first_rank is not None:
         code = int(outcomes[first_rank].get("exit_code") or 1)
     else:

@@ -58,6 +58,8 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
         with adopting() as since:
             proc = subprocess.Popen(agent_command(torchrun, doctor, target), env=env, preexec_fn=launcher_preexec)
             launched = time.monotonic()
+            exit_watch = stall_watch.LauncherExit(run_dir, stall_watch.launcher_exit_bound(torchrun))
+            overdue = False  # the ranks ended, the launcher did not exit within its bound
             try:
                 while proc.poll() is None and stop.wait(0.5) is None:
                     stall_watch.end_stuck_at_exit(run_dir, stall_watch.TEARDOWN_BOUND)
@@ -69,6 +71,9 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                         break
                     if stall_watch.nodes_never_met(run_dir, torchrun, opts, launched):
                         break  # the agent is ended below; finish reports the missing node
+                    if exit_watch.overdue():  # stopped (SIGSTOP) or stuck after its ranks ended
+                        overdue = proc.poll() is None
+                        break
                 if proc.poll() is not None and hang is None and not stuck_in_init and stop.caught is None:
                     stuck_in_init = stall_watch.ended_by_bad_init(run_dir)  # another node ended it first
                 stop.caught = sent_to_launcher(stop.caught, proc.pid)
@@ -82,6 +87,10 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
                     nnodes = torchrun_value(torchrun, "--nnodes") or "1"
                     hang = collect_stacks(run_dir, hang, across=nnodes not in ("1", "1:1"))
                     end_launcher(run_dir, proc, since)
+                elif overdue:
+                    sys.stderr.write(f"ddp-doctor: the launcher (torch's elastic agent, pid {proc.pid}) had not "
+                                     f"exited {exit_watch.bound:g} s after its ranks ended; ending it\n")
+                    end_launcher(run_dir, proc, since, resume=True)
                 else:
                     end_launcher(run_dir, proc, since, grace=0.5)  # nothing may outlive the launcher
             except BaseException:  # Ctrl-C or a bug in the loop: the launcher is still ended, then it goes on up
@@ -107,11 +116,21 @@ def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) ->
     return first.exit_code if first is not None else code
 
 
-def end_launcher(run_dir: str, proc: subprocess.Popen[Any], since: float, grace: float = 5.0) -> None:
+def end_launcher(run_dir: str, proc: subprocess.Popen[Any], since: float, grace: float = 5.0,
+                 resume: bool = False) -> None:
     """End the launcher and every process of the launch; the launcher is told first that this
-    parent ends it, so it ends its ranks instead of passing the signal back here (agent.py)."""
+    parent ends it, so it ends its ranks instead of passing the signal back here (agent.py).
+    `resume`: the launcher may be stopped (SIGSTOP): SIGCONT to its process group first, so the
+    SIGTERM acts (SIGKILL follows after `grace` whatever it does)."""
+    import signal
+
     from ddp_doctor.processes.tree import terminate_tree
     from ddp_doctor.training.run.agent import parent_ends
     if proc.poll() is None:
         parent_ends(run_dir)
+        if resume:
+            try:
+                os.killpg(proc.pid, signal.SIGCONT)
+            except OSError:
+                pass
     terminate_tree(proc, grace=grace, since=since)

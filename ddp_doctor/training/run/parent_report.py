@@ -55,6 +55,9 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         interrupted = launcher_stop(run_dir, launcher_pid)  # torch's own handler took it (agent.py)
         if interrupted is not None and hang is None:
             hang = dict(heartbeats)  # where the ranks were: their last heartbeats
+    if interrupted is not None:  # stopped during the preflight: where each rank was is its stage
+        hang = preflight_positions(pf_dir, hang if hang is not None else dict(heartbeats),
+                                   now=getattr(interrupted, "at", None))
     ended = (launcher_ended(run_dir, agent_code, launcher_pid, run)
              if interrupted is None and hang is None and not stuck_in_init and not ended_here else None)
     nproc = len(heartbeats) or 1
@@ -65,6 +68,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         if ended is not None:
             rep = _with_findings(rep, ended)
         if interrupted is not None:
+            from ddp_doctor.checks.stalls import interrupted_finding
+            rep = _with_findings(rep, interrupted_finding(interrupted, hang or {}, run.stacks(hang or {})))
             rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
     else:
         try:
@@ -76,10 +81,11 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         stopped_at = dict(hang or {})
         if hang is not None and interrupted is None:
             stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
-            ranks = sorted(set(ranks) | set(stopped_at))
+        ranks = sorted(set(ranks) | set(stopped_at))
         ev = JobEvidence(
             ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
-            crashes=run.crashes, ledgers=run.ledgers, init_calls=run.init_calls, probes=run.probes,
+            crashes=run.crashes, last_calls=run.last_calls, ledgers=run.ledgers, init_calls=run.init_calls,
+            probes=run.probes,
             stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
             hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
             slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
@@ -116,6 +122,33 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     from ddp_doctor.report.publish import apply_fail_on
     return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
+
+
+def preflight_positions(pf_dir: str, beats: dict[int, dict[str, Any]],
+                        now: float | None = None) -> dict[int, dict[str, Any]]:
+    """Where each rank was when a stop came during the preflight: the stage it was in (the
+    stage-N.json files its preflight writes, launch_dir.read_stages) and for how long, in place
+    of the heartbeat's line (ddp-doctor's own code then, not the script's). Ranks in training keep
+    their heartbeat; a rank with a stage and no heartbeat yet is added."""
+    import time
+
+    from ddp_doctor.processes.launch_dir import read_stages
+    try:
+        stages = read_stages(pf_dir) if os.path.isdir(pf_dir) else {}
+    except (OSError, ValueError):
+        stages = {}
+    now = time.time() if now is None else now
+    out = dict(beats)
+    for r, st in stages.items():
+        hb = beats.get(r) or {}
+        if hb.get("phase") == "training" or not st.get("stage"):
+            continue
+        since = st.get("since")
+        took = f", for {max(0.0, now - float(since)):.0f} s" if isinstance(since, (int, float)) else ""
+        kept = {k: v for k, v in hb.items() if k != "steps"}  # no "0 steps": the script never ran
+        out[r] = {**kept, "where": f"in the preflight, stage {st['stage']}{took}", "in_collective": False,
+                  "stage": st["stage"]}
+    return out
 
 
 def _with_findings(rep: dict[str, Any], *more: Any) -> dict[str, Any]:

@@ -130,3 +130,48 @@ def ended_by_bad_init(run_dir: str) -> bool:
     calls = records.read_init_calls(run_dir)
     return (any(c.get("done") and waiting_in_init(c) for c in calls)
             and blocking(init_argument_findings(calls, settled=True), calls))
+
+
+LAUNCHER_EXIT_BOUND = 30.0  # seconds the launcher has to exit once every local rank's process is gone
+# several nodes: torch's launcher then waits for the other nodes at its exit barrier (torch's
+# exit_barrier_timeout, 300 s), hosting their store meanwhile: it is left that long, and this bound
+EXIT_BARRIER = 300.0
+
+
+def launcher_exit_bound(torchrun: list[str]) -> float:
+    """How long the launcher may go on after its ranks ended before the parent ends it."""
+    from types import SimpleNamespace
+
+    from ddp_doctor.training.run import agent
+    nnodes = agent.torchrun_value(torchrun, "--nnodes") or "1"
+    several = agent.nodes_of(SimpleNamespace(nnodes=nnodes))[0] > 1
+    return LAUNCHER_EXIT_BOUND + (EXIT_BARRIER if several else 0.0)
+
+
+def ranks_gone(run_dir: str) -> bool:
+    """Whether every rank this node started (a heartbeat, with its pid) has ended: its process is
+    gone (a zombie its stopped or stuck launcher never reaped counts). A rank whose script ended
+    but whose process lives on (teardown) is not gone: end_stuck_at_exit ends it at its bound."""
+    from ddp_doctor.training import records
+    from ddp_doctor.training.run.ledger import process_gone
+    hbs = records.read_heartbeats(run_dir)
+    return bool(hbs) and all(hb.get("pid") is not None and process_gone(hb.get("pid")) for hb in hbs.values())
+
+
+class LauncherExit:
+    """The launcher's exit, watched once its ranks ended: `overdue()` is True when it has not
+    exited `bound` seconds after every rank's process was seen gone (it was stopped with SIGSTOP,
+    or is stuck in its own teardown): the parent then ends it and reports what the ranks left."""
+
+    def __init__(self, run_dir: str, bound: float) -> None:
+        self.run_dir, self.bound = run_dir, bound
+        self.since: float | None = None  # time.monotonic() when the ranks were first seen gone
+
+    def overdue(self) -> bool:
+        if not ranks_gone(self.run_dir):
+            self.since = None
+            return False
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.bound

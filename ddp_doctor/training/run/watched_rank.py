@@ -158,6 +158,8 @@ def run_training_rank(opts: RunOptions) -> int:
             rank, run_dir, started, True, opts, stuck_in_init=True), own_dir=own_dir,
             claims_of=None if own_dir else os.getpid()).start()
     _record_fatal_signals(run_dir, rank)
+    if outside:
+        _warm_stop_report()
     watch.script_started_ns = time.time_ns()
     from ddp_doctor.training.run.leftovers import watch_children
     children = watch_children()  # the mark its processes inherit: what outlives the script is ended
@@ -259,6 +261,11 @@ def _record_fatal_signals(run_dir: str, rank: int) -> None:
         _fatal_signal_file = records.open_private(records.crash_path(run_dir, rank))  # 0600
         faulthandler.enable(file=_fatal_signal_file, all_threads=True)
     except (OSError, ValueError, RuntimeError):
+        pass
+    try:  # the call a crash inside a collective was in, with its tensors (checks/crash_ledgers.py)
+        from ddp_doctor.training.probes.collective_sites import keep_calls_in
+        keep_calls_in(records.call_note_path(run_dir, rank))
+    except (OSError, ValueError):
         pass
 
 
@@ -481,6 +488,10 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
         records.write_outcome(watch.run_dir, watch.rank, {
             "exit_code": stop.exit_code, "exception": None, "interrupted": stop.to_dict(),
             "host": os.uname().nodename, "phase": watch.phase})
+        if watch.rank == 0 and not _a_peer_failed(watch.run_dir, watch.rank, started):
+            # at once: the launcher's grace (torchrun: SIGKILL 30 s after its SIGTERM) may end before
+            # the full report is made. Not over a peer's verdict (its hang, its failure).
+            _early_stop_report(watch, stop, started, opts)
         if watch.phase == "training":
             from ddp_doctor.training.run import ledger
             local = list(records.read_heartbeats(watch.run_dir, watch.job_since))
@@ -499,10 +510,56 @@ def _end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) 
             _finish_outside(watch.rank, watch.run_dir, started, True, opts)
         else:
             _finish_outside(watch.rank, watch.run_dir, started, True, opts, interrupted=stop)
+    except BaseException as e:  # noqa: BLE001 - the rank still exits 128 + N; say why its report is missing
+        import traceback
+        _say(f"ddp-doctor: rank {watch.rank}: the stop could not be reported whole ({type(e).__name__}: {e})\n"
+             + "".join(traceback.format_exception(e)))
     finally:
         _end_children(watch)
         sys.stderr.flush()
         os._exit(stop.exit_code)
+
+
+def _warm_stop_report() -> None:
+    """Outside launcher, before the script runs: import what a stopped rank's report needs, so a
+    stop never imports on the watchdog thread while the script's main thread imports (torch's
+    module locks can then hand one thread a half-made module), and a loaded host spends the
+    launcher's grace on the report, not on imports."""
+    try:
+        import ddp_doctor.checks.job  # noqa: F401
+        import ddp_doctor.checks.stalls  # noqa: F401
+        import ddp_doctor.context  # noqa: F401
+        import ddp_doctor.report.publish  # noqa: F401
+        import ddp_doctor.report.sinks  # noqa: F401
+        import ddp_doctor.training.job_report  # noqa: F401
+        import ddp_doctor.training.run.endings  # noqa: F401
+        import ddp_doctor.training.run.run_dir  # noqa: F401
+    except Exception:  # noqa: BLE001 - a stop then imports what it needs, as before
+        pass
+
+
+def _early_stop_report(watch: Any, stop: Any, started: float, opts: RunOptions) -> None:
+    """Rank 0 of a stopped job, before it waits for its peers' ledgers: the job's report as
+    "interrupted" with where each rank of its node was (their heartbeats: DDP808) and the
+    preflight's findings. The full report (the ledgers' cause) replaces it when there is time; a
+    launcher that kills the rank first leaves this one, never the preflight's "running"."""
+    try:
+        from ddp_doctor.checks.stalls import interrupted_finding
+        from ddp_doctor.report import sinks
+        since = started - records.SAME_JOB
+        beats = records.read_heartbeats(watch.run_dir, since)
+        beats[watch.rank] = {**beats.get(watch.rank, {}), "where": watch.where, "in_collective": watch.in_collective}
+        earlier, pf = _preflight_findings(watch.run_dir, since)
+        rep = reportlib.build_report(world=(pf or {}).get("world") or {"launcher": "torchrun"},
+                                     ranks=(pf or {}).get("ranks") or [],
+                                     findings=[*earlier, interrupted_finding(stop, beats, {})],
+                                     measurements=(pf or {}).get("measurements") or {}, phase="training")
+        if pf is not None and pf.get("status"):
+            rep["preflight_status"] = pf["status"]
+        sinks.write_report_file(reportlib.mark_interrupted(rep, stop.to_dict()),
+                                Output(report_path=opts.report_path).path())
+    except Exception as e:  # noqa: BLE001 - the full report is still attempted
+        _say(f"ddp-doctor: rank {watch.rank}: the early report of the stop failed ({type(e).__name__}: {e})\n")
 
 
 def _share_stopped_ending(watch: Any, started: float, failed: bool) -> None:
@@ -598,7 +655,9 @@ def _finish_outside(rank: int, run_dir: str, started: float, failed: bool, opts:
     local = set(records.read_heartbeats(run_dir, since)) | {rank}
     if ended_well and not multi_node() and not local <= set(run.outcomes) | set(gone):
         return None  # ranks of this node still run: the last one to end writes the verdict
-    beats = {r: hb for r, hb in records.read_heartbeats(run_dir).items() if r == rank} if interrupted else {}
+    beats: dict[int, dict[str, Any]] = {}
+    if interrupted is not None:  # where it was; rank 0's report, where each rank of its node was
+        beats = {r: hb for r, hb in records.read_heartbeats(run_dir, since).items() if r == rank or rank == 0}
     if hung is not None:  # where every rank was at the hang (other nodes' copied here at it)
         from ddp_doctor.training.run.endings import remote_hung
         beats, gone = {**remote_hung(run_dir), **hung}, {}
