@@ -91,3 +91,24 @@ def test_a_child_reads_its_spawn_only_when_its_parent_set_it(monkeypatch):
     assert _wrap(None, 1, (), "") == {"parent": os.getppid(), "nprocs": 2, "site": "x.py:3", "index": 1}
     monkeypatch.setenv(probe.SPAWN_ENV, json.dumps({"parent": -5, "nprocs": 2}))  # a grandparent's
     assert probe.spawn_of_this_process() is None
+
+
+def test_an_init_call_names_its_job_and_another_jobs_call_is_not_read(tmp_path):
+    """Hand-started ranks of two jobs on the same port share a run directory: the first job's
+    init calls (a duplicate rank, say) must never be judged as the second job's."""
+    from ddp_doctor.training import records
+    from ddp_doctor.training.probes.init_calls import call_record
+    try:
+        records.join_job("job-a")
+        first = call_record((), {"backend": "gloo", "rank": 0, "world_size": 2})
+        assert first[records.JOB_FIELD] == "job-a"
+        records.write_json(records.init_call_path(str(tmp_path), 101), first)
+        records.join_job("job-b")
+        second = call_record((), {"backend": "gloo"})
+        records.write_json(records.init_call_path(str(tmp_path), 102), second)
+        records.write_json(records.init_call_path(str(tmp_path), 103),
+                           {**{k: v for k, v in second.items() if k != records.JOB_FIELD}, "pid": 103})
+        read = records.read_init_calls(str(tmp_path))
+        assert sorted(r["pid"] for r in read) == sorted([second["pid"], 103])  # job-a's left out, an untokened kept
+    finally:
+        records.join_job(None)

@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from ddp_doctor.training.probes.call_sites import user_site
-from ddp_doctor.training.records import init_call_path, write_json
+from ddp_doctor.training.records import JOB_FIELD, current_job, init_call_path, write_json
 
 RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # init_process_group(backend, init_method, timeout, world_size, rank, store, ...): positions of
@@ -164,6 +164,9 @@ def call_record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     spawn = None if launched else spawn_of_this_process()
     return {
         "pid": os.getpid(), "ppid": os.getppid(), "host": os.uname().nodename, "time": time.time(), "done": False,
+        # the job this process agreed on at its preflight: a later job on the same port (the same
+        # run directory for hand-started ranks) never reads this call as its own
+        **({JOB_FIELD: current_job()} if current_job() else {}),
         "site": site,
         "rank_arg": rank_arg if rank_arg is not None and rank_arg >= 0 else None,
         "world_size_arg": world_arg if world_arg is not None and world_arg > 0 else None,
