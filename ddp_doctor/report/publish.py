@@ -109,7 +109,8 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
     when that failed, show it as `out` asks, and upload it when S3 is asked for. The file is written
     with the final status before any upload is awaited. A parent that holds the stop signals passes
     `stop` (a wait for the next one: SignalCatcher.wait_new) and `stopped` (the report a stop makes
-    of this one): a stop during the upload cuts it short and the file is written again, "interrupted".
+    of this one): a stop during the upload of a report not already "interrupted" cuts it short and
+    the file is written again, "interrupted".
     Returns the path written, None when none was."""
     env = os.environ if env is None else env
     path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
@@ -123,7 +124,9 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
             warn(err)
             path = None
     show(rep, out, path, stream=stream, prefix=prefix)
-    came = upload_report(kept, out, env, suffix=suffix, stop=stop)
+    # a stop cuts short the upload of a report it changes; one that says "interrupted" already is
+    # uploaded whole (the stop is noted by the caller afterwards)
+    came = upload_report(kept, out, env, suffix=suffix, stop=stop if rep.get("status") != "interrupted" else None)
     if came is not None and stopped is not None:
         rep = stopped(rep, came)
         if path:

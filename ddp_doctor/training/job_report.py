@@ -60,26 +60,42 @@ def rank_branches_of(ev: JobEvidence) -> dict[str, list[dict[str, Any]]]:
     from ddp_doctor.checks.collectives import entries_of, site_of
     from ddp_doctor.checks.crash_ledgers import crash_site
     from ddp_doctor.facts.rank_branches import rank_branches_of_file
-    sites: list[str] = []
+    # (the site as the verdict names it, the file:line to read): a recorded frame's site is named by
+    # its file's base name (checks/collectives.site_of), read from its full path
+    sites: list[tuple[str, str]] = []
     for dump, _when in ev.crashes.values():
         found = crash_site(dump) if isinstance(dump, str) else None
         if found and found["site"]:
-            sites += [str(found["site"]), *found["callers"]]
+            sites += [(s, s) for s in [str(found["site"]), *found["callers"]]]
     for ledger in ev.ledgers.values():
         for entry in reversed(entries_of(ledger) if isinstance(ledger, dict) else []):
+            site = site_of(entry)
+            if site:
+                sites.append((site, _full_site(entry) or site))
             callers = entry.get("user_callers")
-            sites += [s for s in [site_of(entry), *(callers if isinstance(callers, list) else [])]
-                      if isinstance(s, str)]
+            sites += [(c, c) for c in (callers if isinstance(callers, list) else []) if isinstance(c, str)]
     out: dict[str, list[dict[str, Any]]] = {}
-    for site in dict.fromkeys(sites):
+    for site, full in dict.fromkeys(sites):
         if len(out) >= MAX_SITES:
             break
-        path, _, line = site.rpartition(":")
-        if not path or not line.isdigit():
+        path, _, line = full.rpartition(":")
+        if site in out or not path or not line.isdigit():
             continue
         out[site] = [{"line": b.line, "condition": b.condition, "taken_when": b.taken_when, "reads": b.reads}
                      for b in rank_branches_of_file(path, int(line))]
     return out
+
+
+def _full_site(entry: dict[str, Any]) -> str | None:
+    """"path:line" of the user's frame a flight recorder entry recorded (its first frame outside the
+    libraries), None when it has none."""
+    from ddp_doctor.facts.frames import is_library_file
+    if entry.get("user_site"):
+        return str(entry["user_site"])
+    for frame in entry.get("frames") or ():
+        if isinstance(frame, dict) and frame.get("filename") and not is_library_file(str(frame["filename"])):
+            return f"{frame['filename']}:{frame.get('line')}"
+    return None
 
 
 def step_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
