@@ -8,8 +8,9 @@ reaches; TORCHELASTIC_USE_AGENT_STORE), reached through a client of its own with
 (processes/store.py), under keys of the job's run (TORCHELASTIC_RUN_ID and restart): per rank
 claimed, `add` a counter (this claim's number n) and `set` the claim under `.../RANK/n`. A claim
 n > 1 reads the earlier claims of that rank (one wait, one read) and keeps them in its init
-record; the first claim waits on the store's side (one request, in a thread of its own, for as
-long as init has not returned) for a second claim, and keeps it when it comes. The init record's
+record; the first claim looks for a second claim (a quick request at pauses doubling from
+WATCH_STEP_S, in a thread of its own, for as long as init has not returned) and keeps it when it
+comes. The init record's
 `claims` then holds the other processes' claims (host, pid, the rank they claimed, the launcher's
 RANK, their line) and checks/init_arguments.py names DDP867 with both hosts. A few requests per
 process at init only, never per step, never a collective; every one bounded. Where no store can
@@ -22,7 +23,6 @@ import json
 import os
 import threading
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
 from ddp_doctor.time_limit import call_with_time_limit
@@ -30,7 +30,8 @@ from ddp_doctor.time_limit import call_with_time_limit
 CLAIM_BOUND = 3.0  # seconds, at most, the claim holds up init_process_group
 CONNECT_S = 1.0  # torch's connect timeout for the claim's client
 WATCH_S = 1800.0  # the first claim's wait for a second one (torch's default init timeout)
-WATCH_STEP_S = 5.0  # one wait request at a time: the first claim lets the store go soon after init worked
+WATCH_STEP_S = 0.25  # the first pause between two looks for a second claim while init waits (doubling)
+WATCH_STEP_MAX_S = 5.0  # the longest pause: about 0.2 requests a second a rank in a long init
 MAX_OTHERS = 8  # earlier claims of the same rank read
 
 
@@ -104,20 +105,23 @@ class RankClaim:
                              daemon=True).start()
 
     def _watch(self, store: Any, key: str) -> None:
-        """The first claim: wait on the store's side for a second claim of the same rank while
-        init has not returned (in waits of WATCH_STEP_S, so that the connection is let go once init
-        worked); keep it in the record. Never raises."""
+        """The first claim: look for a second claim of the same rank while init has not returned (a
+        quick `check` at pauses doubling up to WATCH_STEP_MAX_S, never a wait held in the store: a
+        thread inside a store request when the interpreter exits can abort the process); keep it in
+        the record. Never raises."""
+        import sys
         deadline = time.monotonic() + WATCH_S
+        step = WATCH_STEP_S
         try:
-            while True:
-                if self.rec.get("done") and self.rec.get("ok"):
-                    return  # init worked: nobody else holds this rank
-                try:
-                    store.wait([key], timedelta(seconds=WATCH_STEP_S))
+            while not (self.rec.get("done") and self.rec.get("ok")) and time.monotonic() < deadline:
+                if sys.is_finalizing():
+                    return
+                if store.check([key]):
                     break
-                except Exception:  # noqa: BLE001 - torch's timeout (a DistStoreError or RuntimeError): look again
-                    if time.monotonic() >= deadline or not store_alive(store):
-                        return
+                time.sleep(step)
+                step = min(WATCH_STEP_MAX_S, step * 2)  # thousands of ranks in a long init: few requests
+            else:
+                return  # init worked (nobody else holds this rank), or the bound passed
             if self.rec.get("done") and self.rec.get("ok"):
                 return
             other = json.loads(store.get(key).decode("utf-8"))
@@ -129,16 +133,6 @@ class RankClaim:
                 self.update(self.claims)
             except Exception:  # noqa: BLE001 - a probe never breaks the job
                 pass
-
-
-def store_alive(store: Any) -> bool:
-    """Whether the store still answers (a wait that failed because the job's store went away, not
-    because its step ended)."""
-    try:
-        store.check(["ddp_doctor/alive"])
-        return True
-    except Exception:  # noqa: BLE001 - any failure: the store is gone
-        return False
 
 
 def claim_rank(rec: dict[str, Any], update: Callable[[dict[str, Any]], None], env: Any = None) -> dict[str, Any]:
