@@ -69,18 +69,28 @@ def _passed(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> int | N
         return None
 
 
-def argument_texts(site: str | None, line_source: Callable[[str], list[str]] = linecache.getlines) -> dict[str, str]:
-    """The source text of rank=, world_size= and init_method= in the init_process_group call at
-    `site` (file:line): `{"world_size": "training_args.n_gpu"}`. Empty when it cannot be read."""
+def _parsed(site: str | None, line_source: Callable[[str], list[str]]) -> tuple[str, int, str, Any] | None:
+    """(path, line, source, tree) of the file a "file:line" site names; None when it cannot be read
+    or parsed."""
     if not site or ":" not in site:
-        return {}
+        return None
     path, _, line_text = site.rpartition(":")
     try:
         line = int(line_text)
         source = "".join(line_source(path))
         tree = ast.parse(source) if source else None
     except (ValueError, SyntaxError, RecursionError, MemoryError):
+        return None
+    return path, line, source, tree
+
+
+def argument_texts(site: str | None, line_source: Callable[[str], list[str]] = linecache.getlines) -> dict[str, str]:
+    """The source text of rank=, world_size= and init_method= in the init_process_group call at
+    `site` (file:line): `{"world_size": "training_args.n_gpu"}`. Empty when it cannot be read."""
+    parsed = _parsed(site, line_source)
+    if parsed is None:
         return {}
+    _, line, source, tree = parsed
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
              and n.lineno <= line <= (n.end_lineno or n.lineno)
              and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "init_process_group"] if tree else []
@@ -106,15 +116,10 @@ def assignment_of(site: str | None, name: str,
     """Where a bare name passed to init_process_group at `site` (file:line) was computed: the last
     `name = ...` above the call in its file (`{"text": "rank = int(os.environ['LOCAL_RANK'])",
     "site": "train.py:8"}`); None when it cannot be read. A courtesy for the message, never a verdict."""
-    if not site or ":" not in site or not name.isidentifier():
+    parsed = _parsed(site, line_source) if name.isidentifier() else None
+    if parsed is None:
         return None
-    path, _, line_text = site.rpartition(":")
-    try:
-        line = int(line_text)
-        source = "".join(line_source(path))
-        tree = ast.parse(source) if source else None
-    except (ValueError, SyntaxError, RecursionError, MemoryError):
-        return None
+    path, line, source, tree = parsed
     found = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
              and n.lineno < line
              and any(isinstance(t, ast.Name) and t.id == name
