@@ -61,3 +61,23 @@ def run_nodes(tmp_path: Path, hosts: Sequence[str], rank_args: Sequence[str], *,
         procs.append(start(on_node(host, hosts_path, cmd), env_for(host) if env_for else clean_env(),
                            str(tmp_path)))
     return [finish(p, timeout) for p in procs]
+
+
+def doctor_run_on_two_nodes(tmp_path: Path, script: Path, options: Sequence[str] = (),
+                            script_args: Sequence[str] = ()) -> list:
+    """`ddp-doctor run --nnodes 2` of `script`, one rank a node, on two simulated hosts (algo-1,
+    algo-2); each node's report in tmp_path/nodeN.json. Their results, waited for with a bound."""
+    import sys
+
+    from helpers.procs import clean_env, finish, free_port, start
+    require_namespaces()
+    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
+               "--timeout", "30", *options, "--report", str(tmp_path / f"node{node}.json"), str(script),
+               *script_args]
+        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
+    return [finish(p, 150) for p in procs]

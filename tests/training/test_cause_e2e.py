@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, TIMING_WARNINGS, Launch, clean_env, finish, load_json, result_of, run_all, start
+from helpers.procs import DDP, TIMING_WARNINGS, Launch, clean_env, load_json, result_of, run_all
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -69,22 +69,9 @@ def ledgers_of(runs_dir: Path) -> dict[int, dict]:
 
 
 def two_nodes(tmp_path: Path, script: str, extra: list[str]) -> list:
-    """`ddp-doctor run --nnodes 2` of `script`, one rank a node, on two simulated hosts (algo-1,
-    algo-2); each node's report in tmp_path/nodeN.json. Their results, waited for with a bound."""
-    import sys
-
-    from helpers.nodes import hosts_file, on_node, require_namespaces
-    from helpers.procs import free_port
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
-               "--timeout", "30", *extra, "--report", str(tmp_path / f"node{node}.json"), str(SCRIPTS / script)]
-        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
-    return [finish(p, 150) for p in procs]
+    """`ddp-doctor run --nnodes 2` of `script` on algo-1 and algo-2 (helpers.nodes)."""
+    from helpers.nodes import doctor_run_on_two_nodes
+    return doctor_run_on_two_nodes(tmp_path, SCRIPTS / script, extra)
 
 
 def errors(rep: dict) -> list[dict]:

@@ -3,11 +3,10 @@ simulated node names DDP867 with both hosts and the line, and ends the job at in
 instead of torch's timeout; the launcher's RANK stays clean."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import clean_env, finish, load_json, start
+from helpers.procs import load_json
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -15,21 +14,9 @@ SCRIPT = "rank_from_local_rank.py"
 
 
 def two_nodes(tmp_path: Path, script_args: list[str], script: str = SCRIPT) -> list:
-    """`ddp-doctor run --nnodes 2` of SCRIPT, one rank a node, on algo-1 and algo-2 (namespaces);
-    each node's report in tmp_path/nodeN.json. Their results, waited for with a bound."""
-    from helpers.nodes import hosts_file, on_node, require_namespaces
-    from helpers.procs import free_port
-    require_namespaces()
-    hosts = hosts_file(tmp_path, ["algo-1", "algo-2"])
-    port = free_port()
-    procs = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", "algo-1", "--master-port", str(port),
-               "--timeout", "30", "--skip", "communication", "--report", str(tmp_path / f"node{node}.json"),
-               str(SCRIPTS / script), *script_args]
-        procs.append(start(on_node(f"algo-{node + 1}", hosts, cmd), clean_env(), str(tmp_path)))
-    return [finish(p, 150) for p in procs]
+    """`ddp-doctor run --nnodes 2` of `script` on algo-1 and algo-2 (helpers.nodes)."""
+    from helpers.nodes import doctor_run_on_two_nodes
+    return doctor_run_on_two_nodes(tmp_path, SCRIPTS / script, ["--skip", "communication"], script_args)
 
 
 def line_of(text: str, script: str = SCRIPT) -> str:
