@@ -445,7 +445,9 @@ def vanished_finding(rank: int, heartbeat: dict[str, Any]) -> Finding:
     Dated from its last heartbeat: it died after that and before the next one was due."""
     where = heartbeat.get("where") or heartbeat.get("innermost")
     steps = heartbeat.get("steps")
-    at = (f" at {where}" if where else "") + (f" after {int(steps)} steps" if isinstance(steps, int) and steps else "")
+    # where its last heartbeat saw it, a second or less before it vanished
+    at = ((f" after {int(steps)} steps" if isinstance(steps, int) and steps else "")
+          + (f" (last seen at {where})" if where else ""))
     return event_finding(
         failures.RANK_KILLED, f"rank {rank} (pid {heartbeat.get('pid', '?')}) was killed without an ending{at}: "
         f"its process is gone and it recorded no exit (SIGKILL: the OOM killer?)", rank=rank, phase="training",

@@ -113,6 +113,39 @@ def test_another_jobs_heartbeat_never_makes_a_rank_gone_or_live(tmp_path):
     assert list(ledger.vanished_ranks(d, but=0)) == [1] and ledger.live_ranks(d, but=0) == [2]
 
 
+def test_a_failed_rank_sees_a_peer_vanish_while_it_looks_and_a_peer_that_ends_is_not_gone(tmp_path):
+    """A SIGKILLed peer closes its sockets before the kernel marks it a zombie: the failed rank
+    that looks then sees it alive, and `settle` waits (bounded) for it to end or vanish."""
+    from concurrent.futures import ThreadPoolExecutor
+    d = str(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        records.join_job("mine")
+        now = time.time()
+        for r, pid in ((1, child.pid), (2, os.getpid())):
+            records.write_json(records.heartbeat_path(d, r), {"rank": r, "pid": pid, "phase": "training",
+                                                              "time": now, "job": "mine"})
+        assert ledger.vanished_ranks(d, but=0) == {}  # both alive, no settling asked
+        with ThreadPoolExecutor(1) as pool:
+            looking = pool.submit(ledger.vanished_ranks, d, 0, 0.0, 120.0)
+            records.write_outcome(d, 2, {"exit_code": 1, "exception": None})  # rank 2 ends: not gone
+            child.stdin.close()
+            child.wait(timeout=60)  # rank 1 vanishes (reaped, as its launcher does)
+            assert list(looking.result(timeout=180)) == [1]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=60)
+
+
+def test_settling_is_bounded_when_a_peer_stays_alive(tmp_path):
+    d = str(tmp_path)
+    records.join_job("mine")
+    records.write_json(records.heartbeat_path(d, 1), {"rank": 1, "pid": os.getpid(), "phase": "training",
+                                                      "time": time.time(), "job": "mine"})
+    assert ledger.vanished_ranks(d, but=0, settle=0.2) == {}
+
+
 def test_damaged_times_read_as_old_records_never_a_traceback(tmp_path):
     (tmp_path / "probe-1.json").write_text('{"started": "soon"}')
     (tmp_path / "init-1.json").write_text('{"time": "later"}')

@@ -187,13 +187,25 @@ def unanswered_ranks(run_dir: str, since: float = 0.0) -> list[int]:
                   if r not in written and not process_gone(hb.get("pid")))
 
 
-def vanished_ranks(run_dir: str, but: int, since: float = 0.0) -> dict[int, dict[str, Any]]:
+def vanished_ranks(run_dir: str, but: int, since: float = 0.0, settle: float = 0.0) -> dict[int, dict[str, Any]]:
     """Ranks of this job whose process is gone without an ending: a heartbeat of this job in
     training, no outcome, and no live process with its pid (SIGKILL leaves nothing else). Their
-    last heartbeats. Another job's heartbeat never makes a rank "gone" (a false DDP803)."""
-    ended = records.read_outcomes(run_dir, since)
-    return {r: hb for r, hb in _training_beats(run_dir, since).items()
-            if r != but and r not in ended and process_gone(hb.get("pid"))}
+    last heartbeats. Another job's heartbeat never makes a rank "gone" (a false DDP803).
+
+    `settle`: seconds, at most, to wait for a peer still alive without an ending to end or vanish.
+    A process SIGKILLed closes its sockets (its peers' collectives fail at once) before the kernel
+    marks it a zombie: a peer that failed a moment later may still see it alive."""
+    deadline = time.monotonic() + settle
+    while True:
+        ended = records.read_outcomes(run_dir, since)
+        pending = {r: hb for r, hb in _training_beats(run_dir, since).items() if r != but and r not in ended}
+        gone = {r: hb for r, hb in pending.items() if process_gone(hb.get("pid"))}
+        if len(gone) == len(pending) or time.monotonic() >= deadline:
+            return gone
+        time.sleep(0.05)
+
+
+VANISH_SETTLE = 2.0  # seconds a failed rank gives a peer of its node to end or vanish (vanished_ranks)
 
 
 def _training_beats(run_dir: str, since: float) -> dict[int, dict[str, Any]]:

@@ -175,6 +175,7 @@ class ProgressWatch:
         last_steps = -1
         fired = False
         while not self._tick():
+            phase = self.phase
             stack = stack_of(self._main)
             sig = tuple(stack)
             now = time.time()
@@ -187,7 +188,8 @@ class ProgressWatch:
                 # from the first optimizer step on: start-up (imports, the group, DDP's own
                 # broadcast, which no torch.distributed frame shows) is not the training's pace
                 self._sample(where["where"] or where["innermost"] or "?", activity(stack))
-            self._beat(now, where)
+            if phase == self.phase:  # a stack taken before the phase changed is not where it is now
+                self._beat(now, where)
             if self._stack_file is None or self._stack_file_gone():
                 # removed (or not made: the directory was gone a moment before this tick's
                 # heartbeat made it again): opened again, tick after tick until it is there

@@ -195,9 +195,10 @@ def run_training_rank(opts: RunOptions) -> int:
         _leave_ledger(watch, run_dir, rank, position, outcome)
         if _other_nodes(info):  # other nodes' reports see this ending; a failure sees theirs
             from ddp_doctor.training.run.endings import exchange
-            from ddp_doctor.training.run.ledger import vanished_ranks
+            from ddp_doctor.training.run.ledger import VANISH_SETTLE, vanished_ranks
             failed = position == "failed"  # and the ranks of this node it saw vanish, for the other nodes
-            gone = vanished_ranks(run_dir, but=rank, since=started - records.SAME_JOB) if failed else {}
+            gone = (vanished_ranks(run_dir, but=rank, since=started - records.SAME_JOB, settle=VANISH_SETTLE)
+                    if failed else {})
             job = exchange(run_dir, rank, failed=failed, gone=gone)
     written = None  # the job's report, when this rank wrote it
     if not under_parent:
