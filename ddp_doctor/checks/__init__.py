@@ -32,6 +32,7 @@ def load_catalogue() -> dict[str, Check]:
         gpu,
         history_rules,
         host,
+        host_busy,
         init_arguments,
         init_late,
         init_order,

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ddp_doctor.checks import host_busy
 from ddp_doctor.comm import arithmetic, layout, stragglers, sweep
 from ddp_doctor.comm import expected as expected_bw
 from ddp_doctor.context import Group
+from ddp_doctor.facts import host_load
 from ddp_doctor.findings import Problem, format_ranks
 from ddp_doctor.registry import check
 
@@ -231,42 +233,60 @@ def _node_of(lay: list[tuple[int, int]]) -> dict[int, int]:
     return {r: keys[node] for r, (node, _) in enumerate(lay)}
 
 
-def straggler_problems(times: Mapping[int, float], node_of: Mapping[int, int], what: str,
-                       factor: float, min_s: float) -> list[Problem]:
-    """Name the ranks (and nodes) markedly slower than the median at `what`."""
+def straggler_problems(rounds: Mapping[int, list[float]], loads: Mapping[int, host_load.LoadWindow],
+                       node_of: Mapping[int, int], what: str, factor: float, min_s: float,
+                       slow: Mapping[int, stragglers.Slow] | None = None) -> list[Problem]:
+    """Name the ranks slower beyond doubt at `what` (`slow`: slow_ranks's, confirmed; computed
+    from `rounds` when not given), weighed by the hosts' load, and the nodes markedly slower."""
     out = []
-    median = stragglers.median(list(times.values()))
-    slow = stragglers.outliers(times, factor, min_s)
+    slow = stragglers.slow_ranks(rounds, factor, min_s) if slow is None else slow
+    medians = {r: stragglers.median(v) for r, v in rounds.items() if v}
+    median = stragglers.median(list(medians.values())) if medians else 0.0
+    load = host_busy.read(loads, node_of)
     if slow:
-        listed = ", ".join(f"rank {r} {times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)"
-                           for r, x in sorted(slow.items()))
+        listed = ", ".join(f"rank {r} {medians[r] * 1e3:.1f} ms ({x.ratio:.1f}x the others' median, slower in "
+                           f"{x.slower} of {x.rounds} rounds)" for r, x in sorted(slow.items()))
+        severity, said = _busy_verdict(load, tuple(sorted(slow)))
         out.append(Problem(
-            message=f"{what}: median {median * 1e3:.1f} ms over {len(times)} ranks; markedly slower: {listed}",
-            ranks=tuple(sorted(slow)),
-            evidence={"seconds": {str(r): t for r, t in times.items()}, "median_s": median,
-                      "slow": {str(r): x for r, x in slow.items()}, "factor": factor, "min_s": min_s}))
-    nodes = stragglers.slow_nodes(times, node_of, factor, min_s)
-    if nodes:
+            message=f"{what}: median {median * 1e3:.1f} ms over {len(medians)} ranks; markedly slower: {listed}{said}",
+            ranks=tuple(sorted(slow)), severity=severity,
+            evidence={"seconds": {str(r): t for r, t in medians.items()}, "median_s": median,
+                      "rounds": {str(r): [round(t, 6) for t in v] for r, v in rounds.items()},
+                      "slow": {str(r): x.to_dict() for r, x in slow.items()}, "factor": factor, "min_s": min_s,
+                      **load.evidence()}))
+    nodes = stragglers.slow_nodes(medians, node_of, factor, min_s)
+    if nodes and slow:  # a node is slow when its ranks are, beyond doubt
         ranks = tuple(sorted(r for r, n in node_of.items() if n in nodes))
+        severity, said = _busy_verdict(load, ranks)
         out.append(Problem(
             message=f"{what}: node(s) {', '.join(str(n) for n in sorted(nodes))} markedly slower than the "
-                    f"median node ({', '.join(f'{x:.1f}x' for _, x in sorted(nodes.items()))})",
-            ranks=ranks, evidence={"slow_nodes": {str(k): v for k, v in nodes.items()}}))
+                    f"median node ({', '.join(f'{x:.1f}x' for _, x in sorted(nodes.items()))}){said}",
+            ranks=ranks, severity=severity, evidence={"slow_nodes": {str(k): v for k, v in nodes.items()}}))
     return out
 
 
-@check("DDP405", category="communication", severity="warning", stage="group",
+@check("DDP405", category="communication", severity="warning", stage="group", severities=("warning", "info"),
        title="a rank computes markedly slower than the others", timeout=120.0)
 def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Every rank times the same fixed amount of compute (float32 matmuls; on the GPU when
-    it has one) after a barrier, three times; the best times are gathered and a rank (or node)
-    slower than --straggler-factor (1.5) x the others' median, and by more than
-    --straggler-min-ms (10), is measured again and named when it is slow both times.
+    it has one) in 12 rounds (more past 8 ranks), each started together after a barrier, and
+    reads how busy its host was meanwhile (other processes' CPU on its CPUs, steal, load
+    average). A rank is named when it is slower beyond doubt: its median round above
+    --straggler-factor (1.5) x the others' median and --straggler-min-ms (10) more, that excess
+    above 3 x the others' own spread from round to round (1.4826 x MAD), and slower than the
+    others in so many rounds that chance would do it with a probability under 1% (a one-sided
+    sign test, shared by the ranks: Bonferroni); then it is measured again and named only when
+    it is slow both times (one burst of load is not a straggler). At least 8 rounds are needed.
     Why: DDP steps at the pace of its slowest rank: one throttled GPU, a host shared with other
     work or a rank with fewer CPU threads slows the whole job.
     Fix: On the ranks named, look for other processes (`nvidia-smi`, `top`), thermal or power
     throttling (`nvidia-smi -q -d PERFORMANCE`), CPU affinity and OMP_NUM_THREADS differences.
+    Severity: warning; info when a host was busy (other processes used a quarter of its cores,
+    the hypervisor stole 10% of its time, or its load average was above its cores) and the slow
+    rank's CPUs were not busier with other work than the others': its pace was then the
+    scheduler's as much as its own. A rank whose CPUs other processes used markedly more than
+    the others' (a quarter of a core more) stays a warning that says so: that is its cause.
     """
     if group.world_size < 2:
         return
@@ -274,40 +294,65 @@ def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     lay = layout.layout(world, ctx)
     factor = float(_opt(ctx, "straggler_factor", stragglers.DEFAULT_STRAGGLER_FACTOR))
     min_s = float(_opt(ctx, "straggler_min_s", stragglers.DEFAULT_STRAGGLER_MIN_S))
-
-    def measure() -> dict[int, float]:
-        world.wait(stragglers.barrier(world))
-        best = min(stragglers.fixed_work(group.device))
-        return {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
-    times = confirmed_times(measure, factor, min_s)
-    yield from straggler_problems(times, _node_of(lay), "fixed compute", factor, min_s)
+    n = stragglers.rounds_for(group.world_size)
+    rounds, loads, slow = confirmed_slow(
+        lambda: _timed_with_load(world, lambda: stragglers.fixed_work_rounds(world, n)), factor, min_s)
+    yield from straggler_problems(rounds, loads, _node_of(lay), "fixed compute", factor, min_s, slow)
 
 
-def confirmed_times(measure: Any, factor: float, min_s: float) -> dict[int, float]:
-    """Measure; when some rank looks slow, measure again and keep each rank's better time, so a
-    rank is named only when it is slow both times (a busy moment on a shared host is not a
-    straggler). `measure` returns the gathered times, the same on every rank, so every rank
-    takes the same branch."""
-    times = measure()
-    if stragglers.outliers(times, factor, min_s):
-        again = measure()
-        times = {r: min(t, again.get(r, t)) for r, t in times.items()}
-    return times
+def _timed_with_load(world: Any, timed: Any) -> tuple[dict[int, list[float]], dict[int, host_load.LoadWindow]]:
+    """Every rank's rounds of `timed` and its host's load meanwhile, gathered (the same on every rank)."""
+    start = host_load.read_cpu_times()
+    mine = timed()
+    load = host_load.window(start)
+    got = world.gather_floats([*mine, *load.as_floats()])
+    k = len(mine)
+    return ({r: v[:k] for r, v in enumerate(got)},
+            {r: host_load.LoadWindow.from_floats(v[k:k + host_load.FLOATS]) for r, v in enumerate(got)})
 
 
-@check("DDP406", category="communication", severity="warning", stage="group",
+def confirmed_slow(measure: Any, factor: float, min_s: float) -> tuple[Any, Any, dict[int, stragglers.Slow]]:
+    """Measure; when some rank is slow beyond doubt, measure again and keep the ranks slow both
+    times (with the second measurement's figures). `measure` returns (rounds, loads), the same on
+    every rank, so every rank takes the same branch."""
+    rounds, loads = measure()
+    slow = stragglers.slow_ranks(rounds, factor, min_s)
+    if slow:
+        rounds, loads = measure()
+        again = stragglers.slow_ranks(rounds, factor, min_s)
+        slow = {r: again[r] for r in slow if r in again}
+    return rounds, loads, slow
+
+
+def _busy_verdict(load: host_busy.Load, ranks: Iterator[int] | tuple[int, ...]) -> tuple[str | None, str]:
+    """(severity override, what to add to the message) for slow `ranks` given the hosts' load."""
+    shared = [r for r in ranks if load.shared(r)]
+    if shared:
+        rest = stragglers.median([v for r, v in load.others.items() if r not in shared])
+        return None, ("; other processes used " + ", ".join(f"{load.others[r]:.2f} cores of rank {r}'s CPUs"
+                                                            for r in shared) + f" (the other ranks' CPUs: {rest:.2f})")
+    if load.busy:
+        return "info", (f"; the host was busy while it was measured ({load.describe()}): a rank's pace on a busy "
+                        f"host is the scheduler's as much as its own")
+    return None, ""
+
+
+@check("DDP406", category="communication", severity="warning", stage="group", severities=("warning", "info"),
        title="a send/recv link is markedly slower than the others", timeout=120.0)
 def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Sends 256 KiB around a ring (each rank sends to rank + 1 and receives from rank - 1 at
-    once, isend/irecv), three times; the time each rank waits for its receive measures the link
-    from its left neighbour. A link slower than --straggler-factor (1.5) x the others' median,
-    and by more than --straggler-min-ms (10), is measured again and named, with its two ranks,
-    when it is slow both times.
+    once, isend/irecv), in 12 rounds (more past 8 ranks); the time each rank waits for its
+    receive measures the link from its left neighbour. A link is named, with its two ranks, when
+    it is slower beyond doubt, by the same test as DDP405 (median above --straggler-factor (1.5)
+    x the others' and --straggler-min-ms (10) more, above 3 x the others' spread, a sign test
+    across the rounds at 1%), in a first measurement and again in a second.
     Why: One slow path (a degraded NIC, a host on another network spine, traffic through a
     slow interface) paces every collective that crosses it.
     Fix: Check the interface both ranks use (NCCL_SOCKET_IFNAME, `ip -s link` errors), EFA on
     both hosts, and their placement; `ddp-doctor bench-comm` measures the groups apart.
+    Severity: warning; info when a host was busy while it was measured (as DDP405 reads it):
+    on a busy host a receive waits for the scheduler as much as for the link.
     """
     if group.world_size < 2:
         return
@@ -316,22 +361,25 @@ def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
     n = group.world_size
     factor = float(_opt(ctx, "straggler_factor", stragglers.DEFAULT_STRAGGLER_FACTOR))
     min_s = float(_opt(ctx, "straggler_min_s", stragglers.DEFAULT_STRAGGLER_MIN_S))
-
-    def measure() -> dict[int, float]:
-        best = min(stragglers.ring_times(world))
-        return {r: v[0] for r, v in enumerate(world.gather_floats([best]))}
-    times = confirmed_times(measure, factor, min_s)
-    slow = stragglers.outliers(times, factor, min_s)
+    reps = stragglers.rounds_for(n)
+    rounds, loads, slow = confirmed_slow(
+        lambda: _timed_with_load(world, lambda: stragglers.ring_times(world, reps=reps)), factor, min_s)
     if slow:
         node_of = _node_of(lay)
+        medians = {r: stragglers.median(v) for r, v in rounds.items()}
         links = ", ".join(f"rank {(r - 1) % n} (node {node_of[(r - 1) % n]}) -> rank {r} (node {node_of[r]}) "
-                          f"{times[r] * 1e3:.1f} ms ({x:.1f}x the others' median)" for r, x in sorted(slow.items()))
-        median = stragglers.median(list(times.values()))
+                          f"{medians[r] * 1e3:.1f} ms ({x.ratio:.1f}x the others' median, slower in {x.slower} "
+                          f"of {x.rounds} rounds)" for r, x in sorted(slow.items()))
+        load = host_busy.read(loads, node_of)
+        severity, said = _busy_verdict(host_busy.Load(load.busy, {}, load.read), tuple(slow))
+        median = stragglers.median(list(medians.values()))
         yield Problem(message=f"send/recv ring of 256 KiB: median {median * 1e3:.1f} ms; markedly slower "
-                              f"link(s): {links}",
-                      ranks=tuple(sorted({r for r in slow} | {(r - 1) % n for r in slow})),
-                      evidence={"seconds": {str(r): t for r, t in times.items()},
-                                "slow_links": [[(r - 1) % n, r] for r in sorted(slow)]})
+                              f"link(s): {links}{said}",
+                      ranks=tuple(sorted({r for r in slow} | {(r - 1) % n for r in slow})), severity=severity,
+                      evidence={"seconds": {str(r): t for r, t in medians.items()},
+                                "rounds": {str(r): [round(t, 6) for t in v] for r, v in rounds.items()},
+                                "slow": {str(r): x.to_dict() for r, x in slow.items()},
+                                "slow_links": [[(r - 1) % n, r] for r in sorted(slow)], **load.evidence()})
 
 
 # Rounds of DDP407: the offsets keep the round whose barrier waits were shortest; on a busy host

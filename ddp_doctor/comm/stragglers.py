@@ -1,10 +1,13 @@
 """Stragglers and clock skew: fixed compute per rank (fixed_work), a timed send/recv ring
-(ring_times), the ranks and nodes markedly slower than the median (outliers, slow_nodes), and
-node clock offsets from barrier timestamps (clock_offsets, skewed).
+(ring_times), the ranks and nodes markedly slower than the median (outliers, slow_nodes), the
+ranks slower beyond doubt over rounds of a measurement (slow_ranks: a sign test and the run's own
+noise), and node clock offsets from barrier timestamps (clock_offsets, skewed).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from math import comb
 from typing import Any, Mapping, Sequence
 
 from ddp_doctor.comm.arithmetic import KIB, count_wrong, pattern
@@ -13,6 +16,10 @@ from ddp_doctor.comm.sweep import Comm
 DEFAULT_STRAGGLER_FACTOR = 1.5
 DEFAULT_STRAGGLER_MIN_S = 0.010
 DEFAULT_MAX_CLOCK_SKEW_S = 1.0
+ROUNDS = 12  # rounds of a straggler measurement: 11 slower of 12 is a sign test's p of 0.003
+MIN_ROUNDS = 8  # fewer rounds than this decide nothing (a sign test's p cannot go below 0.004)
+ALPHA = 0.01  # the sign test's level, shared by the ranks judged (Bonferroni)
+NOISE_TIMES = 3.0  # the excess must be this many times the run's own spread (1.4826 x MAD)
 
 
 def fixed_work(device: str, reps: int = 3) -> list[float]:
@@ -37,6 +44,25 @@ def fixed_work(device: str, reps: int = 3) -> list[float]:
             torch.cuda.synchronize(device)
         out.append(time.perf_counter() - start)
         del c
+    return out
+
+
+def rounds_for(world: int, alpha: float = ALPHA) -> int:
+    """Rounds enough for slow_ranks to name a rank slower in all but one of them among `world`
+    ranks (12 for 2 ranks, 14 for 8, 22 for a thousand)."""
+    n = ROUNDS
+    while sign_test_p(n - 1, n) > alpha / max(world, 1) and n < 64:
+        n += 1
+    return n
+
+
+def fixed_work_rounds(comm: Comm, rounds: int = ROUNDS) -> list[float]:
+    """Seconds of one run of the fixed work in each of `rounds` rounds, every round started
+    together after a barrier: the ranks are compared round by round, under the same moment's load."""
+    out = []
+    for _ in range(rounds):
+        comm.wait(barrier(comm))
+        out += fixed_work(comm.device, reps=1)
     return out
 
 
@@ -98,6 +124,66 @@ def outliers(times: Mapping[Any, float], factor: float = DEFAULT_STRAGGLER_FACTO
         mid = median([t for j, t in times.items() if j != k])
         if v > factor * mid and v - mid > min_excess_s:
             out[k] = v / mid if mid > 0 else float("inf")
+    return out
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A rank slower beyond doubt: its median round over the others' median (`ratio`), by
+    `excess_s`; slower than the others in `slower` of `rounds` rounds (a one-sided sign test's `p`);
+    the others' own spread from round to round, `noise_s`."""
+    ratio: float
+    excess_s: float
+    slower: int
+    rounds: int
+    p: float
+    noise_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"ratio": round(self.ratio, 3), "excess_s": round(self.excess_s, 6), "slower_rounds": self.slower,
+                "rounds": self.rounds, "p": round(self.p, 6), "noise_s": round(self.noise_s, 6)}
+
+
+def sign_test_p(wins: int, n: int) -> float:
+    """P(X >= wins) for X ~ Binomial(n, 1/2): how often `wins` of `n` rounds or more happen by chance."""
+    return sum(comb(n, k) for k in range(max(0, wins), n + 1)) / 2 ** n if n > 0 else 1.0
+
+
+def spread(vals: Sequence[float]) -> float:
+    """1.4826 x the median absolute deviation: a standard deviation that one burst does not move."""
+    if not vals:
+        return 0.0
+    mid = median(vals)
+    return 1.4826 * median([abs(v - mid) for v in vals])
+
+
+def slow_ranks(rounds: Mapping[Any, Sequence[float]], factor: float = DEFAULT_STRAGGLER_FACTOR,
+               min_excess_s: float = DEFAULT_STRAGGLER_MIN_S, alpha: float = ALPHA) -> dict[Any, Slow]:
+    """The entries (ranks) slower than the others beyond doubt, from the same rounds measured on
+    each: a rank is named when all of these hold
+    - its median round is above `factor` x the others' median, and `min_excess_s` more;
+    - that excess is above NOISE_TIMES x the others' own spread from round to round;
+    - it is slower than the others' median in so many rounds that chance would do so with a
+      probability below `alpha` / the number of entries (a one-sided sign test, Bonferroni);
+    - at least MIN_ROUNDS rounds were measured.
+    A burst of load in a few rounds moves neither the medians nor the count of rounds."""
+    keys = [k for k, v in rounds.items() if v]
+    n = min((len(rounds[k]) for k in keys), default=0)
+    if len(keys) < 2 or n < MIN_ROUNDS:
+        return {}
+    out = {}
+    for k in keys:
+        others = [j for j in keys if j != k]
+        mine = list(rounds[k])[:n]
+        mid = median([median(list(rounds[j])[:n]) for j in others])
+        own = median(mine)
+        noise = median([spread(list(rounds[j])[:n]) for j in others])
+        slower = sum(1 for i in range(n) if mine[i] > median([rounds[j][i] for j in others]))
+        p = sign_test_p(slower, n)
+        excess = own - mid
+        if (own > factor * mid and excess > min_excess_s and excess > NOISE_TIMES * noise
+                and p <= alpha / len(keys)):
+            out[k] = Slow(own / mid if mid > 0 else float("inf"), excess, slower, n, p, noise)
     return out
 
 

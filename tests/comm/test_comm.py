@@ -237,26 +237,109 @@ def test_split_available_otherwise():
 
 
 # ---------------------------------------------------------------- stragglers (DDP405, DDP406)
-def test_outliers_name_a_markedly_slow_rank():
-    times = {0: 0.020, 1: 0.021, 2: 0.060, 3: 0.019}
-    assert set(stragglers.outliers(times)) == {2}
-    problems = cc.straggler_problems(times, {0: 0, 1: 0, 2: 1, 3: 1}, "fixed compute", 1.5, 0.01)
-    assert problems and problems[0].ranks == (2,) and "rank 2 60.0 ms" in problems[0].message
+def _rounds(**medians_ms: float) -> dict[int, list[float]]:
+    """12 rounds a rank, each about its median (+-2%, the same small jitter on every rank)."""
+    jitter = [0.98, 1.01, 1.0, 0.99, 1.02, 1.0, 0.985, 1.015, 1.0, 0.995, 1.005, 1.0]
+    return {int(k[1:]): [m / 1e3 * j for j in jitter] for k, m in medians_ms.items()}
 
 
-def test_outliers_ignore_noise_below_the_absolute_minimum():
-    assert stragglers.outliers({0: 0.001, 1: 0.004}) == {}             # 4x, but 3 ms
-    assert stragglers.outliers({0: 0.020, 1: 0.022, 2: 0.025}) == {}   # within 1.5x
-    assert stragglers.outliers({0: 0.02}) == {}
+def _quiet(ranks, per_node=2, own=1.0, cores=8):
+    """Windows of a quiet host: the job's `per_node` ranks a node are all its CPU use."""
+    from ddp_doctor.facts.host_load import LoadWindow
+    return {r: LoadWindow(busy_mine=own * per_node, own=own, busy_host=own * per_node, steal=0.0, load1=0.5,
+                          cores=cores, cpus_key=1.0, seconds=0.5) for r in ranks}
+
+
+def test_a_rank_slower_in_every_round_is_named_with_its_test():
+    rounds = _rounds(r0=20, r1=21, r2=60, r3=19)
+    slow = stragglers.slow_ranks(rounds)
+    assert set(slow) == {2} and slow[2].slower == 12 and slow[2].p < 0.01 / 4
+    problems = cc.straggler_problems(rounds, _quiet(range(4)), {0: 0, 1: 0, 2: 1, 3: 1}, "fixed compute", 1.5, 0.01)
+    assert problems and problems[0].ranks == (2,) and problems[0].severity is None
+    assert "rank 2 60.0 ms" in problems[0].message and "slower in 12 of 12 rounds" in problems[0].message
+
+
+def test_noise_and_bursts_name_no_rank():
+    assert stragglers.slow_ranks(_rounds(r0=1, r1=4)) == {}          # 4x, but 3 ms
+    assert stragglers.slow_ranks(_rounds(r0=20, r1=22, r2=25)) == {}  # within 1.5x
+    assert stragglers.slow_ranks({0: [0.02] * 12}) == {}
+    # one burst: rank 1 far slower in 3 rounds of 12, the same as rank 0 in the rest
+    burst = {0: [0.020] * 12, 1: [0.020] * 9 + [0.090] * 3}
+    assert stragglers.slow_ranks(burst) == {}
+    # slower in most rounds, but not in so many that chance could not do it (8 of 12: p = 0.19)
+    mixed = {0: [0.020] * 12, 1: [0.070] * 8 + [0.019] * 4}
+    assert stragglers.slow_ranks(mixed) == {}
+    # a rank's own spread from round to round hides a difference of its size
+    noisy = {0: [0.010, 0.060] * 6, 1: [0.045, 0.070] * 6}
+    assert stragglers.slow_ranks(noisy) == {}
+    assert stragglers.slow_ranks(_rounds(r0=20, r1=60) | {1: [0.06] * 5}) == {}  # too few rounds
+
+
+def test_the_sign_test_and_the_rounds_it_needs():
+    assert stragglers.sign_test_p(12, 12) == 1 / 4096 and stragglers.sign_test_p(0, 12) == 1.0
+    assert stragglers.sign_test_p(11, 12) == 13 / 4096
+    assert stragglers.rounds_for(2) == 12 and stragglers.rounds_for(1000) > stragglers.rounds_for(8) >= 12
+    for world in (2, 8, 1000):  # enough to name a rank slower in all but one round
+        n = stragglers.rounds_for(world)
+        assert stragglers.sign_test_p(n - 1, n) <= 0.01 / world
+
+
+def test_on_a_busy_host_a_slow_rank_is_at_most_info_and_says_why():
+    from ddp_doctor.facts.host_load import LoadWindow
+    rounds = _rounds(r0=16, r1=40)
+    busy = {r: LoadWindow(busy_mine=2.0, own=0.5, busy_host=2.0, steal=0.0, load1=3.9, cores=2, cpus_key=1.0,
+                          seconds=0.5) for r in (0, 1)}
+    [p] = cc.straggler_problems(rounds, busy, {0: 0, 1: 0}, "fixed compute", 1.5, 0.01)
+    assert p.severity == "info" and p.ranks == (1,)
+    assert "the host was busy" in p.message and "other processes used 1.0 of its 2 cores" in p.message
+    assert "load average 3.9 on 2 cores" in p.message and p.evidence["busy_nodes"]
+
+
+def test_a_rank_whose_cpus_other_work_takes_stays_a_warning_that_says_so():
+    from ddp_doctor.facts.host_load import LoadWindow
+    rounds = _rounds(r0=16, r1=60)
+    # rank 0 pinned to CPU 0 alone, rank 1 to CPU 1 beside other work: the host is busy too
+    loads = {0: LoadWindow(1.0, 1.0, 2.0, 0.0, 2.5, 2, 11.0, 0.5), 1: LoadWindow(1.0, 0.25, 2.0, 0.0, 2.5, 2, 12.0, 0.5)}
+    [p] = cc.straggler_problems(rounds, loads, {0: 0, 1: 0}, "fixed compute", 1.5, 0.01)
+    assert p.severity is None and p.ranks == (1,)
+    assert "other processes used 0.75 cores of rank 1's CPUs" in p.message, p.message
 
 
 def test_slow_node():
-    times = {0: 0.02, 1: 0.02, 2: 0.05, 3: 0.05, 4: 0.02, 5: 0.021}
+    rounds = _rounds(r0=20, r1=20, r2=50, r3=50, r4=20, r5=21)
     node_of = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
-    assert set(stragglers.slow_nodes(times, node_of)) == {1}
-    problems = cc.straggler_problems(times, node_of, "fixed compute", 1.5, 0.01)
+    medians = {r: stragglers.median(v) for r, v in rounds.items()}
+    assert set(stragglers.slow_nodes(medians, node_of)) == {1}
+    problems = cc.straggler_problems(rounds, _quiet(range(6)), node_of, "fixed compute", 1.5, 0.01)
     assert any("node(s) 1" in p.message and p.ranks == (2, 3) for p in problems)
-    assert stragglers.slow_nodes(times, {r: 0 for r in times}) == {}
+    assert stragglers.slow_nodes(medians, {r: 0 for r in medians}) == {}
+
+
+def test_a_slow_moment_is_measured_again_and_forgiven():
+    loads = _quiet((0, 1))
+    seq = iter([(_rounds(r0=20, r1=60), loads), (_rounds(r0=21, r1=22), loads)])
+    _, _, slow = cc.confirmed_slow(lambda: next(seq), 1.5, 0.01)
+    assert slow == {}
+    seq = iter([(_rounds(r0=20, r1=60), loads), (_rounds(r0=21, r1=70), loads)])
+    rounds, _, slow = cc.confirmed_slow(lambda: next(seq), 1.5, 0.01)
+    assert set(slow) == {1} and stragglers.median(rounds[1]) == pytest.approx(0.070)
+    calls = []
+    cc.confirmed_slow(lambda: calls.append(1) or (_rounds(r0=20, r1=21), loads), 1.5, 0.01)
+    assert len(calls) == 1  # nothing suspicious: measured once
+
+
+def test_host_load_windows_read_proc_and_travel_as_floats():
+    from ddp_doctor.facts import host_load
+    start = host_load.read_cpu_times()
+    sum(i * i for i in range(200_000))  # some CPU of this process's own
+    w = host_load.window(start)
+    assert w.cores >= 1 and w.own >= 0 and w.seconds > 0
+    if start.per_cpu:  # Linux
+        assert w.busy_host is not None and 0 <= w.busy_host <= w.cores + 0.01
+    assert host_load.LoadWindow.from_floats(w.as_floats()) == w
+    assert len(w.as_floats()) == host_load.FLOATS
+    none = host_load.window(host_load.read_cpu_times("/nonexistent/stat"))
+    assert none.busy_mine is None and none.busy_host is None and none.steal is None
 
 
 # ---------------------------------------------------------------- clock skew (DDP407)
@@ -311,12 +394,3 @@ def test_plot_is_log_log_and_algbw_stays_visible_where_it_equals_busbw():
         plt.close(fig)
 
 
-def test_a_slow_moment_is_measured_again_and_forgiven():
-    rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.022}])
-    assert cc.confirmed_times(lambda: next(rounds), 1.5, 0.01) == {0: 0.020, 1: 0.022}
-    rounds = iter([{0: 0.020, 1: 0.060}, {0: 0.021, 1: 0.070}])
-    times = cc.confirmed_times(lambda: next(rounds), 1.5, 0.01)
-    assert set(stragglers.outliers(times)) == {1}
-    calls = []
-    cc.confirmed_times(lambda: calls.append(1) or {0: 0.02, 1: 0.021}, 1.5, 0.01)
-    assert len(calls) == 1  # nothing suspicious: measured once
