@@ -5,12 +5,16 @@ as the slowest one's, so step times look equal; the arrivals do not.
 
 Per collective that every rank of a host issued (the same process group and sequence number),
 the last rank to arrive and its lag behind the next-to-last. A rank is named when it arrives last
-at most collectives, its median lag is above noise, and the others' waiting for it adds up to a
-stated share of the time the collectives span: quiet on a run whose ranks only take turns being
-last (a loaded host). Ranks are compared within one host (time_created_ns is the host's wall
-clock). Nodes are compared with each other (DDP878: a node whose every rank comes late, which no
-rank of it shows against its neighbours) on clocks aligned by the offsets the preflight measured
-(DDP407), with their error added to the lag a node must show.
+at most collectives, in each half of the run, more often than chance would make it (a binomial
+test), its median lag is above noise (10 ms, and the spread of its own lags from collective to
+collective), and the others' waiting for it adds up to a stated share of the time the collectives
+span: quiet on a run whose ranks only take turns being last. On a host that was busy while it
+trained (its ledgers' `host_load`, checks/host_busy.py) a rank is named as info, with that doubt,
+unless other processes took its own CPUs more than the other ranks'. Ranks are compared within
+one host (time_created_ns is the host's wall clock). Nodes are compared with each other (DDP878:
+a node whose every rank comes late, which no rank of it shows against its neighbours) on clocks
+aligned by the offsets the preflight measured (DDP407), with their error added to the lag a node
+must show.
 
 Where the slow rank spends its time before it arrives: its DataLoader waits (the probes, as
 DDP872 measures them) when they account for its lag, else the places its stack samples (the
@@ -22,21 +26,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddp_doctor.checks import host_busy
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.training_scale import median_data_times
-from ddp_doctor.comm.stragglers import median
+from ddp_doctor.comm.stragglers import ALPHA, median, spread
+from ddp_doctor.facts.host_load import LoadWindow
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
 ARRIVES_LAST = declare(
     "DDP877", category="consistency", severity="warning", title="One rank arrives last at the collectives",
+    severities=("warning", "info"),
     doc="""
     What: One rank issued most of the training's collectives last (by each rank's flight recorder,
     compared within a host), far enough behind the others that their waiting for it is a stated
-    share of the time: at least 75% of the collectives, a median lag of 10 ms or more behind the
-    next-to-last rank, and the others' wait for it at least 10% of the span the collectives
-    cover. The finding gives the rank, how often it came last, its median and p90 lag, the share
-    of time the others waited, and where it spent its time before arriving: waiting for its
+    share of the time: at least 75% of at least 10 collectives, and of each half of them (not one
+    burst); more often than chance would (a binomial test at 1%, shared by the ranks: with 2 ranks
+    11 of 13 is not enough, 12 of 13 is); a median lag of 10 ms or more behind the next-to-last
+    rank, and above the spread of its own lags from collective to collective (1.4826 x MAD: a
+    rank held back by its own work is late by about the same each time); and the others' wait for
+    it at least 10% of the span the collectives cover. The finding gives the rank, how often it
+    came last, its median and p90 lag, the share of time the others waited, and where it spent
+    its time before arriving: waiting for its
     DataLoader, or the place its stack was sampled at most, with the share of its samples in the
     backward, a forward, the optimizer, its DataLoader or elsewhere in the script.
     Why: DDP synchronises every step, so the whole job runs at the slowest rank's pace, and every
@@ -45,6 +56,12 @@ ARRIVES_LAST = declare(
     Fix: Go to the place named: a data wait points at that rank's data path (storage, num_workers,
     its shard; see DDP872); compute points at its device (clocks, temperature, another process on
     it: nvidia-smi on that host) or a branch only it takes at the line named.
+    Severity: warning; info when the host was busy while the ranks trained (other processes used
+    a quarter of its cores, the hypervisor stole 10% of its time, or its load average was above
+    its cores): on a busy host who arrives last is the scheduler's doing as much as the rank's.
+    Still a warning, saying the host was busy, when the rank stands far above that noise (last at
+    90% of 30 collectives or more, its median lag 3x its own spread or more), or when other
+    processes took the slow rank's own CPUs markedly more than the others' (that is said).
     """)
 
 ARRIVES_LAST_NODE = declare(
@@ -71,6 +88,9 @@ MIN_COLLECTIVES = 10
 LAST_SHARE = 0.75
 WAIT_SHARE = 0.10
 MIN_LAG_S = 0.010  # below, a shared host's CPU scheduling makes such lags on a correct run
+# on a busy host a rank is still a warning when it stands far above the load's noise: last at
+# FAR_SHARE of FAR_MIN collectives or more, its median lag FAR_NOISE x its own spread or more
+FAR_SHARE, FAR_MIN, FAR_NOISE = 0.9, 30, 3.0
 MIN_SAMPLES = 10  # stack samples (one a second) below which where a rank spends its time is said with a doubt
 
 
@@ -156,11 +176,28 @@ def _last_arriver(ranks: list[Any], times: dict[Any, dict[tuple[str, int], int]]
     share = last_count[slow] / len(common)
     if share < LAST_SHARE or span <= 0 or not lags[slow]:
         return None
+    p = binomial_tail(last_count[slow], len(common), 1 / len(ranks))
+    if p > ALPHA / len(ranks):  # chance makes a rank last that often among len(ranks) taking turns
+        return None
+    # each half of the run in time order: a burst in one part of it is not a rank that holds the job
+    order = sorted(common, key=lambda k: min(times[r][k] for r in ranks))
+    for half in (order[:len(order) // 2], order[len(order) // 2:]):
+        if sum(1 for k in half if max(ranks, key=lambda r: times[r][k]) == slow) < LAST_SHARE * len(half):
+            return None
     mid, p90 = _quantile(lags[slow], 0.5), _quantile(lags[slow], 0.9)
-    if mid < MIN_LAG_S + margin_s or waited[slow] / span < WAIT_SHARE:
+    # how much its lag moves from one collective to the next: a rank held back by its own work is
+    # late by about the same each time; lags that move by more than their median are no steady delay
+    noise = spread(lags[slow])
+    if mid < MIN_LAG_S + margin_s or median(lags[slow]) <= noise or waited[slow] / span < WAIT_SHARE:
         return None
     return {"rank": slow, "last": last_count[slow], "compared": len(common), "median_lag_s": mid,
-            "p90_lag_s": p90, "waited_s": waited[slow], "span_s": span, "ranks": ranks}
+            "p90_lag_s": p90, "waited_s": waited[slow], "span_s": span, "ranks": ranks, "p": p, "noise_s": noise}
+
+
+def binomial_tail(k: int, n: int, q: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, q)."""
+    from math import comb
+    return sum(comb(n, i) * q ** i * (1 - q) ** (n - i) for i in range(max(0, k), n + 1))
 
 
 def lags_behind_first(ledgers: dict[int, dict[str, Any]], offsets: dict[int, tuple[float, float]] | None = None
@@ -233,18 +270,42 @@ def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, 
         r = got["rank"]
         others = sorted(x for x in got["ranks"] if x != r)
         doing = _doing(r, others, got["median_lag_s"], data, ledgers[r])
+        severity, load_said, load = _load_of(ranks, ledgers, got)
         out.append(event_finding(
             ARRIVES_LAST, f"rank {r} arrived last at {got['last']} of {got['compared']} collectives, a median "
             f"{got['median_lag_s'] * 1000:.1f} ms (p90 {got['p90_lag_s'] * 1000:.1f} ms) after the next rank: the "
             f"other ranks{' of ' + host if len(by_host) > 1 else ''} waited for it {got['waited_s']:.2f} s "
-            f"of the {got['span_s']:.2f} s the collectives span ({got['waited_s'] / got['span_s']:.0%}); {doing}",
-            rank=r, phase="training",
+            f"of the {got['span_s']:.2f} s the collectives span ({got['waited_s'] / got['span_s']:.0%}); {doing}"
+            f"{load_said}", rank=r, phase="training", severity=severity,
             evidence={"last": got["last"], "compared": got["compared"], "median_lag_s": round(got["median_lag_s"], 6),
                       "p90_lag_s": round(got["p90_lag_s"], 6), "waited_s": round(got["waited_s"], 6),
                       "span_s": round(got["span_s"], 6), "ranks_compared": got["ranks"], "host": host,
+                      "p": round(got["p"], 6), "noise_s": round(got["noise_s"], 6), **load,
                       **({"median_data_s": {str(k): round(v, 6) for k, v in data.items()}} if data else {}),
                       **({"samples": ledgers[r]["samples"]} if ledgers[r].get("samples") else {})}))
     return out
+
+
+def _load_of(ranks: list[int], ledgers: dict[int, dict[str, Any]], got: dict[str, Any]
+             ) -> tuple[str | None, str, dict[str, Any]]:
+    """(severity override, words, evidence) from how busy the ranks' host was while they trained."""
+    slow = got["rank"]
+    windows = {r: w for r in ranks if (w := LoadWindow.from_dict(ledgers[r].get("host_load"))) is not None}
+    if not windows:
+        return None, "", {}
+    load = host_busy.read(windows, {r: 0 for r in windows})
+    if load.shared(slow):
+        rest = median([v for r, v in load.others.items() if r != slow])
+        return None, (f"; other processes used {load.others[slow]:.2f} cores of its CPUs while it trained (the "
+                      f"other ranks' CPUs: {rest:.2f})"), load.evidence()
+    if load.busy and got["compared"] >= FAR_MIN and got["last"] >= FAR_SHARE * got["compared"] \
+            and got["median_lag_s"] >= FAR_NOISE * got["noise_s"]:
+        return None, (f"; the host was busy while it trained ({load.describe()}), but it came last steadily, far "
+                      f"beyond what the load's noise does"), load.evidence()
+    if load.busy:
+        return "info", (f"; the host was busy while it trained ({load.describe()}): who arrives last on a busy "
+                        f"host is the scheduler's doing as much as the rank's"), load.evidence()
+    return None, "", load.evidence()
 
 
 def clock_offsets_of(measurements: dict[str, Any] | None) -> dict[int, tuple[float, float]]:

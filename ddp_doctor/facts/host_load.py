@@ -23,6 +23,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 # /proc/stat's columns after the cpu name: user nice system idle iowait irq softirq steal guest guest_nice
 _IDLE_COLUMNS = (3, 4)   # idle, iowait
@@ -56,6 +57,22 @@ class LoadWindow:
         return [_f(self.busy_mine), self.own, _f(self.busy_host), _f(self.steal), _f(self.load1),
                 float(self.cores), self.cpus_key, self.seconds]
 
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"busy_mine": _r(self.busy_mine), "own": _r(self.own), "busy_host": _r(self.busy_host),
+                "steal": _r(self.steal), "load1": _r(self.load1), "cores": self.cores, "cpus_key": self.cpus_key,
+                "seconds": _r(self.seconds)}
+
+    @staticmethod
+    def from_dict(d: Any) -> LoadWindow | None:
+        """The window a record kept (to_dict), None when it is not one."""
+        try:
+            def opt(k: str) -> float | None:
+                return None if d.get(k) is None else float(d[k])
+            return LoadWindow(opt("busy_mine"), float(d["own"]), opt("busy_host"), opt("steal"), opt("load1"),
+                              int(d["cores"]), float(d["cpus_key"]), float(d["seconds"]))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+
     @staticmethod
     def from_floats(v: list[float]) -> LoadWindow:
         def back(x: float) -> float | None:
@@ -64,6 +81,10 @@ class LoadWindow:
 
 
 FLOATS = 8  # len(LoadWindow.as_floats())
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)
 
 
 def _f(x: float | None) -> float:

@@ -64,6 +64,67 @@ def test_quiet_when_the_ranks_take_turns_or_the_lag_is_noise_or_small_against_th
     assert arrival_findings(_job({1: 50_000_000}, steps=5)) == []
 
 
+def _last_at(order: list[bool], lag_ns: int = 13_000_000, step_ns: int = 40_000_000) -> dict:
+    """Two ranks, one collective a step; rank 1 arrives `lag_ns` after rank 0 where order[i] is
+    True, rank 0 that much after rank 1 elsewhere."""
+    times: dict[int, list[int]] = {0: [], 1: []}
+    for i, late in enumerate(order):
+        t = T0 + i * step_ns
+        times[1].append(t + (lag_ns if late else 0))
+        times[0].append(t + (0 if late else lag_ns))
+    return {r: _ledger(v) for r, v in times.items()}
+
+
+def test_last_more_often_than_chance_in_each_half_and_beyond_its_own_spread():
+    # 11 of 13 collectives last, 13 ms behind, 25% of the span: what two ranks taking turns on a
+    # busy host do 1 run in 90 (binomial p = 0.011 > 0.005): not named; 12 of 13 is
+    eleven = [True] * 5 + [False] + [True] * 6 + [False]
+    assert arrival_findings(_last_at(eleven)) == []
+    (f,) = arrival_findings(_last_at([True] * 6 + [False] + [True] * 6))
+    assert f.ranks == [1] and f.evidence["p"] < 0.005
+    # every collective of the second half, none of the first: a burst, not a rank that holds the job
+    assert arrival_findings(_last_at([False] * 10 + [True] * 30)) == []
+    # last at every collective, but its lag moves from one collective to the next by more than
+    # its median (11 to 13 ms or 200 to 220 ms by turns: median 106 ms, spread 140 ms): no steady delay
+    cycle = [11_000_000, 12_000_000, 13_000_000, 200_000_000, 210_000_000, 220_000_000]
+    times = {0: [T0 + i * 400_000_000 for i in range(42)]}
+    times[1] = [t + cycle[i % 6] for i, t in enumerate(times[0])]
+    assert arrival_findings({r: _ledger(v) for r, v in times.items()}) == []
+    # late by about the same each time: named
+    rnd = random.Random(7)
+    times[1] = [t + 50_000_000 + rnd.randint(0, 4_000_000) for t in times[0]]
+    assert [f.ranks for f in arrival_findings({r: _ledger(v) for r, v in times.items()})] == [[1]]
+
+
+def _load(own: float, busy_mine: float, busy_host: float, cores: int = 2, key: float = 1.0, load1: float = 0.5):
+    return {"busy_mine": busy_mine, "own": own, "busy_host": busy_host, "steal": 0.0, "load1": load1,
+            "cores": cores, "cpus_key": key, "seconds": 10.0}
+
+
+def test_on_a_busy_host_the_rank_that_arrives_last_is_info_and_the_report_says_why():
+    job = _job({1: 50_000_000})
+    for r in (0, 1):  # two busy loops beside the two ranks on 2 cores
+        job[r]["host_load"] = _load(own=0.5, busy_mine=2.0, busy_host=2.0, load1=4.0)
+    few = {r: {**led, "entries": led["entries"][:20]} for r, led in job.items()}  # 20 collectives
+    (f,) = arrival_findings(few)
+    assert f.severity == "info" and f.ranks == [1]
+    assert "the host was busy while it trained (other processes used 1.0 of its 2 cores, load average 4.0" \
+        in f.message, f.message
+    # last at 40 of 40 by a steady 50 ms: far above what the load's noise does, still a warning
+    (f,) = arrival_findings(job)
+    assert f.severity == "warning" and "the host was busy" in f.message and "far beyond" in f.message
+    # quiet: the ranks are the host's only work
+    for r in (0, 1):
+        job[r]["host_load"] = _load(own=0.9, busy_mine=1.8, busy_host=1.8)
+    (f,) = arrival_findings(job)
+    assert f.severity == "warning" and "busy" not in f.message
+    # rank 1 pinned beside other work, rank 0 alone on its CPU: its cause, said, a warning
+    job[0]["host_load"] = _load(own=1.0, busy_mine=1.0, busy_host=2.0, key=10.0)
+    job[1]["host_load"] = _load(own=0.3, busy_mine=1.0, busy_host=2.0, key=11.0)
+    (f,) = arrival_findings(job)
+    assert f.severity == "warning" and "other processes used 0.70 cores of its CPUs" in f.message, f.message
+
+
 def test_clocks_are_compared_within_a_host_only():
     # host b's clock runs 80 ms ahead: across hosts its ranks would look late at every collective
     job = _job({3: 30_000_000}, hosts={0: "a", 1: "a", 2: "b", 3: "b"})

@@ -299,7 +299,8 @@ def test_a_rank_whose_cpus_other_work_takes_stays_a_warning_that_says_so():
     from ddp_doctor.facts.host_load import LoadWindow
     rounds = _rounds(r0=16, r1=60)
     # rank 0 pinned to CPU 0 alone, rank 1 to CPU 1 beside other work: the host is busy too
-    loads = {0: LoadWindow(1.0, 1.0, 2.0, 0.0, 2.5, 2, 11.0, 0.5), 1: LoadWindow(1.0, 0.25, 2.0, 0.0, 2.5, 2, 12.0, 0.5)}
+    loads = {0: LoadWindow(1.0, 1.0, 2.0, 0.0, 2.5, 2, 11.0, 0.5),
+             1: LoadWindow(1.0, 0.25, 2.0, 0.0, 2.5, 2, 12.0, 0.5)}
     [p] = cc.straggler_problems(rounds, loads, {0: 0, 1: 0}, "fixed compute", 1.5, 0.01)
     assert p.severity is None and p.ranks == (1,)
     assert "other processes used 0.75 cores of rank 1's CPUs" in p.message, p.message

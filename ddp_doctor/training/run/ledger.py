@@ -104,7 +104,7 @@ def default_group_is_up() -> bool:
 
 def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: int | None = None,
           where: str | None = None, failed_in_collective: bool = False,
-          samples: dict[str, Any] | None = None) -> bool:
+          samples: dict[str, Any] | None = None, host_load: dict[str, Any] | None = None) -> bool:
     """Dump the flight recorder into ledger-RANK.json; True if a ledger was written. Entries
     created before `since_ns` (the preflight's own process group, whose entries the buffer
     keeps) are left out. Entries the script issued from Python get its call site (`user_site`).
@@ -112,7 +112,9 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
     was inside it when stopped (torch marks a failed collective retired: `failed_here` says it did
     not complete). `samples`: where the rank's main thread was, sampled outside collectives
     (the watchdog's {"total": n, "where": {location: count}}): where a rank that arrives last spends
-    its time (checks/arrivals.py). The host's name goes with it: clocks compare within a host."""
+    its time (checks/arrivals.py). The host's name goes with it: clocks compare within a host.
+    `host_load`: how busy the host was while the rank trained (facts/host_load.LoadWindow.to_dict):
+    a rank arriving last on a busy host is said with that doubt."""
     try:
         data = dump() or collective_sites.fallback_dump()  # torch without a flight recorder: Python calls
         if data is None:
@@ -129,7 +131,8 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
             "source": data.get("source") or "flight_recorder", "position": position, "steps": steps, "where": where,
             "since_ns": since_ns, "complete": complete, "entries": entries,
             "pg_config": data.get("pg_config") or {}, "host": os.uname().nodename,
-            **({"samples": samples} if samples else {}), **_data_pass()})
+            **({"samples": samples} if samples else {}), **({"host_load": host_load} if host_load else {}),
+            **_data_pass()})
         return True
     except Exception:  # noqa: BLE001 - a ledger that cannot be made must not break the user's job
         return False

@@ -23,6 +23,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable
 
+from ddp_doctor.facts import host_load
 from ddp_doctor.facts.frames import is_user_file
 from ddp_doctor.report.private_files import keep_dir, let_go
 from ddp_doctor.training import records
@@ -127,6 +128,7 @@ class ProgressWatch:
         self.doing: Counter[str] = Counter()  # the same samples by activity (activity())
         self.samples_total = 0
         self.script_started_ns = 0  # the ledger keeps the collectives from here on
+        self.load_since: host_load.CpuTimes | None = None
         self._ledger_done = False
         self._ledger_for_remote = False  # written for another node's hang, not yet for this one's
         self._main = threading.main_thread().ident or 0
@@ -243,6 +245,7 @@ class ProgressWatch:
     def training_starts(self) -> None:
         """The script is about to run: a heartbeat at once (a rank killed in its first second
         must still be known to have trained, with its pid)."""
+        self.load_since = host_load.read_cpu_times()  # how busy the host was while it trained
         self.phase = "training"
         self.last_progress = time.time()
         self._beat(self.last_progress, {"where": None, "innermost": None, "in_collective": False})
@@ -352,9 +355,10 @@ class ProgressWatch:
         self._ledger_done, self._ledger_for_remote = True, False
         samples = {"total": self.samples_total, "where": dict(self.samples.most_common(10)),
                    "doing": dict(self.doing), "interval_s": self.interval} if self.samples_total else None
+        load = host_load.window(self.load_since).to_dict() if self.load_since is not None else None
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
-                            failed_in_collective=failed_in_collective, samples=samples)
+                            failed_in_collective=failed_in_collective, samples=samples, host_load=load)
 
     def dump_stacks(self, stream: Any) -> None:
         """Every thread's stack to `stream`; a closed or broken stream (stderr closed by the
