@@ -28,7 +28,8 @@ def fixed_work(device: str, reps: int = 3) -> list[float]:
     host, or a throttled GPU."""
     import torch
     gpu = device.startswith("cuda")
-    dim, loops = (4096, 8) if gpu else (256, 24)
+    # about 25 ms a run on one CPU thread: a rank 2x slower is then 25 ms behind, past the 10 ms floor
+    dim, loops = (4096, 8) if gpu else (256, 60)
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.rand(dim, dim, generator=g, device=device)
     b = torch.rand(dim, dim, generator=g, device=device)
