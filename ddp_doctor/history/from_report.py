@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ddp_doctor.history.opened import open_history
 from ddp_doctor.history.store import RunRecord, default_path
@@ -67,12 +67,13 @@ def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunReco
     return out
 
 
-def record(rep: dict[str, Any], env: Any) -> str | None:
+def record(rep: dict[str, Any], env: Any, stop: Callable[[float], Any] | None = None) -> str | None:
     """Append the report's records to the history $DDP_DOCTOR_HISTORY names (default: the user's
-    cache); None when written or not asked for, else one line saying why not."""
+    cache); None when written or not asked for, else one line saying why not. `stop(s)` (a wait for
+    a stop signal) cuts an S3 history's write short (history/s3_store.py)."""
     if not recordable(rep):
         return None
     path = default_path(dict(env))
     if path is None:
         return None
-    return open_history(path).add(records_of(rep))
+    return open_history(path, stop=stop).add(records_of(rep))

@@ -2,11 +2,13 @@
 both with add(records) -> None or why not, and records(host=, instance_type=, limit=)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ddp_doctor.history.s3_store import S3History
 from ddp_doctor.history.store import History
 
 
-def open_history(where: str) -> Any:
-    return S3History(where) if where.startswith("s3://") else History(where)
+def open_history(where: str, stop: Callable[[float], Any] | None = None) -> Any:
+    """`stop(s)`: a wait for a stop signal (SignalCatcher.wait_new) that cuts an S3 history's
+    bounded write or read short; a local file's are short and local, and take none."""
+    return S3History(where, stop=stop) if where.startswith("s3://") else History(where)

@@ -110,7 +110,8 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
     with the final status before any upload is awaited. A parent that holds the stop signals passes
     `stop` (a wait for the next one: SignalCatcher.wait_new) and `stopped` (the report a stop makes
     of this one): a stop during the upload of a report not already "interrupted" cuts it short and
-    the file is written again, "interrupted".
+    the file is written again, "interrupted"; a stop during the history's write (last, and only an
+    aid) cuts that short whatever the report says.
     Returns the path written, None when none was."""
     env = os.environ if env is None else env
     path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
@@ -138,7 +139,7 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
         _say(sys.stderr, f"ddp-doctor: {came.describe()} during the report's upload: the upload was cut short{said}\n")
     if not suffix:  # a rank's own partial report (suffix ".rankN") is not the job's
         from ddp_doctor.history.from_report import record
-        said = record(rep, env)
+        said = record(rep, env, stop=stop)
         if said:
             warn(said)
     return path

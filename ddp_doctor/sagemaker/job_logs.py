@@ -4,18 +4,24 @@ description (sagemaker:DescribeTrainingJob) and its hosts' CloudWatch Logs strea
 as one plain log file per host (`algo-1.log`), which the post-mortem then reads like any console.
 
 Everything is bounded: each call (connect and read timeouts, a few retries for throttling), the
-pages read, and the bytes kept (a share of `total_bytes` per host, at most `stream_bytes`). A stream
-larger than its share keeps its beginning (a quarter of the share: how the job started) and its
-end (the rest, read backwards from the last event: how the job failed); the middle is not read,
-and the stream's summary says so (`truncated`, `why`).
+pages read, the bytes kept (a share of `total_bytes` per host, at most `stream_bytes`), and the
+whole fetch's time (DEADLINE_S: an endpoint that answers a byte at a time defeats the per-call
+timeouts, never the deadline). A stream larger than its share keeps its beginning (a quarter of
+the share: how the job started) and its end (the rest, read backwards from the last event: how the
+job failed); the middle is not read, and the stream's summary says so (`truncated`, `why`). When
+the deadline runs out while the streams are read, what was read is kept: the stream being read is
+`truncated`, those not reached say so in `why`, and `JobLogs.cut_short` (the summary's
+`cut_short`) says what ran out.
 
 A failure becomes a JobLogsError: one line, `usage` when the user can fix the command line (a
-job name that is not one, or not found; no region). boto3 is imported only when logs are read.
+job name that is not one, or not found; no region); the deadline running out before any stream
+is read is one too. boto3 is imported only when logs are read.
 """
 from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
@@ -27,6 +33,7 @@ from ddp_doctor.sagemaker.aws import (
     _one_line,  # the AWS message on one line, markup removed: one rule with the job check's
     require_boto3,
 )
+from ddp_doctor.time_limit import call_with_time_limit
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 STREAM_BYTES = 64 * 2**20   # at most this much of one host's stream is kept
@@ -37,6 +44,11 @@ MAX_PAGES = 500             # get_log_events pages per stream and direction (Clo
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 15.0
 ATTEMPTS = 4                # per call, first try included: paging many pages meets throttling
 HEAD_SHARE = 4              # a cut stream keeps 1/HEAD_SHARE of its budget from its beginning
+# The whole fetch, every call of it: a user at a terminal waits for it. Reading TOTAL_BYTES is
+# about 256 GetLogEvents pages of 1 MB (CloudWatch answers 25 a second per account) plus a few
+# calls per host: a minute or two over a slow link. Five minutes lets that finish and stops an
+# endpoint that trickles (each byte inside READ_TIMEOUT) from holding the command for hours.
+DEADLINE_S = 300.0
 
 # SageMaker's own rule for a training job's name; it also keeps the stream prefix to this job's.
 JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -83,6 +95,7 @@ class JobLogs:
     times: dict[str, str] = field(default_factory=dict)
     streams: list[StreamRead] = field(default_factory=list)
     streams_unlisted: bool = False  # more streams than MAX_LISTED: the rest were not even listed
+    cut_short: str | None = None    # the fetch's deadline ran out while the streams were read: what was not read
 
     @property
     def read(self) -> list[StreamRead]:
@@ -102,14 +115,19 @@ class JobLogs:
                                "times": dict(self.times), "streams": streams}
         if self.streams_unlisted:
             out["streams_unlisted"] = f"more than {MAX_LISTED} streams: the rest were not listed"
+        if self.cut_short:
+            out["cut_short"] = self.cut_short
         return out
 
 
 def fetch_job_logs(job: str, directory: str, *, region: str | None = None, session: Any = None,
                    stream_bytes: int = STREAM_BYTES, total_bytes: int = TOTAL_BYTES,
-                   page_events: int | None = None, attempts: int = ATTEMPTS) -> JobLogs:
+                   page_events: int | None = None, attempts: int = ATTEMPTS,
+                   deadline: float | None = None) -> JobLogs:
     """Describe `job`, and write its hosts' streams into `directory` (one `HOST.log` each).
-    `page_events`: get_log_events' limit (None: CloudWatch's page, up to 10,000 events or 1 MB)."""
+    `page_events`: get_log_events' limit (None: CloudWatch's page, up to 10,000 events or 1 MB).
+    `deadline`: seconds for every call together (None: DEADLINE_S); see the module doc for what
+    is kept when it runs out."""
     if not JOB_NAME.match(job or ""):
         raise JobLogsError(f"{job!r} is not a SageMaker training job name (1-63 letters, digits and hyphens)",
                            usage=True)
@@ -117,17 +135,28 @@ def fetch_job_logs(job: str, directory: str, *, region: str | None = None, sessi
         require_boto3()
     except ImportError:
         raise JobLogsError(f"reading a SageMaker job's logs needs boto3: {AWS_EXTRA_HINT}") from None
-    reader = _Reader(region, session, attempts)
-    logs = reader.describe(job)
-    names, logs.streams_unlisted = reader.stream_names(job)
+    reader = _Reader(region, session, attempts, DEADLINE_S if deadline is None else deadline)
+    try:
+        logs = reader.describe(job)
+        names, logs.streams_unlisted = reader.stream_names(job)
+    except _OutOfTime as t:
+        raise JobLogsError(f"{t}: AWS or the network answered too slowly; no stream was read") from None
     logs.streams = _choose(job, names)
     todo = [s for s in logs.streams if not s.why]
     left = total_bytes
     for i, s in enumerate(todo):
+        if reader.ran_out:
+            s.why = f"not read: {reader.ran_out}"
+            continue
         share = min(stream_bytes, left // (len(todo) - i))  # what earlier hosts left goes to later ones
         s.file = os.path.join(directory, _file_name(s, {os.path.basename(t.file) for t in todo if t.file}))
         reader.read_stream(s, share, page_events)
         left -= s.bytes
+    if reader.ran_out:
+        if not any(s.events for s in todo):  # nothing to judge: a failed fetch, as one with no streams
+            raise JobLogsError(f"{reader.ran_out}: AWS or the network answered too slowly; no event was read")
+        unread = sum(1 for s in todo if not s.file)
+        logs.cut_short = f"{reader.ran_out}" + (f": {unread} stream(s) not read" if unread else "")
     return logs
 
 
@@ -185,7 +214,7 @@ def _iso(value: Any) -> str:
 class _Reader:
     """The two clients and the one place their errors become JobLogsError."""
 
-    def __init__(self, region: str | None, session: Any, attempts: int) -> None:
+    def __init__(self, region: str | None, session: Any, attempts: int, deadline: float) -> None:
         import boto3
         import botocore.exceptions as bx
         from botocore.config import Config
@@ -207,14 +236,28 @@ class _Reader:
             raise JobLogsError(f"{self.region!r} is not an AWS region", usage=True) from None
         except bx.BotoCoreError as e:
             raise JobLogsError(f"AWS configuration: {_one_line(str(e))}") from None
+        # the clock starts with the first call: making the clients reads their models, locally
+        self.deadline, self.until = deadline, time.monotonic() + deadline
+        self.ran_out: str | None = None  # the deadline ran out: no further call is made
 
     def call(self, client: Any, method: str, **kwargs: Any) -> dict[str, Any]:
-        """client.method(**kwargs); an AWS error becomes a JobLogsError naming the permission."""
+        """client.method(**kwargs) within what is left of the fetch's deadline (else _OutOfTime:
+        the call is left behind in its thread); an AWS error becomes a JobLogsError naming the
+        permission."""
         import botocore.exceptions as bx
         api = client.meta.method_to_api_mapping.get(method, method)
         permission = f"{client.meta.service_model.signing_name}:{api}"
+        left = self.until - time.monotonic()
+        got = call_with_time_limit(lambda: getattr(client, method)(**kwargs), left,
+                                   name="ddp-doctor-sagemaker-logs") if left > 0 else None
+        if got is None or not got.finished:
+            self.ran_out = f"the fetch's whole deadline ({self.deadline:g} s) ran out " + (
+                f"during {api}" if got is not None else f"before {api}")
+            raise _OutOfTime(self.ran_out)
         try:
-            return dict(getattr(client, method)(**kwargs) or {})
+            if got.error is not None:
+                raise got.error
+            return dict(got.value or {})
         except bx.ClientError as e:
             err = e.response.get("Error", {}) if isinstance(e.response, dict) else {}
             code, message = str(err.get("Code") or ""), _one_line(str(err.get("Message") or ""))
@@ -309,6 +352,7 @@ class _Reader:
         cut = None
         with open(s.file, "w", encoding="utf-8", errors="replace", newline="\n",
                   opener=lambda p, f: os.open(p, f, 0o600)) as out:
+            out_of_time = False
             try:
                 for events in self._pages(s.name, True, limit):
                     for ev in events:
@@ -322,10 +366,14 @@ class _Reader:
                         seam.add(ts, size)
                     if cut:
                         break
+            except _OutOfTime as t:  # no time left to read its end either
+                cut, out_of_time = str(t), True
             except _Cut as c:
                 cut = str(c)
             newest = seam.ts
-            if cut:
+            if out_of_time:
+                s.truncated, s.why = True, f"{cut}: the rest was not read"
+            elif cut:
                 end = self._read_end(s, budget - s.bytes, seam, limit)
                 for ts, line, size in end.events:
                     out.write(line)
@@ -407,3 +455,7 @@ class _Answer(Exception):
 
 class _Cut(Exception):
     """Reading a stream stopped early (a page bound, an error on the stream): why."""
+
+
+class _OutOfTime(_Cut):
+    """The fetch's deadline ran out (DEADLINE_S): why; no further call is made."""
