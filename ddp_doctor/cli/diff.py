@@ -1,8 +1,10 @@
-"""`ddp-doctor diff GOOD BAD`: what differs between two runs' reports that matters to a distributed
-job (versions, NCCL/FI and launcher variables, world layout, instance, hosts, bus bandwidth,
-verdicts), most likely culprit first; the comparison itself is ddp_doctor.postmortem.run_diff.
-Exit status: 0 nothing that matters differs, 3 something does, 2 a file that is not a report.
-Does not import torch."""
+"""`ddp-doctor diff GOOD BAD`: did the BAD run get worse than the GOOD one? Its figures (bus bandwidth,
+step time, wrong results) judged against each pair's noise band, its verdict (status, root cause,
+findings), then what else differs that could be why (versions, NCCL/FI and launcher variables, world
+layout, instance, hosts), most likely culprit first; the comparison itself is
+ddp_doctor.postmortem.run_diff. Exit status: 0 nothing got worse (identical, within noise, better,
+or only settings differ), 3 something got worse, 2 a file that is not a report. Does not import
+torch."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +14,8 @@ from typing import Any
 from ddp_doctor.cli.options import UsageError
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
 
-HELP = "list what differs between two runs' reports that matters (versions, NCCL variables, layout, bandwidth)"
+HELP = ("compare two runs' reports: what got worse beyond noise (exit 3), what got better, and what differs "
+        "(versions, NCCL variables, layout)")
 MAX_REPORT_BYTES = 256 << 20  # a report is kilobytes to a few megabytes; anything this big is not one
 
 
@@ -28,12 +31,14 @@ def percent(text: str) -> float:
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("good", metavar="GOOD", help="the report (JSON) of the run that worked")
-    p.add_argument("bad", metavar="BAD", help="the report (JSON) of the run that did not")
-    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.add_argument("good", metavar="GOOD", help="the report (JSON) of the run that worked (the baseline)")
+    p.add_argument("bad", metavar="BAD", help="the report (JSON) of the run judged against it")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON, each with its change "
+                   "(worse, better, within_noise, changed) and a figure's noise band")
     p.add_argument("--bw-tolerance", metavar="PCT", type=percent, default=None,
-                   help="how far bus bandwidth may move before it counts as a difference "
-                        "(percent of GOOD's; default 20)")
+                   help="the least noise band of the bus bandwidth figures, in percent of GOOD's (default: 25 "
+                        "for figures measured on CPU or of fewer than 5 timed iterations, else 10); each run's own "
+                        "spread over the sizes near the compared one widens it")
 
 
 def read_report(path: str) -> dict[str, Any]:
@@ -59,12 +64,11 @@ def read_report(path: str) -> dict[str, Any]:
 
 
 def command(args: argparse.Namespace) -> int:
-    from ddp_doctor.postmortem.run_diff import DEFAULT_BW_TOLERANCE, diff_reports, render_text, to_json
+    from ddp_doctor.postmortem.run_diff import diff_reports, render_text, to_json
     good, bad = read_report(args.good), read_report(args.bad)
-    tolerance = DEFAULT_BW_TOLERANCE if args.bw_tolerance is None else args.bw_tolerance
-    result = diff_reports(good, bad, bw_tolerance=tolerance)
+    result = diff_reports(good, bad, bw_tolerance=args.bw_tolerance)
     if args.json:
         print(json.dumps(to_json(result, args.good, args.bad), indent=2))
     else:
         print(render_text(result, args.good, args.bad))
-    return EXIT_FAILED if result.matters else EXIT_OK
+    return EXIT_FAILED if result.worse else EXIT_OK  # worse, not merely different

@@ -1,6 +1,8 @@
 """`ddp-doctor diff` on report dicts (ddp_doctor.postmortem.run_diff) and its command on files: each
-kind of difference is found and ordered, noise between two runs of one job is left out, secrets are
-never shown, and a file that is not a report is a one-line usage error."""
+kind of difference is found, judged (worse, better, within noise, or a setting that changed) and
+ordered, figures are judged against the pair's noise band in their own direction, only what got
+worse fails the command (exit 3), noise between two runs of one job is left out, secrets are never
+shown, and a file that is not a report is a one-line usage error."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +13,14 @@ import pytest
 
 from ddp_doctor import cli
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from ddp_doctor.postmortem.run_diff import KINDS, diff_reports, render_text, report_problem, to_json, variable_kind
+from ddp_doctor.postmortem.run_diff import (
+    KINDS,
+    diff_reports,
+    render_text,
+    report_problem,
+    to_json,
+    variable_kind,
+)
 from ddp_doctor.report.schema import validate_report
 
 SECRET = "hf_" + "Zq8" * 10  # a Hugging Face token's shape
@@ -22,6 +31,22 @@ def _sweep(busbw_64m: float = 1.0) -> list[dict[str, Any]]:
              "algbw_gbps": bw, "busbw_gbps": bw, "correct": True, "wrong": 0, "wrong_ranks": [], "iters": 5,
              "group": "world", "nranks": 2}
             for i, (size, bw) in enumerate(((1 << 20, busbw_64m / 4), (64 << 20, busbw_64m)))]
+
+
+def _plateau(bw16: float, bw32: float, bw64: float, iters: int = 1) -> list[dict[str, Any]]:
+    """The top of a sweep, as a CPU preflight times it (once per size) unless `iters` says otherwise."""
+    return [{**_sweep()[-1], "bytes": size << 20, "count": (size << 20) // 4, "algbw_gbps": bw, "busbw_gbps": bw,
+             "iters": iters} for size, bw in ((16, bw16), (32, bw32), (64, bw64))]
+
+
+def on_gpus(rep: dict[str, Any]) -> dict[str, Any]:
+    for entry in rep["ranks"]:
+        entry["device"] = f"cuda:{entry['local_rank']}"
+    return rep
+
+
+def training(median_step_s: float, key: str = "k1") -> dict[str, Any]:
+    return {"median_step_s": median_step_s, "steps": 40, "ranks_measured": 2, "script": "train.py", "script_key": key}
 
 
 def _rank(rank: int, host: str = "node-a") -> dict[str, Any]:
@@ -72,6 +97,10 @@ def lines(good: dict[str, Any], bad: dict[str, Any], **kw: Any) -> list[str]:
     return [f"{d.kind} {d.line()}" for d in diff_reports(good, bad, **kw).differences]
 
 
+def changes(good: dict[str, Any], bad: dict[str, Any], **kw: Any) -> list[tuple[str, str]]:
+    return [(d.what, d.change) for d in diff_reports(good, bad, **kw).differences]
+
+
 def test_the_fixture_is_a_valid_report() -> None:
     assert validate_report(report()) == []
     assert report_problem(report()) is None
@@ -79,7 +108,7 @@ def test_the_fixture_is_a_valid_report() -> None:
 
 def test_identical_reports_differ_in_nothing() -> None:
     result = diff_reports(report(), report())
-    assert result.differences == [] and not result.matters
+    assert result.differences == [] and not result.worse
     assert result.not_compared == []
 
 
@@ -98,7 +127,11 @@ def test_noise_between_two_runs_of_one_job_is_left_out() -> None:
     for e in bad["measurements"]["all_reduce"]:
         e["time_us"], e["iters"] = e["time_us"] * 3, 2
     result = diff_reports(report(), bad)
-    assert result.differences == [], [d.line() for d in result.differences]
+    # the bandwidth moved 15%: it is listed, as within noise (the 25% floor of a figure measured on
+    # CPU), and fails nothing; nothing else is listed at all
+    assert [(d.what, d.change) for d in result.differences] == [("all_reduce busbw at 64 MiB", "within_noise")], \
+        [d.line() for d in result.differences]
+    assert not result.worse
 
 
 def test_versions_come_first_and_name_the_library() -> None:
@@ -114,6 +147,9 @@ def test_versions_come_first_and_name_the_library() -> None:
                    "versions ddp-doctor: 0.1.0 -> 0.2.0",
                    "nccl_env NCCL_SOCKET_IFNAME: (unset) -> eth0",
                    "world world_size: 2 -> 4"]
+    # settings that differ are the likely causes of what got worse, not worse in themselves
+    result = diff_reports(report(), bad)
+    assert {d.change for d in result.differences} == {"changed"} and not result.worse
 
 
 def test_nccl_fi_and_launcher_variables_in_their_groups() -> None:
@@ -159,15 +195,118 @@ def test_world_layout_instance_and_hosts() -> None:
                    "hosts MASTER_ADDR: node-a -> node-c"]
 
 
-def test_bandwidth_beyond_the_tolerance_says_the_ratio() -> None:
+def test_bandwidth_beyond_its_band_says_the_change_and_the_band() -> None:
+    # was: a fixed 20% tolerance, beyond which any move (up too) was "a difference that matters";
+    # now the move is judged against the pair's noise band, in the figure's direction
     result = diff_reports(report(), report(measurements={"all_reduce": _sweep(0.4)}))
     [d] = result.differences
     assert (d.kind, d.what, d.good, d.bad) == ("bandwidth", "all_reduce busbw at 64 MiB", "1 GB/s", "0.4 GB/s")
-    assert d.ratio == pytest.approx(0.4) and "BAD/GOOD 0.40" in d.line()
-    # within the tolerance (default 20%): nothing; a tolerance given is used
-    assert diff_reports(report(), report(measurements={"all_reduce": _sweep(0.85)})).differences == []
+    assert d.ratio == pytest.approx(0.4) and (d.change, d.band, d.direction) == ("worse", 0.25, "higher is better")
+    assert d.line() == ("all_reduce busbw at 64 MiB: 1 GB/s -> 0.4 GB/s (-60%, beyond this pair's noise band of "
+                        "-25%/+33%: the 25% floor for figures measured on CPU)")
+    # within the band: listed as within noise; --bw-tolerance replaces the floor
+    assert changes(report(), report(measurements={"all_reduce": _sweep(0.85)})) == [
+        ("all_reduce busbw at 64 MiB", "within_noise")]
     assert lines(report(), report(measurements={"all_reduce": _sweep(0.85)}), bw_tolerance=0.1) == [
-        "bandwidth all_reduce busbw at 64 MiB: 1 GB/s -> 0.85 GB/s (BAD/GOOD 0.85, beyond 10%)"]
+        "bandwidth all_reduce busbw at 64 MiB: 1 GB/s -> 0.85 GB/s (-15%, beyond this pair's noise band of -10%/+11%: "
+        "the least band --bw-tolerance sets, 10%)"]
+
+
+def test_busbw_jitter_of_20_percent_between_two_identical_runs_is_within_noise(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # two back-to-back identical preflights on a busy CPU machine: 10.2 and 8.1 GB/s (-21%)
+    good = _write(tmp_path, "good.json", report(measurements={"all_reduce": _sweep(10.2)}))
+    bad = _write(tmp_path, "bad.json", report(measurements={"all_reduce": _sweep(8.1)}))
+    assert cli.main(["diff", good, bad]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ddp-doctor diff: nothing worse; 0 better, 1 within noise, 0 other")
+    assert ("within noise (1):\n  bus bandwidth:\n    all_reduce busbw at 64 MiB: 10.2 GB/s -> 8.1 GB/s (-21%, within "
+            "this pair's noise band of -25%/+33%: the 25% floor for figures measured on CPU)") in out
+    assert "worse" not in out.split("\n", 1)[1]
+    # the other way round (+26%) is no "better" either
+    assert cli.main(["diff", "--json", bad, good]) == EXIT_OK
+    [d] = json.loads(capsys.readouterr().out)["differences"]
+    assert (d["change"], d["band"]) == ("within_noise", 0.25)
+
+
+def test_the_band_is_widened_by_each_runs_own_spread() -> None:
+    # GPU figures of 20 timed iterations: a 10% floor; GOOD's own figures at 16-64 MiB are 27% apart
+    good = on_gpus(report(measurements={"all_reduce": _plateau(140.0, 170.0, 190.0, iters=20)}))
+    bad = on_gpus(report(measurements={"all_reduce": _plateau(150.0, 150.0, 150.0, iters=20)}))
+    [d] = diff_reports(good, bad).differences
+    assert (d.change, d.band, d.band_from) == ("within_noise", pytest.approx(50 / 190),
+                                               "GOOD's own spread over 16 MiB-64 MiB")
+    assert "-21%, within this pair's noise band of -26%/+36%: GOOD's own spread over 16 MiB-64 MiB" in d.line()
+    # BAD's spread counts as much, and --bw-tolerance only sets the floor: the spread still widens it
+    assert diff_reports(bad, good, bw_tolerance=0.05).differences[0].band_from == "BAD's own spread over 16 MiB-64 MiB"
+    # steady runs: the floor; GPU figures averaged over 5 or more iterations have a 10% one
+    steady = on_gpus(report(measurements={"all_reduce": _plateau(190.0, 190.0, 190.0, iters=20)}))
+    [d] = diff_reports(steady, bad).differences
+    assert (d.change, d.band) == ("worse", 0.10) and "10% floor for GPU figures" in d.band_from
+    # ... and figures of fewer timed iterations the 25% one
+    once = on_gpus(report(measurements={"all_reduce": _plateau(190.0, 120.0, 150.0, iters=1)}))
+    steady_once = on_gpus(report(measurements={"all_reduce": _plateau(190.0, 190.0, 190.0, iters=1)}))
+    [d] = diff_reports(steady_once, on_gpus(report(measurements={"all_reduce": _plateau(160, 160, 160)}))).differences
+    assert (d.change, d.band) == ("within_noise", 0.25) and "fewer than 5 timed iterations" in d.band_from
+    assert diff_reports(steady_once, once).differences[0].band_from == "BAD's own spread over 16 MiB-64 MiB"
+
+
+def test_a_4x_bandwidth_improvement_is_better_and_passes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    good = _write(tmp_path, "good.json", report(measurements={"all_reduce": _sweep(1.0)}))
+    fast = _write(tmp_path, "fast.json", report(measurements={"all_reduce": _sweep(4.0)}))
+    assert cli.main(["diff", good, fast]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ddp-doctor diff: nothing worse; 1 better, 0 within noise")
+    assert ("better (1):\n  bus bandwidth:\n    all_reduce busbw at 64 MiB: 1 GB/s -> 4 GB/s (+300%, beyond this "
+            "pair's noise band of -25%/+33%") in out
+    assert cli.main(["diff", "--json", good, fast]) == EXIT_OK
+    got = json.loads(capsys.readouterr().out)
+    assert got["worse"] is False and got["counts"] == {"worse": 0, "better": 1, "within_noise": 0, "changed": 0}
+    assert got["differences"][0]["change"] == "better"
+
+
+def test_a_2x_bandwidth_drop_is_worse_and_fails_with_its_band(tmp_path: Any,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    good = _write(tmp_path, "good.json", report(measurements={"all_reduce": _sweep(10.2)}))
+    slow = _write(tmp_path, "slow.json", report(measurements={"all_reduce": _sweep(5.1)}))
+    assert cli.main(["diff", good, slow]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ddp-doctor diff: 1 worse; 0 better, 0 within noise")
+    assert ("worse (1: the comparison fails, exit 3):\n  bus bandwidth:\n    all_reduce busbw at 64 MiB: 10.2 GB/s "
+            "-> 5.1 GB/s (-50%, beyond this pair's noise band of -25%/+33%: the 25% floor for figures measured on CPU)"
+            ) in out
+    assert cli.main(["diff", "--json", good, slow]) == EXIT_FAILED
+    got = json.loads(capsys.readouterr().out)
+    assert got["worse"] is True
+    assert got["differences"] == [{
+        "kind": "bandwidth", "what": "all_reduce busbw at 64 MiB", "good": "10.2 GB/s", "bad": "5.1 GB/s",
+        "change": "worse", "ratio": 0.5, "direction": "higher is better", "band": 0.25, "within_ratio": [0.75, 1.3333],
+        "band_from": "the 25% floor for figures measured on CPU",
+        "note": "-50%, beyond this pair's noise band of -25%/+33%: the 25% floor for figures measured on CPU"}]
+
+
+def test_step_time_is_judged_the_other_way(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # lower is better: twice the step time is worse, half of it better, +20% within a CPU run's noise
+    good = report(phase="training", measurements={"training": training(1.0)})
+    for bad_s, change, rc in ((2.0, "worse", EXIT_FAILED), (0.5, "better", EXIT_OK), (1.2, "within_noise", EXIT_OK)):
+        bad = report(phase="training", measurements={"training": training(bad_s)})
+        [d] = diff_reports(good, bad).differences
+        assert (d.kind, d.what, d.change, d.direction) == ("training", "median step time of train.py", change,
+                                                          "lower is better"), d.line()
+        assert cli.main(["diff", _write(tmp_path, "g.json", good), _write(tmp_path, "b.json", bad)]) == rc
+        capsys.readouterr()
+    [d] = diff_reports(good, report(phase="training", measurements={"training": training(2.0)})).differences
+    assert d.line() == ("median step time of train.py: 1 s -> 2 s (+100%, beyond this pair's noise band of -25%/+33%: "
+                        "the 25% floor for times measured on CPU)")
+    # on GPUs the floor is 10%: +20% is worse
+    gpu_good = on_gpus(report(phase="training", measurements={"training": training(1.0)}))
+    gpu_bad = on_gpus(report(phase="training", measurements={"training": training(1.2)}))
+    assert changes(gpu_good, gpu_bad) == [("median step time of train.py", "worse")]
+    # another script, or a report without the figure: not compared, and said
+    other = diff_reports(good, report(phase="training", measurements={"training": training(9.0, key="k2")}))
+    assert other.differences == [] and other.not_compared == [
+        "training step time: the runs ran different scripts or arguments (train.py, train.py)"]
+    assert diff_reports(report(), good).not_compared == ["training step time: the GOOD report does not record it"]
 
 
 def test_bandwidth_is_compared_at_the_largest_size_both_measured() -> None:
@@ -177,11 +316,16 @@ def test_bandwidth_is_compared_at_the_largest_size_both_measured() -> None:
     assert lines(inter, report()) == ["bandwidth all_reduce_inter busbw: 2 GB/s at 64 MiB -> (not measured)"]
 
 
-def test_wrong_results_are_a_difference() -> None:
+def test_wrong_results_are_worse_and_fewer_of_them_better() -> None:
     sweep = _sweep()
     sweep[0].update(correct=False, wrong=3, wrong_ranks=[1])
-    assert lines(report(), report(measurements={"all_reduce": sweep})) == [
-        "bandwidth all_reduce results: correct -> WRONG at 1 of 2 size(s) (rank 1)"]
+    wrong = report(measurements={"all_reduce": sweep})
+    assert lines(report(), wrong) == ["bandwidth all_reduce results: correct -> WRONG at 1 of 2 size(s) (rank 1)"]
+    assert changes(report(), wrong) == [("all_reduce results", "worse")]
+    assert changes(wrong, report()) == [("all_reduce results", "better")]
+    more = _sweep()
+    more[0].update(correct=False, wrong=30, wrong_ranks=[0])
+    assert changes(wrong, report(measurements={"all_reduce": more})) == [("all_reduce results", "worse")]
 
 
 def test_verdicts_status_root_cause_and_findings() -> None:
@@ -193,24 +337,79 @@ def test_verdicts_status_root_cause_and_findings() -> None:
     assert got == ["verdict status: pass -> fail", "verdict root cause: (none) -> DDP320",
                    "verdict finding DDP320 Ranks missing at rendezvous: (absent) -> error",
                    "verdict finding DDP405 a rank computes markedly slower than the others: (absent) -> warning"]
+    assert {d.change for d in diff_reports(report(), bad).differences} == {"worse"}
     running = report(status="running", phase="training", preflight_status="warn")
     assert lines(report(), running) == ["verdict status: pass -> running (preflight warn)"]
+    # a run not finished is no verdict on the job: it differs, neither better nor worse
+    assert changes(report(), running) == [("status", "changed")]
 
 
-def test_kinds_are_listed_most_likely_first() -> None:
+def test_a_new_error_finding_is_worse_and_fails(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    cause = _finding("DDP320")
+    failed = report(status="fail", root_cause=cause, findings=[cause])
+    good = _write(tmp_path, "good.json", report())
+    bad = _write(tmp_path, "bad.json", failed)
+    assert cli.main(["diff", good, bad]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ddp-doctor diff: 3 worse;")
+    assert ("worse (3: the comparison fails, exit 3):\n  verdict:\n    status: pass -> fail\n"
+            "    root cause: (none) -> DDP320\n"
+            "    finding DDP320 Ranks missing at rendezvous: (absent) -> error") in out
+    # a new warning too, or one that became an error
+    warned = report(status="warn", findings=[_finding("DDP405", "warning", "slow rank")])
+    assert changes(report(), warned) == [("status", "worse"), ("finding DDP405 slow rank", "worse")]
+    worse = report(status="fail", root_cause=_finding("DDP405"), findings=[_finding("DDP405", "error", "slow rank")])
+    assert changes(warned, worse) == [("status", "worse"), ("root cause", "worse"),
+                                      ("finding DDP405 slow rank", "worse")]
+
+
+def test_a_finding_gone_or_less_severe_is_better_and_passes(tmp_path: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    cause = _finding("DDP320")
+    failed = report(status="fail", root_cause=cause, findings=[cause])
+    assert cli.main(["diff", _write(tmp_path, "failed.json", failed), _write(tmp_path, "fixed.json", report())]) \
+        == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ddp-doctor diff: nothing worse; 3 better,")
+    assert ("better (3):\n  verdict:\n    status: fail -> pass\n    root cause: DDP320 -> (none)\n"
+            "    finding DDP320 Ranks missing at rendezvous: error -> (absent)") in out
+    warned = report(status="warn", findings=[_finding("DDP320", "warning")])
+    assert changes(failed, warned) == [("status", "better"), ("root cause", "better"),
+                                       ("finding DDP320 Ranks missing at rendezvous", "better")]
+    # another root cause: it differs; the findings say which one came and which one went
+    other = _finding("DDP301", title="Named network interface does not exist")
+    assert changes(failed, report(status="fail", root_cause=other, findings=[other])) == [
+        ("finding DDP301 Named network interface does not exist", "worse"),
+        ("finding DDP320 Ranks missing at rendezvous", "better"), ("root cause", "changed")]
+
+
+def test_worse_first_then_better_within_noise_and_settings_most_likely_first() -> None:
+    # was: one list by kind; now what got worse comes first (it fails the command), then what got
+    # better, what moved within noise, and last the settings that differ, each by kind, most likely first
+    good = report(measurements={"all_reduce": _sweep(), "all_reduce_inter": _sweep(1.0),
+                                "all_reduce_intra": _sweep(1.0)})
     bad = report(status="fail", root_cause=_finding("DDP320"), findings=[_finding("DDP320")],
-                 measurements={"all_reduce": _sweep(0.1)}, tool_version="0.2.0")
+                 measurements={"all_reduce": _sweep(0.1), "all_reduce_inter": _sweep(4.0),
+                               "all_reduce_intra": _sweep(1.1)}, tool_version="0.2.0")
     bad["world"]["backend"] = "nccl"
     set_env(bad, "NCCL_ALGO", "Tree")
     set_env(bad, "MASTER_ADDR", "node-z")
-    kinds = [d.kind for d in diff_reports(report(), bad).differences]
+    result = diff_reports(good, bad)
+    got = [(d.change, d.kind) for d in result.differences]
+    assert [c for c, _ in got] == ["worse"] * 4 + ["better", "within_noise"] + ["changed"] * 4
     order = [k for k, _ in KINDS]
-    assert kinds == sorted(kinds, key=order.index)
-    assert kinds[:3] == ["versions", "nccl_env", "launcher_env"] and kinds[-1] == "verdict"
-    text = render_text(diff_reports(report(), bad), "good.json", "bad.json")
-    headings = [x for x in text.splitlines() if not x.startswith(" ")][1:]
-    assert headings == ["versions:", "NCCL/FI variables:", "launcher variables:", "world layout:", "bus bandwidth:",
-                        "verdict:"]
+    for change in ("worse", "changed"):
+        kinds = [k for c, k in got if c == change]
+        assert kinds == sorted(kinds, key=order.index)
+    assert [k for c, k in got if c == "changed"] == ["versions", "nccl_env", "launcher_env", "world"]
+    text = render_text(result, "good.json", "bad.json")
+    assert text.splitlines()[0] == ("ddp-doctor diff: 4 worse; 1 better, 1 within noise, 4 other difference(s) - "
+                                    "GOOD good.json, BAD bad.json")
+    headings = [x.strip() for x in text.splitlines()[1:] if not x.startswith("    ")]
+    assert headings == ["worse (4: the comparison fails, exit 3):", "bus bandwidth:", "verdict:",
+                        "better (1):", "bus bandwidth:", "within noise (1):", "bus bandwidth:",
+                        "also differs (4; neither better nor worse in itself: the likely causes, most likely first):",
+                        "versions:", "NCCL/FI variables:", "launcher variables:", "world layout:"]
 
 
 def test_parts_a_report_does_not_record_are_named_not_listed() -> None:
@@ -242,11 +441,18 @@ def test_secrets_are_never_shown() -> None:
 
 
 def test_json_form() -> None:
-    result = diff_reports(report(), report(measurements={"all_reduce": _sweep(0.5)}))
-    out = to_json(result, "g.json", "b.json")
-    assert out["schema"] == "ddp-doctor.diff" and out["matters"] is True
-    assert out["differences"] == [{"kind": "bandwidth", "what": "all_reduce busbw at 64 MiB", "good": "1 GB/s",
-                                   "bad": "0.5 GB/s", "note": "BAD/GOOD 0.50, beyond 20%", "ratio": 0.5}]
+    # was: "matters" (anything differs); now "worse" (what the exit status says), the counts per
+    # change, and each item's change, and a figure's band
+    bad = set_env(report(measurements={"all_reduce": _sweep(0.5)}), "NCCL_ALGO", "Tree")
+    out = to_json(diff_reports(report(), bad), "g.json", "b.json")
+    assert out["schema"] == "ddp-doctor.diff" and out["worse"] is True and "matters" not in out
+    assert out["counts"] == {"worse": 1, "better": 0, "within_noise": 0, "changed": 1}
+    assert out["differences"] == [
+        {"kind": "bandwidth", "what": "all_reduce busbw at 64 MiB", "good": "1 GB/s", "bad": "0.5 GB/s",
+         "change": "worse", "ratio": 0.5, "direction": "higher is better", "band": 0.25, "within_ratio": [0.75, 1.3333],
+         "band_from": "the 25% floor for figures measured on CPU",
+         "note": "-50%, beyond this pair's noise band of -25%/+33%: the 25% floor for figures measured on CPU"},
+        {"kind": "nccl_env", "what": "NCCL_ALGO", "good": "(unset)", "bad": "Tree", "change": "changed"}]
 
 
 @pytest.mark.parametrize("obj, says", [
@@ -271,18 +477,26 @@ def _write(tmp_path: Any, name: str, obj: Any) -> str:
 def test_command_exit_status_and_text(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     good = _write(tmp_path, "good.json", report())
     same = _write(tmp_path, "same.json", report(world={**report()["world"], "master_port": 1}))
-    bad = _write(tmp_path, "bad.json", set_env(report(), "NCCL_SOCKET_IFNAME", "lo"))
+    other = _write(tmp_path, "other.json", set_env(report(), "NCCL_SOCKET_IFNAME", "lo"))
     assert cli.main(["diff", good, same]) == EXIT_OK
-    assert capsys.readouterr().out.startswith("ddp-doctor diff: nothing that matters differs")
-    assert cli.main(["diff", good, bad]) == EXIT_FAILED
+    assert capsys.readouterr().out.startswith("ddp-doctor diff: nothing worse; 0 better, 0 within noise, "
+                                              "0 other difference(s)")
+    # was exit 3: a variable that differs is listed, but it made nothing worse, and the exit status
+    # says "worse", not "different"
+    assert cli.main(["diff", good, other]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "NCCL/FI variables:\n  NCCL_SOCKET_IFNAME: (unset) -> lo\n" in out
-    assert cli.main(["diff", "--json", good, bad]) == EXIT_FAILED
-    assert [d["what"] for d in json.loads(capsys.readouterr().out)["differences"]] == ["NCCL_SOCKET_IFNAME"]
-    assert cli.main(["diff", "--bw-tolerance", "70%", good,
-                     _write(tmp_path, "slow.json", report(measurements={"all_reduce": _sweep(0.4)}))]) == EXIT_OK
+    assert out.startswith("ddp-doctor diff: nothing worse; 0 better, 0 within noise, 1 other difference(s)")
+    assert "NCCL/FI variables:\n    NCCL_SOCKET_IFNAME: (unset) -> lo\n" in out
+    assert cli.main(["diff", "--json", good, other]) == EXIT_OK
+    assert [(d["what"], d["change"]) for d in json.loads(capsys.readouterr().out)["differences"]] == [
+        ("NCCL_SOCKET_IFNAME", "changed")]
+    slow = _write(tmp_path, "slow.json", report(measurements={"all_reduce": _sweep(0.4)}))
+    assert cli.main(["diff", good, slow]) == EXIT_FAILED
+    assert cli.main(["diff", "--bw-tolerance", "70%", good, slow]) == EXIT_OK
 
 
+@pytest.mark.invalid_reports_expected  # a report whose status breaks the schema, on purpose
+@pytest.mark.invalid_reports_expected  # a report whose status is not one, for diff to refuse
 @pytest.mark.parametrize("content, says", [
     (None, "cannot read"),
     ("", "not JSON"),
