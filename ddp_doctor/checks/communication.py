@@ -297,6 +297,8 @@ def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     n = stragglers.rounds_for(group.world_size)
     rounds, loads, slow = confirmed_slow(
         lambda: _timed_with_load(world, lambda: stragglers.fixed_work_rounds(world, n)), factor, min_s)
+    # kept for the history: it compares a host's figures with its quiet runs only
+    group.measurements["host_load"] = host_busy.read(loads, _node_of(lay)).summary()
     yield from straggler_problems(rounds, loads, _node_of(lay), "fixed compute", factor, min_s, slow)
 
 

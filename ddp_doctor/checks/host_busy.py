@@ -39,6 +39,11 @@ class Load:
         return "; ".join(f"node {n}: {why}" if len(self.busy) > 1 or n != 0 else why
                          for n, why in sorted(self.busy.items(), key=lambda kv: str(kv[0])))
 
+    def summary(self) -> dict[str, Any]:
+        """measurements.host_load of a report: whether a host was busy while the job was timed,
+        the history's test of a run it may compare with (history/from_report.py)."""
+        return {"busy": bool(self.busy), **self.evidence()}
+
     def evidence(self) -> dict[str, Any]:
         return {"busy_nodes": {str(k): v for k, v in self.busy.items()},
                 "other_cores_on_rank_cpus": {str(r): round(v, 2) for r, v in self.others.items()}}
@@ -72,3 +77,12 @@ def read(loads: Mapping[int, LoadWindow], node_of: Mapping[int, Any]) -> Load:
             mates = sum(loads[j].own for j in ranks if loads[j].cpus_key == loads[r].cpus_key)
             others[r] = max(0.0, loads[r].busy_mine - mates)
     return Load(busy, others, read=bool(others) or any(w.busy_host is not None for w in loads.values()))
+
+
+def of_ledgers(ledgers: Mapping[int, Mapping[str, Any]]) -> Load | None:
+    """The load the ranks' ledgers kept while they trained (`host_load`), read by host; None when
+    no ledger kept one."""
+    windows = {r: w for r, led in ledgers.items() if (w := LoadWindow.from_dict(led.get("host_load"))) is not None}
+    if not windows:
+        return None
+    return read(windows, {r: str(ledgers[r].get("host") or "") for r in windows})

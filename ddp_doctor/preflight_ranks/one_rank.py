@@ -441,13 +441,19 @@ class RankPreflight:
 
 def merge_measurements(into: dict[str, Any], more: dict[str, Any]) -> None:
     """Per size, a collective is as slow as its slowest rank and correct only if all ranks agree;
-    a stage or a check (stage_seconds, check_seconds) takes as long as on its slowest rank."""
+    a stage or a check (stage_seconds, check_seconds) takes as long as on its slowest rank; a flag
+    holds when it holds on a rank; anything else (host_load's readings, made from figures every
+    rank gathered) is the same on every rank: the first kept."""
     for name, entries in more.items():
         if isinstance(entries, dict):
             cur = into.setdefault(name, {})
-            for key, seconds in entries.items():
-                if isinstance(seconds, (int, float)):
-                    cur[key] = max(float(cur.get(key, seconds)), float(seconds))
+            for key, value in entries.items():
+                if isinstance(value, bool):
+                    cur[key] = bool(cur.get(key)) or value
+                elif isinstance(value, (int, float)):
+                    cur[key] = max(float(cur.get(key, value)), float(value))
+                else:
+                    cur.setdefault(key, value)
             continue
         by_size = {e["bytes"]: e for e in into.setdefault(name, [])}
         for e in entries:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ddp_doctor import check_runner
+from ddp_doctor.checks import host_busy
 from ddp_doctor.checks.arrivals import arrival_summary
 from ddp_doctor.checks.job import JobEvidence, exit_code_without_rules, job_findings
 from ddp_doctor.findings import Finding
@@ -35,6 +36,9 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
     arrived = arrival_summary(ev.ledgers, ev.clock_offsets)
     if arrived:
         measurements["arrivals"] = arrived
+    load = host_busy.of_ledgers(ev.ledgers)
+    if load is not None:  # whether the hosts were busy while it trained: the history compares quiet runs
+        measurements["host_load"] = load.summary()
     findings = earlier + found + list(more)
     rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings,
                                  measurements=measurements, phase="training")

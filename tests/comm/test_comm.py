@@ -395,3 +395,18 @@ def test_plot_is_log_log_and_algbw_stays_visible_where_it_equals_busbw():
         plt.close(fig)
 
 
+
+
+def test_host_load_reaches_the_report_from_the_preflight_and_from_the_ledgers():
+    from ddp_doctor.checks import host_busy
+    from ddp_doctor.facts.host_load import LoadWindow
+    from ddp_doctor.preflight_ranks.one_rank import merge_measurements
+    busy = host_busy.read({r: LoadWindow(2.0, 0.5, 2.0, 0.0, 3.0, 2, 1.0, 0.5) for r in (0, 1)}, {0: 0, 1: 0})
+    got: dict = {}
+    for _rank in (0, 1):  # every rank holds the same reading: merged, it stays whole
+        merge_measurements(got, {"host_load": busy.summary()})
+    assert got["host_load"]["busy"] is True and got["host_load"]["busy_nodes"] == {"0": busy.busy[0]}
+    quiet = LoadWindow(1.0, 1.0, 2.0, 0.0, 1.0, 2, 1.0, 9.0).to_dict()
+    ledgers = {0: {"host": "a", "host_load": quiet}, 1: {"host": "a", "host_load": quiet}, 2: {"host": "b"}}
+    assert host_busy.of_ledgers(ledgers).summary()["busy"] is False
+    assert host_busy.of_ledgers({0: {"host": "a"}}) is None
