@@ -66,6 +66,7 @@ ARRIVES_LAST = declare(
 
 ARRIVES_LAST_NODE = declare(
     "DDP878", category="consistency", severity="warning", title="One node arrives last at the collectives",
+    severities=("warning", "info"),
     doc="""
     What: Every rank of one node issued most of the training's collectives after the ranks of the
     other nodes: each node's arrival is when its first rank issued the collective, on wall clocks
@@ -75,13 +76,16 @@ ARRIVES_LAST_NODE = declare(
     ranks, how often it came last, the median and p90 lag, the error of the clock alignment, the
     share of time the other nodes waited, and where its ranks spent their time before arriving.
     Needs the preflight's clock measurement: with `--skip DDP407` (or none of it) nodes are not
-    compared.
+    compared. Judged by the same tests as DDP877 (a binomial test, each half of the run, the lag
+    above its own spread).
     Why: A node whose every rank is slow (a slower instance, throttled GPUs, a busy host, a slower
     storage mount) holds the whole job to its pace; within the node no rank stands out, so DDP877
     cannot see it, and step times are the same everywhere.
     Fix: Look at that node: nvidia-smi for clocks, temperature and other processes, its storage and
     network path, its instance type; compare its own history (`ddp-doctor history --host`); replace
     it or take it out of the job if it stays behind.
+    Severity: warning; info when a host was busy while the job trained (as DDP877 reads it), unless
+    the node stands far above that noise (as DDP877).
     """)
 
 MIN_COLLECTIVES = 10
@@ -286,6 +290,12 @@ def arrival_findings(ledgers: dict[int, dict[str, Any]], probe_ranks: dict[int, 
     return out
 
 
+def _far(got: dict[str, Any]) -> bool:
+    """The one arriving last stands far above a busy host's noise (FAR_SHARE, FAR_MIN, FAR_NOISE)."""
+    return (got["compared"] >= FAR_MIN and got["last"] >= FAR_SHARE * got["compared"]
+            and got["median_lag_s"] >= FAR_NOISE * got["noise_s"])
+
+
 def _load_of(ranks: list[int], ledgers: dict[int, dict[str, Any]], got: dict[str, Any]
              ) -> tuple[str | None, str, dict[str, Any]]:
     """(severity override, words, evidence) from how busy the ranks' host was while they trained."""
@@ -298,8 +308,7 @@ def _load_of(ranks: list[int], ledgers: dict[int, dict[str, Any]], got: dict[str
         rest = median([v for r, v in load.others.items() if r != slow])
         return None, (f"; other processes used {load.others[slow]:.2f} cores of its CPUs while it trained (the "
                       f"other ranks' CPUs: {rest:.2f})"), load.evidence()
-    if load.busy and got["compared"] >= FAR_MIN and got["last"] >= FAR_SHARE * got["compared"] \
-            and got["median_lag_s"] >= FAR_NOISE * got["noise_s"]:
+    if load.busy and _far(got):
         return None, (f"; the host was busy while it trained ({load.describe()}), but it came last steadily, far "
                       f"beyond what the load's noise does"), load.evidence()
     if load.busy:
@@ -355,13 +364,18 @@ def node_arrival_findings(ledgers: dict[int, dict[str, Any]], offsets: dict[int,
     mine = sorted(by_host[host])
     others = sorted(r for h, rs in by_host.items() if h != host for r in rs)
     doing = _doing_node(mine, others, got["median_lag_s"], median_data_times(probe_ranks or {}), ledgers)
+    load = host_busy.of_ledgers(ledgers)
+    severity, load_said = None, ""
+    if load is not None and load.busy and not _far(got):
+        severity, load_said = "info", (f"; a host was busy while it trained ({load.describe()}): who arrives last "
+                                       f"on a busy host is the scheduler's doing as much as the node's")
     return [event_finding(
         ARRIVES_LAST_NODE, f"node {host} (rank{'s' if len(mine) > 1 else ''} {format_ranks(mine)}) arrived last at "
         f"{got['last']} of {got['compared']} collectives, a median {got['median_lag_s'] * 1000:.1f} ms (p90 "
         f"{got['p90_lag_s'] * 1000:.1f} ms) after the next node, on clocks aligned by the preflight's offsets "
         f"(+/- {margin * 1000:.1f} ms): the other nodes waited for it {got['waited_s']:.2f} s of the "
-        f"{got['span_s']:.2f} s the collectives span ({got['waited_s'] / got['span_s']:.0%}); {doing}",
-        rank=None, ranks=mine, phase="training",
+        f"{got['span_s']:.2f} s the collectives span ({got['waited_s'] / got['span_s']:.0%}); {doing}{load_said}",
+        rank=None, ranks=mine, phase="training", severity=severity,
         evidence={"host": host, "last": got["last"], "compared": got["compared"],
                   "median_lag_s": round(got["median_lag_s"], 6), "p90_lag_s": round(got["p90_lag_s"], 6),
                   "waited_s": round(got["waited_s"], 6), "span_s": round(got["span_s"], 6),

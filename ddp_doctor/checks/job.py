@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_doctor.checks import host_busy
 from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.crash_ledgers import crash_ledgers
@@ -137,7 +138,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
         code = EXIT_HANG  # the ranks would have waited in init until torch's timeout
     failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
         o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
-    findings += probe_findings(ev.probes, failed=failed)
+    findings += probe_findings(ev.probes, failed=failed, load=host_busy.of_ledgers(ev.ledgers))
     if not failed:  # a job that failed is judged by its failure; one that ran, also by its pace
         findings += arrival_findings(ev.ledgers, by_rank(ev.probes))
         findings += node_arrival_findings(ev.ledgers, ev.clock_offsets, by_rank(ev.probes))

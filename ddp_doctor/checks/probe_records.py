@@ -31,10 +31,10 @@ def _completeness(rec: dict[str, Any]) -> tuple[bool, int, int, bool]:
 
 
 def finding_at(entry: Any, message: str, *, rank: int | None, ranks: list[int] | None = None,
-               evidence: dict[str, Any] | None = None, phase: str = "training", at: float | None = None
-               ) -> Finding:
+               evidence: dict[str, Any] | None = None, phase: str = "training", at: float | None = None,
+               severity: str | None = None) -> Finding:
     """An event finding of the training phase; `at`: when the recorded event happened."""
-    f = event_finding(entry, message, rank=rank, ranks=ranks, evidence=evidence, phase=phase)
+    f = event_finding(entry, message, rank=rank, ranks=ranks, evidence=evidence, phase=phase, severity=severity)
     if at is not None:
         f.time = at
     return f

@@ -22,9 +22,9 @@ from ddp_doctor.checks.training_scale import batch_scaling, stragglers
 from ddp_doctor.findings import Finding
 
 
-def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False) -> list[Finding]:
+def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False, load: Any = None) -> list[Finding]:
     """Every probe finding for one job. `failed`: the job already failed (teardown rules that judge
-    a normal ending are skipped)."""
+    a normal ending are skipped). `load`: how busy the hosts were while it trained (host_busy.Load)."""
     ranks = by_rank(records)
     out: list[Finding] = []
     for r in sorted(ranks):
@@ -32,7 +32,7 @@ def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False) -
     out += shared_gpu(ranks)
     out += sampler_rules(ranks)
     out += replica_divergence(ranks)
-    out += stragglers(ranks)
+    out += stragglers(ranks, load)
     out += batch_scaling(ranks)
     if not failed:
         out += teardown(ranks)

@@ -14,12 +14,19 @@ from ddp_doctor.registry import declare
 
 DATA_STRAGGLER = declare(
     "DDP872", category="consistency", severity="warning", title="One rank waits much longer for data",
+    severities=("warning", "info"),
     doc="""
     What: One rank's median time to get a training batch from its DataLoader is more than twice
-    the others' (and at least 20 ms longer).
+    the others' and at least 20 ms longer, beyond doubt: over at least 8 batches (the first left
+    out: it starts the workers), the excess above the others' own spread from batch to batch
+    (1.4826 x MAD), and the rank slower than the others at so many of the same batches that chance
+    would do so with a probability under 1% (a one-sided sign test, shared by the ranks).
     Why: DDP synchronises every step, so the slowest rank's data pipeline sets the pace of all.
     Fix: Look at that rank's data path: its storage, num_workers, a rank-dependent transform, or a
     shard much larger than the others.
+    Severity: warning; info when the host was busy while the ranks trained (as DDP877 reads it)
+    and other processes did not take the slow rank's own CPUs more than the others': a data
+    pipeline on a busy host waits for the scheduler as much as for its data.
     """)
 
 BATCH_SCALING = declare(
@@ -34,6 +41,7 @@ BATCH_SCALING = declare(
 
 
 STRAGGLER_RATIO, STRAGGLER_MIN_S = 2.0, 0.020
+MIN_BATCHES = 8  # batches a rank measured, the first left out, below which no rank is named
 
 
 def _median(xs: list[float]) -> float:
@@ -41,31 +49,50 @@ def _median(xs: list[float]) -> float:
     return s[len(s) // 2]
 
 
+def _data_times(ranks: dict[int, dict[str, Any]]) -> dict[int, list[float]]:
+    """Each rank's times per training batch from its DataLoaders, in order, the first of each
+    loader left out (it includes starting the workers)."""
+    return {r: [t for ld in rec.get("loaders") or [] if any(it.get("training") for it in ld.get("iterations", []))
+                for t in (ld.get("data_times") or [])[1:]] for r, rec in ranks.items()}
+
+
 def median_data_times(ranks: dict[int, dict[str, Any]]) -> dict[int, float]:
     """Median time per training batch from the DataLoader, rank by rank (first batch left out:
     it includes starting the workers); ranks with fewer than 3 batches measured are left out."""
-    med: dict[int, float] = {}
-    for r, rec in ranks.items():
-        times = [t for ld in rec.get("loaders") or [] if any(it.get("training") for it in ld.get("iterations", []))
-                 for t in (ld.get("data_times") or [])[1:]]
-        if len(times) >= 3:
-            med[r] = _median(times)
-    return med
+    return {r: _median(times) for r, times in _data_times(ranks).items() if len(times) >= 3}
 
 
-def stragglers(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
-    """DDP872 over median_data_times."""
-    med = median_data_times(ranks)
+def stragglers(ranks: dict[int, dict[str, Any]], load: Any = None) -> list[Finding]:
+    """DDP872 over the ranks' data times (see its doc); `load`: the hosts' load while they trained
+    (checks/host_busy.Load), None when unknown."""
+    from ddp_doctor.comm.stragglers import ALPHA, sign_test_p, spread
+    series = {r: v for r, v in _data_times(ranks).items() if len(v) >= 3}
+    med = {r: _median(v) for r, v in series.items()}
     if len(med) < 2:
         return []
     slow = max(med, key=lambda r: med[r])
     others = _median([v for r, v in med.items() if r != slow])
-    if med[slow] > STRAGGLER_RATIO * others and med[slow] - others > STRAGGLER_MIN_S:
-        return [finding_at(DATA_STRAGGLER, (
-            f"rank {slow} waits {med[slow] * 1000:.1f} ms for each training batch from its DataLoader, "
-            f"the other ranks {others * 1000:.1f} ms (median)"), rank=slow,
-            evidence={"median_data_s": {str(r): round(v, 6) for r, v in med.items()}})]
-    return []
+    if not (med[slow] > STRAGGLER_RATIO * others and med[slow] - others > STRAGGLER_MIN_S):
+        return []
+    n = min(len(v) for v in series.values())
+    if n < MIN_BATCHES:
+        return []
+    rest = [r for r in series if r != slow]
+    slower = sum(1 for i in range(n) if series[slow][i] > _median([series[r][i] for r in rest]))
+    p = sign_test_p(slower, n)
+    noise = _median([spread(series[r][:n]) for r in rest])
+    if p > ALPHA / len(series) or med[slow] - others <= noise:
+        return []
+    severity, said = None, ""
+    if load is not None and load.busy and not load.shared(slow):
+        severity, said = "info", (f"; the host was busy while it trained ({load.describe()}): a data pipeline on a "
+                                  f"busy host waits for the scheduler as much as for its data")
+    return [finding_at(DATA_STRAGGLER, (
+        f"rank {slow} waits {med[slow] * 1000:.1f} ms for each training batch from its DataLoader, "
+        f"the other ranks {others * 1000:.1f} ms (median), longer at {slower} of {n} batches{said}"), rank=slow,
+        severity=severity, evidence={"median_data_s": {str(r): round(v, 6) for r, v in med.items()},
+                                     "slower_batches": slower, "batches": n, "p": round(p, 6),
+                                     "noise_s": round(noise, 6)})]
 
 
 def batch_scaling(ranks: dict[int, dict[str, Any]]) -> list[Finding]:

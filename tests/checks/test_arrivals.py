@@ -164,6 +164,17 @@ def test_a_node_whose_every_rank_is_late_is_named_on_clocks_aligned_by_the_prefl
     assert f.evidence["hosts_compared"] == ["a", "b"] and f.evidence["clock_offset_s"]["b"] == 0.08
 
 
+def test_a_slow_node_on_a_busy_host_is_info_unless_it_stands_far_above_the_noise():
+    job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR)
+    for led in job.values():
+        led["host_load"] = _load(own=0.5, busy_mine=2.0, busy_host=2.0, load1=4.0)
+    few = {r: {**led, "entries": led["entries"][:20]} for r, led in job.items()}
+    (f,) = node_arrival_findings(few, {r: (0.0, 0.0001) for r in FOUR})
+    assert f.severity == "info" and "a host was busy while it trained" in f.message, f.message
+    (f,) = node_arrival_findings(job, {r: (0.0, 0.0001) for r in FOUR})  # 40 of 40, steady: far above
+    assert f.severity == "warning"
+
+
 def test_a_slow_node_is_named_with_what_its_ranks_did():
     where = {"total": 4, "where": {"train.py:30 in <module>": 3, "train.py:9 in load": 1}}
     job = _job({2: 40_000_000, 3: 40_000_000}, hosts=FOUR, samples={2: where, 3: where})

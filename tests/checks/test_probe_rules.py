@@ -222,3 +222,26 @@ def test_a_spawn_parent_does_not_shadow_the_rank_it_started():
     child = record(0, steps=5)
     assert by_rank([parent, child])[0] is child
     assert by_rank([child, parent])[0] is child
+
+
+def test_data_straggler_is_a_statistical_claim_and_weighs_the_hosts_load():
+    from ddp_doctor.checks import host_busy
+    from ddp_doctor.facts.host_load import LoadWindow
+
+    def with_series(r, times):
+        return record(r, loaders=[loader([iteration([[0]])], data_times=[1.0] + list(times))])
+    steady = {0: with_series(0, [0.005] * 12), 1: with_series(1, [0.080] * 12)}
+    [f] = stragglers(steady)
+    assert f.severity == "warning" and "longer at 12 of 12 batches" in f.message and f.evidence["p"] < 0.005
+    # five batches: too few to say
+    assert stragglers({0: with_series(0, [0.005] * 5), 1: with_series(1, [0.080] * 5)}) == []
+    # its median is 16x the others', but it is slower at only 7 of 12 batches (p = 0.39): no claim
+    mixed = {0: with_series(0, [0.005] * 12), 1: with_series(1, [0.080] * 7 + [0.001] * 5)}
+    assert stragglers(mixed) == []
+    # the same steady rank on a busy host: info, saying so; on a quiet one: a warning
+    busy = host_busy.read({r: LoadWindow(2.0, 0.5, 2.0, 0.0, 4.0, 2, 1.0, 9.0) for r in (0, 1)}, {0: "a", 1: "a"})
+    [f] = stragglers(steady, busy)
+    assert f.severity == "info" and "the host was busy while it trained" in f.message
+    quiet = host_busy.read({r: LoadWindow(1.8, 0.9, 1.8, 0.0, 1.0, 2, 1.0, 9.0) for r in (0, 1)}, {0: "a", 1: "a"})
+    [f] = stragglers(steady, quiet)
+    assert f.severity == "warning"
