@@ -7,6 +7,9 @@ environment: ranks, launchers, `ddp-doctor run`), and leaves a file there for a 
 the schema. After each test, a file there fails the test (an error at teardown) with the report's
 path and what is wrong. Validation is the package's own (no jsonschema import in every rank), a
 millisecond a report.
+
+After the session, every report left in the session's temporary directories is validated too,
+whoever wrote it (tests/helpers/report_files.py): a report that breaks the schema fails the run.
 """
 from __future__ import annotations
 
@@ -17,6 +20,13 @@ import tempfile
 from typing import Iterator
 
 import pytest
+from helpers.report_files import (  # noqa: F401 - the walk after the session (hooks, registered as this conftest's)
+    MARKER,
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 from ddp_doctor.report.schema import TEST_ERRORS_ENV
 
@@ -46,18 +56,13 @@ def schema_errors() -> list[dict]:
 def _reports_follow_the_schema(request: pytest.FixtureRequest) -> Iterator[None]:
     schema_errors()  # a child of an earlier test that wrote late is not this test's
     yield
-    if request.node.get_closest_marker("invalid_reports_expected"):
+    if request.node.get_closest_marker(MARKER):
         return
     bad = schema_errors()
     if bad:
         lines = [f"{b.get('path')}:\n    " + "\n    ".join(b.get("errors") or []) for b in bad]
         pytest.fail("a report written during this test breaks the report schema "
                     "(ddp_doctor/report/schema.json, docs/report-schema.md):\n" + "\n".join(lines), pytrace=False)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "invalid_reports_expected: the test writes reports that break the "
-                                       "schema on purpose; tests/conftest.py does not fail it for them")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

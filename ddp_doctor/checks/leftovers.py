@@ -62,8 +62,15 @@ NOT_ENDED = {"still running": "still running after SIGKILL", "not permitted": "n
 
 
 def _command(p: dict[str, Any]) -> str:
+    """The (redacted) command line, cut for a message; never inside a masked value ("--token **…"
+    would read as a value to redact again, with what follows it in the message)."""
     cmd = str(p.get("cmdline") or "command line not readable")
-    return cmd if len(cmd) <= COMMAND_CHARS else cmd[:COMMAND_CHARS - 1] + "…"
+    if len(cmd) <= COMMAND_CHARS:
+        return cmd
+    end = COMMAND_CHARS - 1
+    while end < len(cmd) and cmd[end - 1] == "*" and cmd[end] == "*":
+        end += 1
+    return cmd if end >= len(cmd) else cmd[:end] + "…"
 
 
 def describe(p: dict[str, Any], grace: float) -> str:

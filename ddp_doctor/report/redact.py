@@ -94,6 +94,11 @@ def secret_values(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(sorted(values, key=len, reverse=True))
 
 
+# A masked value and what may close around it in a message (a parenthesis, a comma, a cut's "…"):
+# never a secret's own characters (no letter or digit).
+_MASKED = re.compile(re.escape(MASK) + r"[)\]}>.,;:!?…]*")
+
+
 def _sub_pattern(pattern: re.Pattern[str], kind: str, text: str) -> str:
     def repl(m: re.Match[str]) -> str:
         if kind == "whole":
@@ -103,8 +108,9 @@ def _sub_pattern(pattern: re.Pattern[str], kind: str, text: str) -> str:
         if kind == "aws":
             return MASK + m.group("sep") + MASK
         name, value = m.group("name"), m.group("value")
-        # a value already masked stays as it is, with what closes around it: "(... --password=***)"
-        if not is_secret_name(name) or value.rstrip(").:!?>") == MASK \
+        # a value already masked stays as it is, with what closes around it: text redacted once
+        # (a command line) is redacted again inside a message, "(... --token ***), its child"
+        if not is_secret_name(name) or _MASKED.fullmatch(value) \
                 or (_NUMBER.fullmatch(value) and _numbers_may_stay(name)):
             return m.group(0)
         return m.group("name") + m.group("sep") + MASK

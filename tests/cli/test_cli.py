@@ -102,6 +102,7 @@ def test_schema_prints_the_report_schema(capsys: pytest.CaptureFixture[str]) -> 
     assert json.loads(capsys.readouterr().out) == report_schema()
 
 
+@pytest.mark.invalid_reports_expected  # bad.json, for --validate to name
 def test_schema_validate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     from ddp_doctor.report.build import build_report
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"

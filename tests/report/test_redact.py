@@ -72,6 +72,18 @@ def test_redact_text_leaves_ordinary_text(text: str) -> None:
     assert redact_text(text, env={}) == text
 
 
+@pytest.mark.parametrize("flag", ["--password=V", "--password V", "--token V", "--token=V", "--secret=V",
+                                  "--api-key V", "PASSWORD=V"])
+@pytest.mark.parametrize("after", [")", "),", ");", "…),", ") listening", ",", ")]", ""])
+def test_text_redacted_twice_keeps_the_mask_and_what_closes_around_it(flag: str, after: str) -> None:
+    """A command line redacted once, then quoted in a message that is redacted again (the report,
+    stderr): "pid 7 (python s.py --token ***), its child" stays as it is, the value never back."""
+    once = redact_text("python s.py " + flag.replace("V", "hunter2secret"), env={})
+    message = f"pid 7 ({once}{after} its child"
+    assert "hunter2" not in once and redact_text(message, env={}) == message
+    assert redact_text("--token ***abc), x", env={}) == "--token *** x"  # a value that only starts like a mask
+
+
 def test_redact_text_removes_planted_env_values_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SESSION_TOKEN", SESSION)
     monkeypatch.setenv("MY_SERVICE_PASSWORD", "correct horse battery")

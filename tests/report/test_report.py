@@ -215,7 +215,8 @@ def partial(rank: int, *, final: bool, findings: list[Finding] | None = None) ->
 
 def test_merge_launch_dir_with_merged_report(tmp_path: Path) -> None:
     merged = reportlib.build_report(
-        world={**WORLD, "world_size": 2, "nnodes": 1}, ranks=[{"rank": 0}, {"rank": 1}],
+        world={**WORLD, "world_size": 2, "nnodes": 1},
+        ranks=[{"rank": r, "local_rank": r, "node_rank": 0, "host": "h", "device": "cpu"} for r in (0, 1)],
         findings=[fnd("DDP205", severity="warning", ranks=[0, 1])],
         measurements={"all_reduce": [{"bytes": 8, "time_us": 1.0, "algbw_gbps": 0.0, "busbw_gbps": 0.0,
                                       "correct": True}]})

@@ -193,6 +193,7 @@ def test_report_schema_is_public_and_a_copy() -> None:
 
 # --- the suite's hook: write_report_file validates under TEST_ERRORS_ENV, in any process ---------
 
+@pytest.mark.invalid_reports_expected  # bad.json, on purpose
 def test_write_report_file_records_an_invalid_report_under_the_test_env(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     errors_dir = tmp_path / "errors"

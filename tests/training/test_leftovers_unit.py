@@ -2,6 +2,8 @@
 findings made of it (checks/leftovers.py, DDP816-DDP818) in the job's verdict (issue 19, item 6)."""
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +11,9 @@ import sys
 import pytest
 
 from ddp_doctor.checks.job import JobEvidence, job_findings
-from ddp_doctor.checks.leftovers import leftover_findings, rank_leftover_findings
+from ddp_doctor.checks.leftovers import COMMAND_CHARS, leftover_findings, rank_leftover_findings
+from ddp_doctor.report.publish import Output, publish
+from ddp_doctor.report.redact import redact_obj
 from ddp_doctor.training.job_report import job_report
 from ddp_doctor.training.run import leftovers
 from ddp_doctor.training.run.ledger import process_gone
@@ -25,9 +29,8 @@ def children():
     """Start children that wait to be ended; kill what a failing test leaves."""
     started: list[subprocess.Popen] = []
 
-    def start(code: str, env: dict[str, str]) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", code, "--password", "hunter2"], env=env,
-                                stdout=subprocess.PIPE, text=True)
+    def start(code: str, env: dict[str, str], args: tuple[str, ...] = ("--password", "hunter2")) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, text=True)
         started.append(proc)
         assert proc.stdout.readline().strip() == "ready"
         return proc
@@ -53,6 +56,48 @@ def test_what_the_script_left_is_described_then_ended_by_sigterm_or_after_the_gr
     assert "hunter2" not in procs[polite.pid]["cmdline"] and "time.sleep(60)" in procs[polite.pid]["cmdline"]
     assert polite.wait(10) == -15 and stubborn.wait(10) == -9
     assert before.poll() is None
+
+
+# each child's secret on its command line, and how its redacted form closes its description
+SECRET_ARGS = {("--password=hunter2-pw",): "--password=***)", ("--token", "hunter2-tok"): "--token ***)",
+               ("--secret=hunter2-sec",): "--secret=***)"}
+
+
+def test_leftovers_with_secrets_on_their_command_lines_are_named_redacted_in_the_report_and_on_stderr(
+        children, tmp_path):
+    """Real children, the job's report as it is written and shown: each leftover named by pid with
+    its command line, the value masked and the text around it kept; the secret nowhere."""
+    env = dict(os.environ)
+    watch = leftovers.watch_children(environ=env)
+    procs = {children(POLITE, env, args).pid: shown for args, shown in SECRET_ARGS.items()}
+    record = watch.end(grace=0.5)
+    assert {p["pid"] for p in record["processes"]} == set(procs), record
+    rep, code = job_report(JobEvidence(ranks=[0, 1], outcomes={
+        0: {"exit_code": 0, "exception": None, "time": 1.0},
+        1: {"exit_code": 0, "exception": None, "time": 1.0, "leftovers": record}}), world={"launcher": "test"})
+    stream = io.StringIO()
+    publish(rep, Output(report_path=str(tmp_path / "r.json"), stderr=True), stream=stream)
+    text, said = (tmp_path / "r.json").read_text(), stream.getvalue()
+    assert code == 0 and "hunter2" not in text and "hunter2" not in said, said
+    (found,) = [f for f in json.loads(text)["findings"] if f["id"] == "DDP816"]
+    for message in (found["message"], said):
+        for pid, shown in procs.items():
+            at = message.index(f"pid {pid} (")
+            named = message[at:message.index("ended by", at)]  # ", started at ..." where the probes saw the start
+            assert f"{shown}, its child" in named and named.endswith(": "), named
+    assert sorted(p["cmdline"].split(" time.sleep(60) ")[1] for p in found["evidence"]["processes"]) == \
+        ["--password=***", "--secret=***", "--token ***"], found["evidence"]
+
+
+def test_a_command_line_cut_for_the_message_keeps_its_mask_whole():
+    """A long command line is cut for the message, never inside a masked value: the report's own
+    redaction of the message then leaves the description as it is."""
+    head = ("python " + "x" * COMMAND_CHARS)[:COMMAND_CHARS - 2 - len(" --token ")] + " --token "
+    assert len(head) == COMMAND_CHARS - 2  # the cut (COMMAND_CHARS - 1 characters) falls inside "***"
+    proc = {**PROC, "cmdline": head + "*** --port 8000", "ports": []}
+    (ended,) = rank_leftover_findings(1, {"processes": [proc], "grace": 2.0})
+    assert "--token ***…), reparented away" in ended.message, ended.message
+    assert redact_obj(ended.to_dict())["message"] == ended.message
 
 
 def test_a_script_that_left_nothing_has_no_record_and_a_failed_search_is_recorded_not_raised(children, monkeypatch):

@@ -1,0 +1,150 @@
+"""Every ddp-doctor report a test session leaves on disk follows the report's JSON Schema: the
+suite's last check (a pytest plugin; tests/conftest.py loads its hooks).
+
+tests/conftest.py validates each report as ddp-doctor writes it, where the writer's environment
+carries the hook (report/schema.py, TEST_ERRORS_ENV). This catches the rest, whoever wrote the
+file: a rank given an environment of its own, a report written some other way. After the session,
+the session's base temporary directory (every test's `tmp_path` and `tmp_path_factory.mktemp`;
+under pytest-xdist the controller walks every worker's) is walked once, and each file that
+- ends in `.json`, is a regular file of at most SIZE_LIMIT bytes and holds `"ddp-doctor.report"`,
+- parses as a JSON object whose `schema` is "ddp-doctor.report",
+is validated by the package's own validator; one that breaks the schema fails the session (exit
+status 1, a section of pytest's summary with the path and what is wrong). Inputs that are not
+JSON, or not a report, are left alone: a corrupt file given to `analyze` or `diff` on purpose
+does not parse or names no schema. A test that writes a report that breaks the schema on
+purpose is marked `@pytest.mark.invalid_reports_expected`: the temporary directories made while
+it runs (its `tmp_path`, a module fixture's first `mktemp`) are listed in EXCLUDED_LIST at the
+base directory and never walked.
+
+The cost is one directory walk and a read of each `.json` file there: reports are small, and
+only files that name the schema are parsed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+SCHEMA_NAME = "ddp-doctor.report"
+REPORT_MARK = b'"ddp-doctor.report"'
+SIZE_LIMIT = 64 << 20  # bytes: a report of thousands of ranks is a few MB; a bigger file is a test's blob
+EXCLUDED_LIST = "invalid-reports-expected.txt"  # at a base temporary directory: one excluded directory a line
+ERRORS_SHOWN = 5  # per file
+MARKER = "invalid_reports_expected"
+_FOUND = pytest.StashKey[list]()
+
+
+def report_violations(root: str | os.PathLike[str]) -> list[tuple[str, list[str]]]:
+    """(path, the ways it breaks the schema) for each report under `root` that breaks it, in path
+    order; directories listed in an EXCLUDED_LIST file anywhere under `root` are left out."""
+    from ddp_doctor.report.schema import validate_report
+    excluded: list[str] = []
+    found: list[tuple[str, list[str]]] = []
+    for dirpath, dirnames, filenames in os.walk(root):  # symbolic links to directories are not followed
+        dirnames.sort()
+        if EXCLUDED_LIST in filenames:
+            excluded += _listed(os.path.join(dirpath, EXCLUDED_LIST))
+        for name in sorted(filenames):
+            if name.endswith(".json"):
+                report = _report_at(os.path.join(dirpath, name))
+                if report is not None:
+                    try:
+                        errors = validate_report(report)
+                    except RecursionError:
+                        errors = ["$: nested too deeply to validate"]
+                    if errors:
+                        found.append((os.path.join(dirpath, name), errors[:ERRORS_SHOWN]))
+    return [(path, errors) for path, errors in found
+            if not any(path.startswith(d.rstrip(os.sep) + os.sep) for d in excluded)]
+
+
+def _listed(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
+def _report_at(path: str) -> dict[str, Any] | None:
+    """The report in the file at `path`; None when it is no report (not a plain file, too big, not
+    JSON, not an object naming the report's schema)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > SIZE_LIMIT:
+            return None  # a pipe or a device would block the read; a link may lead out of the tree
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if REPORT_MARK not in data:
+        return None
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) and parsed.get("schema") == SCHEMA_NAME else None
+
+
+def _basetemp(config: pytest.Config) -> Path | None:
+    factory = getattr(config, "_tmp_path_factory", None)  # what the tmp_path_factory fixture returns
+    return None if factory is None else Path(factory.getbasetemp())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}: the test writes reports that break the schema on purpose; "
+                                       "neither the check at each write nor the walk after the session "
+                                       "fails it for them")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """For a test marked invalid_reports_expected: the temporary directories made while it runs are
+    listed as excluded."""
+    base = _basetemp(item.config) if item.get_closest_marker(MARKER) else None
+    before = set(os.listdir(base)) if base is not None else set()
+    yield
+    if base is None:
+        return
+    made = sorted(set(os.listdir(base)) - before - {EXCLUDED_LIST})
+    if made:
+        with open(base / EXCLUDED_LIST, "a", encoding="utf-8") as f:
+            f.writelines(f"{base / name}\n" for name in made)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller walks every worker's directory
+        return
+    base = _basetemp(config)
+    found = report_violations(base) if base is not None else []
+    config.stash[_FOUND] = found
+    if not found:
+        return
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if config.pluginmanager.get_plugin("terminalreporter") is None:  # no summary to say it in
+        sys.stderr.write("\n".join(_lines(found)) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    found = config.stash.get(_FOUND, [])
+    if found:
+        terminalreporter.section("reports that break the report schema", red=True, bold=True)
+        for line in _lines(found):
+            terminalreporter.line(line, red=True)
+
+
+def _lines(found: list[tuple[str, list[str]]]) -> list[str]:
+    out = [f"{len(found)} ddp-doctor report(s) written during the session break the report schema "
+           "(ddp_doctor/report/schema.json, docs/report-schema.md); a test that writes one on purpose is marked "
+           f"@pytest.mark.{MARKER}:"]
+    for path, errors in found:
+        out.append(f"{path}:")
+        out += [f"    {e}" for e in errors]
+    return out
