@@ -157,3 +157,18 @@ def test_damaged_times_read_as_old_records_never_a_traceback(tmp_path):
 def test_ranks_started_by_hand_inside_a_slurm_allocation_are_told_apart_by_their_port():
     job = {"SLURM_JOB_ID": "77", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
     assert run_dir.job_id({**job, "MASTER_PORT": "29500"}) != run_dir.job_id({**job, "MASTER_PORT": "29501"})
+
+
+def test_a_request_for_stacks_that_lands_at_exit_never_ends_the_process(tmp_path):
+    """faulthandler puts back the handler it found when the interpreter exits: the watchdog sets
+    "ignore" first, so SIGUSR2 then (a peer at its hang bound asking for stacks) is harmless."""
+    code = (
+        "import faulthandler, os, signal, types\n"
+        "from ddp_doctor.training.run.watchdog import STACK_SIGNAL, ProgressWatch\n"
+        f"w = types.SimpleNamespace(run_dir={str(tmp_path)!r}, rank=0, _stack_file=None)\n"
+        "ProgressWatch._open_stack_file(w)\n"
+        "faulthandler.unregister(STACK_SIGNAL)  # what the interpreter's exit does\n"
+        "os.kill(os.getpid(), STACK_SIGNAL)\n"
+        "print('still here')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "still here" in done.stdout, (done.returncode, done.stderr)

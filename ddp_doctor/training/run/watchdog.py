@@ -152,6 +152,11 @@ class ProgressWatch:
         """faulthandler writes every thread's stack to stack-RANK.txt on STACK_SIGNAL."""
         try:
             self._stack_file = records.open_private(records.stack_path(self.run_dir, self.rank))
+            if threading.current_thread() is threading.main_thread():
+                # faulthandler puts back the handler it found when the interpreter exits: "ignore",
+                # so a peer's request for stacks that lands then never ends the process (SIGUSR2's
+                # default) and its exit status stays its own
+                signal.signal(STACK_SIGNAL, signal.SIG_IGN)
             faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._stack_file = None
