@@ -7,8 +7,9 @@
     EXIT_HANG    124    `run`: the training hung and was stopped (as timeout(1) reports a timeout)
 
 Otherwise `ddp-doctor run` exits with the training's own exit code. A stop signal N (SIGTERM,
-SIGINT, SIGHUP) to `run` or a self-launched preflight ends it with 128 + N after the report is
-written (status "interrupted"); a closed output pipe with 141 (128 + SIGPIPE), as the shell would.
+SIGINT, SIGHUP) to `run`, a self-launched preflight or `analyze` ends it with 128 + N after the
+report is written (status "interrupted"); a closed output pipe with 141 (128 + SIGPIPE), as the
+shell would.
 
 `--fail-on error|warning` (or DDP_DOCTOR_FAIL_ON) on `run` and `preflight`: an exit status of 0
 becomes EXIT_FAILED when the final report holds a finding of that severity or worse (fail_on_exit,

@@ -1,9 +1,12 @@
-"""What a post-mortem (`ddp-doctor analyze`) says of its own evidence (DDP950-DDP953): a rank whose
-output is missing, artifacts it could not read, logs in which no failure shows, and ranks whose
-logs end while they still ran. The job's verdict itself is the same judgement as `ddp-doctor
-run`'s (checks/job.py); these findings say what it had to go on, never a silent guess.
+"""What a post-mortem (`ddp-doctor analyze`) says of its own evidence (DDP950-DDP955): a rank whose
+output is missing, artifacts it could not read, logs in which no failure shows, ranks whose
+logs end while they still ran, several jobs among the inputs, and an analysis a stop signal ended.
+The job's verdict itself is the same judgement as `ddp-doctor run`'s (checks/job.py); these
+findings say what it had to go on, never a silent guess.
 Pure functions over plain values."""
 from __future__ import annotations
+
+from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, format_ranks
@@ -75,6 +78,26 @@ SEVERAL_JOBS = declare(
     dumps), or pass the job's own directory.
     """)
 
+
+ANALYSIS_STOPPED = declare(
+    "DDP955", category="post_mortem", severity="warning", title="The analysis was stopped by a signal",
+    severities=("warning", "info"),
+    doc="""
+    What: `ddp-doctor analyze` received SIGTERM, SIGINT or SIGHUP (Ctrl-C, a CI job cancelled, a
+    scheduler's time limit) while it read the job's artifacts or waited on AWS for a SageMaker
+    job's logs. It stopped at once: the report says "interrupted", names the signal, its sender
+    when known, what the analysis was doing (the input it was reading) and how many inputs it had
+    read, and holds no verdict on the job; the exit status is 128 + the signal number.
+    Why: A verdict judged from part of the artifacts would be wrong in both directions (the failed
+    rank's log not read yet reads as "no failure found", a half-read console as a rank that hung),
+    and a report left from an earlier analysis would be taken for this one's.
+    Fix: Run the analysis again when it can finish; for a large input, give it the job's own
+    directory (one run id's tree) rather than a whole log volume, or stdin from a file, not from a
+    stream that never ends.
+    Severity: warning when the stop ended the analysis (status "interrupted", no verdict); info
+    when it came after the analysis had ended, while the report was written: the verdict is then
+    whole and stands, and the exit status is still 128 + the signal.
+    """)
 
 def several_jobs_finding(read: str, left: list[str]) -> Finding:
     return event_finding(
@@ -151,3 +174,23 @@ def still_running_finding(rank: int, last_line: str | None, time: float | None) 
         f"failed{quoted}", rank=rank, phase="training", time=time,
         evidence={"last_line": last_line})
 
+
+
+def analysis_stopped_finding(interrupt: Any, stage: str | None, read: int, skipped: int) -> Finding:
+    """DDP955 (warning): `interrupt` (a stop signal: describe, to_dict, at) ended the analysis while
+    it was at `stage` ("reading logs/rank1.log"), `read` inputs read and `skipped` skipped so far."""
+    doing = f" while {stage}" if stage else ""
+    return event_finding(
+        ANALYSIS_STOPPED, f"the analysis was stopped by {interrupt.describe()}{doing}, {read} input(s) read and "
+        f"{skipped} skipped so far: no verdict on the job (one from part of its artifacts could be wrong); run "
+        f"ddp-doctor analyze again to judge it", rank=None, phase="training", time=interrupt.at,
+        evidence={**interrupt.to_dict(), "stage": stage, "inputs_read": read, "inputs_skipped": skipped})
+
+
+def late_analysis_stop_finding(interrupt: Any) -> Finding:
+    """DDP955 (info): `interrupt` arrived after the analysis had ended: its verdict stands."""
+    return event_finding(
+        ANALYSIS_STOPPED, f"{interrupt.describe()} arrived after the analysis had ended, while ddp-doctor wrote this "
+        f"report: the verdict is whole and stands; the exit status is {interrupt.exit_code} (128 + "
+        f"{interrupt.signo}) as the signal asks", rank=None, phase="training", severity="info", time=interrupt.at,
+        evidence=interrupt.to_dict())

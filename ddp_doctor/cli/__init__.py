@@ -9,10 +9,10 @@ import sys
 
 from ddp_doctor.processes.stop_signals import hold_early, release_early
 
-# The parents that report a stop (`run`, `preflight`) hold SIGTERM/SIGINT/SIGHUP from their first
-# instruction, before the imports below: a stop sent while the command starts waits for the
+# The parents that report a stop (`run`, `preflight`, `analyze`) hold SIGTERM/SIGINT/SIGHUP from their
+# first instruction, before the imports below: a stop sent while the command starts waits for the
 # SignalCatcher that reports it ("interrupted", 128 + N) instead of killing it report-less.
-PARENT_COMMANDS = ("run", "preflight")
+PARENT_COMMANDS = ("run", "preflight", "analyze")
 
 
 def _started_as_command(argv: list[str]) -> bool:
@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Called in-process with its arguments (a test, a notebook), it gives the caller's thread its
+    # signal mask back: a parent holds the stop signals until the process exits, which here is not
+    # its own (else they would stay blocked in the caller, and in every process it starts later).
+    import signal
+    kept = signal.pthread_sigmask(signal.SIG_BLOCK, ()) if argv is not None else None
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in PARENT_COMMANDS:
         hold_early()  # when called in-process (not held at import); released unless a parent takes it over
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     finally:
         release_early()
+        if kept is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, kept)
 
 
 def _main(argv: list[str]) -> int:

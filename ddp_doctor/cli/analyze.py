@@ -2,7 +2,14 @@
 artifacts it left (logs, torchrun's log tree, error files, flight-recorder dumps): the report of
 `ddp-doctor run`, made afterwards. `--sagemaker-job NAME` adds what AWS kept of a SageMaker
 training job (its description, its hosts' CloudWatch streams: ddp_doctor.sagemaker.job_logs).
-Exit status: 0 no error found, 3 errors found, 2 usage error, 1 the job's logs could not be read."""
+Exit status: 0 no error found, 3 errors found, 2 usage error, 1 the job's logs could not be read,
+128 + N a stop signal N (SIGTERM, SIGINT, SIGHUP).
+
+A stop signal is held from the command's first instruction (cli) and taken here: it ends the
+reading or the wait on AWS at once (SignalCatcher.interrupting), and the report, written whole
+(atomically, the signals still held), says "interrupted" with what the analysis was doing (DDP955):
+never a verdict from part of the artifacts, never a partial file. A stop that comes once the
+analysis has ended leaves its verdict whole (DDP955, info) and the exit status 128 + N."""
 from __future__ import annotations
 
 import argparse
@@ -49,22 +56,90 @@ def command(args: argparse.Namespace) -> int:
                          "files and directories (- for stdin)")
     if args.paths.count("-") > 1:
         raise UsageError("stdin (-) can be read once")
-    if args.sagemaker_job:
-        made = _sagemaker_job(args, analyze)
-        if isinstance(made, int):
-            return made
-        rep, pm = made
-    else:
-        rep, pm = analyze(args.paths, world=_given(args))
+    from ddp_doctor.postmortem.artifacts import Artifacts
+    from ddp_doctor.processes.stop_signals import SignalCatcher, Stopped, note_later
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="analyze")
-    publish(rep, out, write=False)
-    if args.trace:
-        from ddp_doctor.report.sinks import write_trace_file
-        err = write_trace_file(trace(pm, rep), args.trace)
-        if err:
-            from ddp_doctor.report.publish import warn
-            warn(err)
-    return reportlib.exit_code(rep)
+    # SIGTERM/SIGINT/SIGHUP: held since the first instruction, blocked from here to the exit
+    with SignalCatcher(hold=True) as stop:
+        art = Artifacts()  # how far the reading got, if a stop ends it
+        try:
+            if args.sagemaker_job:
+                made = _sagemaker_job(args, analyze, stop, art)
+            else:
+                with stop.interrupting():
+                    made = analyze(args.paths, world=_given(args), art=art)
+        except Stopped:
+            made = _interrupted(args, art, stop)
+        if isinstance(made, int):  # the job's logs could not be read: no report
+            stop.drain()
+            note_later(stop.later, "after the analysis had ended")
+            first = stop.first()
+            return first.exit_code if first is not None else made
+        rep, pm = made
+        if pm is not None:  # the analysis ended: a stop since then leaves its verdict whole
+            rep = _late_stops(rep, stop)
+        publish(rep, out, write=False, stop=stop.wait_new, stopped=_stopped_during_upload)
+        note_later(stop.drain(), "while the report was written; it was written first")
+        if args.trace and pm is not None:
+            from ddp_doctor.report.sinks import write_trace_file
+            err = write_trace_file(trace(pm, rep), args.trace)
+            if err:
+                from ddp_doctor.report.publish import warn
+                warn(err)
+        elif args.trace:
+            _say(f"ddp-doctor analyze: no trace written to {args.trace}: the analysis was stopped before its end")
+    first = stop.first()  # the exit status a stop signal asks for, whenever it came
+    return first.exit_code if first is not None else reportlib.exit_code(rep)
+
+
+def _interrupted(args: argparse.Namespace, art: Any, stop: Any) -> tuple[dict[str, Any], None]:
+    """The report of an analysis a stop signal ended: status "interrupted", the signal and what the
+    analysis was doing (DDP955), how many inputs it had read; no verdict on the job."""
+    from ddp_doctor.checks.post_mortem import analysis_stopped_finding
+    from ddp_doctor.processes.stop_signals import note_later
+    from ddp_doctor.report import build as reportlib
+    note_later(stop.drain(), "while the analysis was being stopped; noted in the report")
+    caught = stop.stopped()
+    stage = art.stage or "starting, before it read any input"
+    world: dict[str, Any] = {"source": "post-mortem", **(_given(args) or {})}
+    if args.sagemaker_job:
+        world["platform"] = "sagemaker"
+    measured = {"post_mortem": {"finished": False, "stage": stage, "inputs_read": len(art.read),
+                                "inputs_skipped": len(art.skipped)}}
+    rep = reportlib.build_report(world=world, ranks=[], phase="training", measurements=measured,
+                                 findings=[analysis_stopped_finding(caught, stage, len(art.read), len(art.skipped))])
+    return reportlib.mark_interrupted(rep, caught.to_dict()), None
+
+
+def _late_stops(rep: dict[str, Any], stop: Any) -> dict[str, Any]:
+    """The finished analysis's report, with a stop signal that came as it ended noted (DDP955,
+    info): its verdict stands, the exit status will be 128 + N."""
+    stop.drain()  # with any the watcher took as the work ended (interrupting)
+    if not stop.later:
+        return rep
+    from ddp_doctor.checks.post_mortem import late_analysis_stop_finding
+    from ddp_doctor.processes.stop_signals import note_later
+    note_later(stop.later, "after the analysis had ended; noted in the report (DDP955)")
+    return _with_finding(rep, late_analysis_stop_finding(stop.later[0]))
+
+
+def _stopped_during_upload(rep: dict[str, Any], caught: Any) -> dict[str, Any]:
+    """The report a stop signal makes of a finished one while its S3 upload was awaited: the
+    verdict's findings kept, the stop noted (DDP955, info), status "interrupted", as `preflight`."""
+    if rep.get("status") == "interrupted":
+        return rep
+    from ddp_doctor.checks.post_mortem import late_analysis_stop_finding
+    from ddp_doctor.report import build as reportlib
+    return reportlib.mark_interrupted(_with_finding(rep, late_analysis_stop_finding(caught)), caught.to_dict())
+
+
+def _with_finding(rep: dict[str, Any], finding: Any) -> dict[str, Any]:
+    from ddp_doctor.report import build as reportlib
+    kept = {k: v for k, v in rep.items() if k not in ("status", "findings", "root_cause", "summary")}
+    new = reportlib.build_report(world=rep.get("world") or {}, ranks=rep.get("ranks") or [],
+                                 measurements=rep.get("measurements") or {}, phase=rep.get("phase") or "training",
+                                 findings=[*reportlib.findings_of(rep), finding])
+    return {**kept, **new}
 
 
 def _not_file_or_dir(path: str) -> str | None:
@@ -86,12 +161,14 @@ def _given(args: argparse.Namespace) -> dict[str, Any] | None:
 REASON_SHOWN = 300  # characters of the job's FailureReason in the line on stderr
 
 
-def _sagemaker_job(args: argparse.Namespace, analyze: Any) -> tuple[dict[str, Any], Any] | int:
+def _sagemaker_job(args: argparse.Namespace, analyze: Any, stop: Any, art: Any) -> tuple[dict[str, Any], Any] | int:
     """The report of the SageMaker job (and any PATHs), or the exit status when its logs could not
-    be read. Its streams go into a private temporary directory, removed once they are read."""
+    be read. Its streams go into a private temporary directory, removed once they are read. A stop
+    signal ends the fetch or the reading (stop.interrupting), never the directory's removal."""
     from ddp_doctor.exit_codes import EXIT_INTERNAL
     from ddp_doctor.sagemaker.job_logs import JobLogsError, fetch_job_logs
-    with tempfile.TemporaryDirectory(prefix="ddp-doctor-sagemaker-") as tmp:  # mode 0700
+    art.stage = f"fetching SageMaker job {args.sagemaker_job}'s description and logs from AWS"
+    with tempfile.TemporaryDirectory(prefix="ddp-doctor-sagemaker-") as tmp, stop.interrupting():  # mode 0700
         try:
             logs = fetch_job_logs(args.sagemaker_job, tmp, region=args.region)
         except JobLogsError as e:
@@ -117,9 +194,14 @@ def _sagemaker_job(args: argparse.Namespace, analyze: Any) -> tuple[dict[str, An
         more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
         _say(f"ddp-doctor analyze: SageMaker job {logs.job} in {logs.region} ({ended}): read {len(read)} "
              f"stream(s), {sum(s.events for s in read)} event(s), {sum(s.bytes for s in read)} bytes"
-             + (f"; cut by a bound (the report says why): {', '.join(cut[:5])}{more}" if cut else ""))
-        rep, pm = analyze([*args.paths, tmp], world={**logs.world(), **(_given(args) or {})},
-                          extra={"sagemaker": logs.summary()})
+             + (f"; cut by a bound (the report says why): {', '.join(cut[:5])}{more}" if cut else "")
+             + (f"; {logs.cut_short}" if logs.cut_short else ""))
+        try:
+            rep, pm = analyze([*args.paths, tmp], world={**logs.world(), **(_given(args) or {})},
+                              extra={"sagemaker": logs.summary()}, art=art)
+        except BaseException:  # the stage names the streams, not the files removed with the directory
+            art.stage = _named_streams(art.stage, tmp, {os.path.basename(s.file): s.name for s in read if s.file})
+            raise
     return _named_streams(rep, tmp, {os.path.basename(s.file): s.name for s in read if s.file}), pm
 
 

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ddp_doctor.postmortem.artifacts import Artifacts
 from ddp_doctor.postmortem.evidence import PostMortem, build
 from ddp_doctor.postmortem.inputs import read_all
 from ddp_doctor.training.job_report import job_report
 
 
 def analyze(paths: Iterable[str], *, world: dict[str, Any] | None = None,
-            extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], PostMortem]:
+            extra: dict[str, Any] | None = None, art: Artifacts | None = None) -> tuple[dict[str, Any], PostMortem]:
     """(the report, what it was made from). `world`: what the platform knows of the job, merged
-    into the report's world; `extra`: merged into measurements.post_mortem (e.g. `sagemaker`)."""
-    art = read_all(paths)
+    into the report's world; `extra`: merged into measurements.post_mortem (e.g. `sagemaker`);
+    `art`: where the inputs are read into (how far the reading got, if it is interrupted)."""
+    art = read_all(paths, art)
+    art.stage = "judging what was read"
     pm = build(art, platform=world)
     read = {"inputs_read": len(art.read), "inputs_skipped": len(art.skipped),
             "ranks": {str(r): v for r, v in sorted(pm.ranks.items())}, "unplaced": pm.unplaced}

@@ -35,6 +35,7 @@ class Artifacts:
     nccl_lines: list[str] = field(default_factory=list)  # NCCL's INFO/WARN lines (its set-up: the network)
     scanned: list[tuple[str, bool]] = field(default_factory=list)  # large consoles scanned: (path, srun-labelled)
     lone: list[str] = field(default_factory=list)  # consoles of one process (no rank prefix, no launcher summary)
+    stage: str | None = None  # what the analysis is doing now ("reading logs/rank1.log"): an interrupted one says it
 
     def backend(self) -> str | None:
         """The backend the ranks' lines name most (NCCL's INFO lines, gloo's transport errors)."""

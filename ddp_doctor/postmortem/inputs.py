@@ -146,13 +146,19 @@ def _regular(path: str, skipped: list[tuple[str, str]] | None) -> bool:
     return False
 
 
-def read_all(paths: Iterable[str]) -> Artifacts:
-    art = Artifacts()
+def read_all(paths: Iterable[str], art: Artifacts | None = None) -> Artifacts:
+    """Every input read into `art` (a new one by default): a caller that passes its own sees how
+    far the reading got when it is interrupted (`read`, `skipped`, `stage`)."""
+    art = Artifacts() if art is None else art
+    art.stage = "walking the inputs"
     files = list(walk(paths, art.skipped))
     if len(files) >= MAX_FILES:
         art.skipped.append(("(the walk)", f"stopped after {MAX_FILES} files"))
+    art.stage = "telling the inputs' jobs apart"
     for path in one_console_job(art, one_job(art, files)):
+        art.stage = f"reading {'<stdin>' if path == '-' else path}"
         read_one(art, path)
+    art.stage = None
     art.launcher.finish()
     return art
 

@@ -14,11 +14,13 @@ exec.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -129,6 +131,76 @@ class SignalCatcher:
     def first(self) -> Interrupt | None:
         """The first stop signal taken, whether it ended the run or came after its end."""
         return self.caught or (self.later[0] if self.later else None)
+
+    @contextlib.contextmanager
+    def interrupting(self) -> Iterator[None]:
+        """Around work the main thread does itself, with no wait to take a stop in (`analyze`
+        reading its inputs, a blocking read of stdin, boto3's calls): a stop signal ends that work
+        at once by raising Stopped in the main thread, wherever it is (a blocking read or a socket
+        wait returns EINTR). The signals stay blocked in every thread, so a watcher thread takes
+        them with sigtimedwait (the sender known, as `wait` knows it) and wakes the main thread
+        with WAKE_SIGNAL, whose handler raises Stopped once, and only for a stop taken here. One
+        pending when the block starts (held since the command began) raises at once. A stop taken
+        as the work ended, once the block is left, is kept in `later` (a stop after the work), never
+        raised. Outside the main thread no handler can be installed: the work runs to its end and
+        the stop is then in `caught`."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        if self.caught is None:
+            self.caught = _take(0.0)  # pending since the command began (hold_early)
+        if self.caught is not None:
+            raise Stopped(self.caught)
+        state = {"working": True, "raised": False}
+        main = threading.get_ident()
+
+        def wake(_signo: int, _frame: Any) -> None:
+            if state["working"] and not state["raised"] and self.caught is not None:
+                state["raised"] = True
+                raise Stopped(self.caught)
+
+        def watch() -> None:
+            while state["working"]:
+                got = _take(WATCH_SLICE_S)
+                if got is not None:
+                    self.caught = got
+                    signal.pthread_kill(main, WAKE_SIGNAL)
+                    return  # one stop ends the work; later ones are taken by drain
+
+        old = signal.signal(WAKE_SIGNAL, wake)
+        old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, (WAKE_SIGNAL,))
+        watcher = threading.Thread(target=watch, name="ddp-doctor-stop-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            state["working"] = False  # first: from here the wake raises nothing (no call before it)
+            watcher.join()
+            if self.caught is not None and not state["raised"]:  # taken as the work ended: after it
+                self.later.insert(0, self.caught)
+                self.caught = None
+            # a wake sent and not yet handled acts nowhere: taken here, then the old handler again
+            signal.pthread_sigmask(signal.SIG_BLOCK, (WAKE_SIGNAL,))
+            while signal.sigtimedwait((WAKE_SIGNAL,), 0) is not None:
+                pass
+            signal.signal(WAKE_SIGNAL, old)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+class Stopped(BaseException):
+    """Raised in the main thread by SignalCatcher.interrupting when a stop signal came during the
+    work it guards. A BaseException, as KeyboardInterrupt: code that catches Exception (a library's
+    retry loop) lets it through."""
+
+    def __init__(self, stop: Interrupt) -> None:
+        super().__init__(stop.describe())
+        self.stop = stop
+
+
+# The watcher's wake-up for the main thread (interrupting): a real-time signal no other part uses
+# (the ranks ask for stacks with SIGUSR1 and SIGUSR2); SIGUSR2 where there is none (not Linux)
+WAKE_SIGNAL = int(signal.SIGRTMIN) + 1 if hasattr(signal, "SIGRTMIN") else int(signal.SIGUSR2)
+WATCH_SLICE_S = 0.1  # how often the watcher looks whether the work ended (a stop wakes it at once)
 
 
 _EARLY_OLD: Any = None  # the signal mask the process began with, while hold_early holds the stop signals

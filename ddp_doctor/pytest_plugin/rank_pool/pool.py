@@ -65,18 +65,74 @@ def compile_module(path: str, config: Any = None) -> bytes:
 
 
 STOPPED_BY: list[int] = []  # the stop signal that ended the session, if one did
+REPEATED: list[int] = []    # stop signals that came after it while the session ended: taken, nothing more
+REPEAT_GRACE_S = 30.0       # a repeat this long after the first stop interrupts again (the first was lost)
+_FIRST_AT: list[float] = []
+RECV_SLICE_S = 0.25         # the longest the parent waits in one select: a stop's handler runs between them
+TERMINALS = ("/dev/pts/", "/dev/tty", "/dev/console")
 
 
 def _raise_interrupt(signo: int, _frame: Any) -> None:
-    STOPPED_BY.append(signo)
+    if STOPPED_BY and time.monotonic() - _FIRST_AT[0] < REPEAT_GRACE_S:
+        # A closed terminal sends SIGHUP twice (the kernel's hangup, then the shell's own to its
+        # jobs), a scheduler repeats its SIGTERM: the session is already ending, its ranks being
+        # ended. A second KeyboardInterrupt would break that ending half-way (the ranks' stacks
+        # and the kill skipped, pytest's own handling cut: exit 130 and a traceback, not 128 + N).
+        REPEATED.append(signo)
+        return
+    if not STOPPED_BY:
+        STOPPED_BY.append(signo)
+        _FIRST_AT.append(time.monotonic())
+    if signo == signal.SIGHUP:
+        quiet_hung_up_terminals()
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signo).name}")
+
+
+def quiet_hung_up_terminals() -> list[int]:
+    """A closed terminal (SIGHUP's usual sender) takes no more output: each write to it fails
+    (EIO), and pytest, reporting the interrupted session there, would end in an error of its own
+    (exit 1, the ranks' stacks lost) instead of 129. Each descriptor this process holds on a
+    terminal that has hung up (poll: POLLHUP or POLLERR) is pointed at /dev/null, as `nohup` would
+    have done, the copies pytest's capture keeps of stdout and stderr included. A terminal still
+    there, a file or a pipe is left as it is. Returns the descriptors changed."""
+    import select
+    try:
+        fds = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc: the standard streams at least
+        fds = [0, 1, 2]
+    gone = []
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith(TERMINALS):
+                continue
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT)
+            hung_up = any(ev & (select.POLLHUP | select.POLLERR) for _, ev in poll.poll(0))
+        except (OSError, ValueError):
+            continue
+        if hung_up:
+            gone.append(fd)
+    if gone:
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return []
+        for fd in gone:
+            try:
+                os.dup2(null, fd, inheritable=os.get_inheritable(fd))
+            except OSError:
+                pass
+        os.close(null)
+    return gone
 
 
 def stop_as_interrupt() -> None:
     """SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) end the session as Ctrl-C does:
     pytest reports the interrupted session, exits 128 + the signal, and the running distributed
     test shows its ranks' stacks. Only where nobody else handles them, and only from the main
-    thread (where Python can install handlers)."""
+    thread (where Python can install handlers). Called as the pool starts and again as each
+    distributed test starts: what ran in pytest's process since (a test, a library) may have
+    blocked them or put their default action back."""
     if threading.current_thread() is not threading.main_thread():
         return
     stops = (signal.SIGTERM, signal.SIGHUP)
@@ -157,8 +213,12 @@ class RankPool:
         end = time.monotonic() + max(timeout, 0.0)
         while True:
             left = end - time.monotonic()
-            r, _, _ = select.select([fd], [], [], max(left, 0.0))
+            # in slices: a stop signal that another thread of pytest's process took (one this
+            # thread blocks) interrupts no select here; its handler runs between two slices
+            r, _, _ = select.select([fd], [], [], min(max(left, 0.0), RECV_SLICE_S))
             if not r:
+                if left > RECV_SLICE_S:
+                    continue
                 return None
             data = os.read(fd, 1 << 16)
             if not data:
@@ -183,6 +243,7 @@ class RankPool:
 
     # -- one test
     def run(self, spec: dict[str, Any], timeout: float, *, start_timeout: float = 120.0) -> RunResult:
+        stop_as_interrupt()  # as this test starts, whatever happened to the stop signals since the pool started
         ws = int(spec["world_size"])
         try:
             self.wait_ready(start_timeout)
