@@ -59,3 +59,25 @@ def test_a_daemon_that_cleared_its_environment_and_a_child_with_a_password_are_n
             wait_for(lambda pid=pid: process_gone(pid), 30, f"the {kind} process (pid {pid}) to be gone")
     finally:
         _kill_what_is_left(tmp_path)
+
+
+def test_a_forked_copy_of_the_rank_left_running_is_ended_and_never_stops_the_rank(tmp_path):
+    """The copy inherits the rank's stop watch (its handler, its wakeup pipe): ended with SIGTERM,
+    it must not write that stop into the pipe it shares with the rank, which would then exit 143."""
+    script = str(Path(__file__).resolve().parents[1] / "run_scripts" / "forks_and_leaves.py")
+    try:
+        res = run([*DDP, "run", "--report", "r.json", script], clean_env(LEFTOVER_DIR=str(tmp_path)),
+                  str(tmp_path), 240)
+        assert res.rc == 0, res.output  # the script's own status, not 128 + SIGTERM
+        pid = int((tmp_path / "fork.pid").read_text())
+        rep = load_json(str(tmp_path / "r.json"))
+        (found,) = [f for f in rep["findings"] if f["id"] == "DDP816"]
+        assert [p["pid"] for p in found["evidence"]["processes"]] == [pid], found
+        assert "SIGTERM arrived" not in res.output, res.output
+        wait_for(lambda: process_gone(pid), 30, f"the forked copy (pid {pid}) to be gone")
+    finally:
+        try:
+            if b"forks_and_leaves" in Path(f"/proc/{int((tmp_path / 'fork.pid').read_text())}/cmdline").read_bytes():
+                os.kill(int((tmp_path / "fork.pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass

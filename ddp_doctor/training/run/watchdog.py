@@ -98,6 +98,33 @@ def _note_stop(signum: int, frame: Any) -> None:
     _arrived.append(int(signum))
 
 
+_WATCHED: dict[str, Any] = {}  # this process's stop watch (its wakeup pipe, the signals it handles)
+
+
+def _forget_stop_watch() -> None:
+    """In a process the script forked: the rank's stop watch is not its own. Its handler would
+    write a stop into the pipe the rank shares with it (the rank would take a leftover's SIGTERM
+    for its own and exit 143), so the child gets its signals' default actions and no wakeup pipe."""
+    if not _WATCHED:
+        return
+    import signal as signals
+    try:
+        signals.set_wakeup_fd(-1)
+        for sig in _WATCHED.get("signals") or ():
+            if signals.getsignal(sig) is _note_stop:
+                signals.signal(sig, signals.SIG_DFL)
+        for fd in _WATCHED.get("pipe") or ():
+            os.close(fd)
+    except (OSError, ValueError):
+        pass
+    _WATCHED.clear()
+    del _arrived[:]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_stop_watch)
+
+
 class ProgressWatch:
     def __init__(self, run_dir: str, rank: int, hang_timeout: float | None, *,
                  on_hang: Callable[["ProgressWatch"], None] | None = None, interval: float = 1.0) -> None:
@@ -299,6 +326,7 @@ class ProgressWatch:
             if signals.getsignal(sig) is signals.SIG_DFL:
                 signals.signal(sig, _note_stop)
                 self._ours.add(int(sig))
+        _WATCHED.update({"pipe": (r, w), "signals": set(self._ours)})
 
     def stop_signal(self) -> int | None:
         """A stop signal that arrived since the last look, if its handler is still ours; each
