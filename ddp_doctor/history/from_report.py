@@ -1,7 +1,12 @@
 """A finished report as history records (store.py): one per host the report's ranks ran on, with
 the figures a host is later compared on. Written by report/publish.py for the reports of jobs that
 ran here (a preflight, a run); never for a post-mortem (`analyze`), a planned job (`sagemaker-check`)
-or a report still "running"."""
+or a report still "running".
+
+Whether the machine was busy is kept as the figure BUSY, for the job as a whole: each figure is
+the job's (its slowest host sets a collective's time and the step's pace), so one busy host makes
+every host's record of that run a busy one. The history compares a host with its quiet runs only
+(checks/history_rules.py)."""
 from __future__ import annotations
 
 import socket
@@ -9,10 +14,11 @@ import time
 from typing import Any, Callable
 
 from ddp_doctor.history.opened import open_history
-from ddp_doctor.history.store import RunRecord, default_path
+from ddp_doctor.history.store import RunRecord, default_path, group_size, possible_figure
 
 COLLECTIVES = ("all_reduce", "all_reduce_intra", "all_reduce_inter", "broadcast", "all_gather")
 STRAGGLER_ID = "DDP877"
+BUSY = "host_load.busy"  # 1.0: a host of the job was busy while it was timed; 0.0: none was; absent: not known
 
 
 def recordable(rep: dict[str, Any]) -> bool:
@@ -22,16 +28,24 @@ def recordable(rep: dict[str, Any]) -> bool:
 
 
 def figures_of(rep: dict[str, Any]) -> dict[str, float]:
-    """name -> value: each collective's busbw per message size (correct results only), the
-    preflight's stage times, a run's median step time (per script and arguments), and the
-    straggler's lag and share when DDP877 named one."""
+    """name -> value: each collective's busbw per message size (correct results only, over 2 ranks
+    or more), the preflight's stage times, a run's median step time (per script and arguments), the
+    straggler's lag and share when DDP877 named one, and whether a host of the job was busy while
+    it was timed (BUSY, from measurements.host_load). A figure that cannot be real (not finite,
+    negative, a busbw of a 1-rank group: store.possible_figure) is left out."""
     m = rep.get("measurements") or {}
+    world = rep.get("world") or {}
+    layout = RunRecord(time=0.0, kind="", host="", world_size=world.get("world_size"), nnodes=world.get("nnodes"),
+                       nproc_per_node=world.get("nproc_per_node"))
     out: dict[str, float] = {}
     for coll in COLLECTIVES:
         for row in m.get(coll) or []:
             if isinstance(row, dict) and row.get("correct", True) and isinstance(row.get("busbw_gbps"), (int, float)) \
                     and isinstance(row.get("bytes"), int):
-                out[f"{coll}.busbw_gbps@{row['bytes']}"] = float(row["busbw_gbps"])
+                name = f"{coll}.busbw_gbps@{row['bytes']}"
+                nranks = row.get("nranks") if isinstance(row.get("nranks"), int) else group_size(name, layout)
+                if possible_figure(name, row["busbw_gbps"], nranks):
+                    out[name] = float(row["busbw_gbps"])
     for stage, seconds in (m.get("stage_seconds") or {}).items():
         if isinstance(seconds, (int, float)):
             out[f"stage_seconds.{stage}"] = float(seconds)
@@ -46,7 +60,19 @@ def figures_of(rep: dict[str, Any]) -> dict[str, float]:
                 out["arrival.median_lag_s"] = float(ev["median_lag_s"])
             if ev.get("span_s"):
                 out["arrival.waited_share"] = float(ev.get("waited_s") or 0) / float(ev["span_s"])
-    return out
+    load = m.get("host_load")
+    if isinstance(load, dict) and isinstance(load.get("busy"), bool):
+        # not busy is known only when the load was read (no /proc: no rank's CPUs measured, busy false)
+        unread = load.get("other_cores_on_rank_cpus") == {} and not load.get("busy_nodes")
+        if load["busy"] or not unread:
+            out[BUSY] = 1.0 if load["busy"] else 0.0
+    return {k: v for k, v in out.items() if possible_figure(k, v)}
+
+
+def script_of(rep: dict[str, Any]) -> str | None:
+    """The file name of the script a run trained (measurements.training.script), None for a preflight."""
+    script = ((rep.get("measurements") or {}).get("training") or {}).get("script")
+    return str(script) if script else None
 
 
 def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunRecord]:
@@ -63,7 +89,8 @@ def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunReco
             host=host, job=world.get("run_id"), instance_type=world.get("instance_type"),
             gpus=sorted({str(r["device_uuid"]) for r in ranks if r.get("host") == host and r.get("device_uuid")}),
             world_size=world.get("world_size"), nnodes=world.get("nnodes"), nproc_per_node=world.get("nproc_per_node"),
-            backend=world.get("backend"), versions=versions, status=rep.get("status"), figures=figures))
+            backend=world.get("backend"), versions=versions, status=rep.get("status"), figures=figures,
+            script=script_of(rep)))
     return out
 
 

@@ -2,16 +2,24 @@
 run, read to compare a host with its own past.
 
 A record is one host's view of one job: when, which job, the host, its instance type and GPUs,
-the world's layout, the versions, the job's status, and its figures (name -> value: the busbw
-of each collective and message size, the preflight's stage times, the median step time, the
-straggler's lag). A host is compared only with records of the same series (series_of: the
-same layout, backend and versions; sizes are part of each figure's name).
+the world's layout, the versions, the job's status, the script a run trained (its file name), and
+its figures (name -> value: the busbw of each collective and message size, the preflight's stage
+times, the median step time, the straggler's lag, whether a host of the job was busy). A host is
+compared only with records of the same series (series_of: the same layout, backend and versions;
+sizes are part of each figure's name).
+
+A figure that cannot be real is never kept and never read back (possible_figure): a value that
+is not finite or is negative, a rate or step time of zero, and a busbw of a group of fewer than 2
+ranks (a 1-rank "busbw" is a memory copy's speed, not a link's). Records an older ddp-doctor wrote
+with such figures are read without them.
 
 Writes are safe with several writers (ranks of one host, jobs side by side): WAL journal, a busy
 timeout, and a bounded retry on "database is locked"; the file keeps at most MAX_RUNS records (the
 oldest pruned). Nothing here raises to a caller that writes: a history that cannot be written is a
 line of text, never a broken job. The schema is versioned (`meta.schema_version`); a file written
-by a newer schema is read as far as it can be and never altered.
+by a newer schema is read as far as it can be and never altered. The `script` column came later
+within version 1: a file without it gains it (nullable) on its next write, inside the write's
+transaction; older ddp-doctor versions read and write such a file as before.
 
 Reading is total: History.read names a file that is no history (not a regular file, not SQLite,
 corrupted or truncated, locked past the busy timeout) in HistoryUnreadable, and skips and counts
@@ -51,7 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
     backend TEXT,
     versions TEXT NOT NULL,
     status TEXT,
-    figures TEXT NOT NULL
+    figures TEXT NOT NULL,
+    script TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_host ON runs (host, time);
 CREATE INDEX IF NOT EXISTS runs_by_type ON runs (instance_type, time);
@@ -75,12 +84,43 @@ class RunRecord:
     versions: dict[str, str | None] = field(default_factory=dict)
     status: str | None = None
     figures: dict[str, float] = field(default_factory=dict)
+    script: str | None = None  # the file name of the script a run trained (its figures name its digest)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 SERIES_VERSIONS = ("torch", "nccl", "cuda")
+BUSBW = ".busbw_gbps@"  # a collective's bus bandwidth at a message size: COLL.busbw_gbps@BYTES
+POSITIVE = (BUSBW, "training.median_step_s@")  # rates and step times: zero is no measurement
+
+
+def group_size(name: str, rec: RunRecord) -> int | None:
+    """How many ranks the collective of a busbw figure ran over, from the record's layout (the
+    whole job; within a node: its processes; between nodes: one per node); None when not a busbw
+    figure or not known."""
+    if BUSBW not in name:
+        return None
+    coll = name.split(BUSBW, 1)[0]
+    return {"all_reduce_intra": rec.nproc_per_node, "all_reduce_inter": rec.nnodes}.get(coll, rec.world_size)
+
+
+def possible_figure(name: str, value: Any, nranks: Any = None) -> bool:
+    """Whether a figure can be real: a finite number, not negative, above zero for a rate or a step
+    time, and a busbw measured over 2 ranks or more (`nranks`: the group's size, None when unknown)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return False
+    if any(k in name for k in POSITIVE) and value <= 0:
+        return False
+    if BUSBW in name and isinstance(nranks, int) and not isinstance(nranks, bool) and nranks < 2:
+        return False
+    return True
+
+
+def possible_figures(rec: RunRecord) -> dict[str, float]:
+    """The record's figures less those that cannot be real (possible_figure, with the record's
+    layout for the group sizes)."""
+    return {k: float(v) for k, v in rec.figures.items() if possible_figure(k, v, group_size(k, rec))}
 
 
 def series_of(rec: RunRecord) -> tuple[Any, ...]:
@@ -162,10 +202,13 @@ class History:
                         return f"{self.path} was written by a newer ddp-doctor (schema {newer[0]}): left as it is"
                     conn.execute("BEGIN IMMEDIATE")
                     try:
+                        # a version-1 file from before the script column: added under the write lock
+                        if "script" not in {row[1] for row in conn.execute("PRAGMA table_info(runs)")}:
+                            conn.execute("ALTER TABLE runs ADD COLUMN script TEXT")
                         conn.executemany(
                             "INSERT INTO runs (time, kind, job, host, instance_type, gpus, world_size, nnodes, "
-                            "nproc_per_node, backend, versions, status, figures) VALUES "
-                            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [_row(r) for r in records])
+                            "nproc_per_node, backend, versions, status, figures, script) VALUES "
+                            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [_row(r) for r in records])
                         conn.execute("DELETE FROM runs WHERE id <= (SELECT MAX(id) FROM runs) - ?", (MAX_RUNS,))
                         conn.execute("COMMIT")
                     except BaseException:
@@ -269,7 +312,7 @@ class _closing:
 def _row(r: RunRecord) -> tuple[Any, ...]:
     return (float(r.time), r.kind, r.job, r.host, r.instance_type, json.dumps(list(r.gpus)), r.world_size, r.nnodes,
             r.nproc_per_node, r.backend, json.dumps(dict(r.versions), sort_keys=True), r.status,
-            json.dumps({k: float(v) for k, v in r.figures.items()}, sort_keys=True))
+            json.dumps(possible_figures(r), sort_keys=True), r.script)
 
 
 def _record(row: sqlite3.Row) -> RunRecord:
@@ -300,12 +343,15 @@ def _record(row: sqlite3.Row) -> RunRecord:
     if not isinstance(when, (int, float)) or not math.isfinite(when):
         raise ValueError("time is not a number")
     figures = loads("figures", dict, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
-    return RunRecord(time=float(when), kind=text("kind", True), host=text("host", True), job=text("job"),
-                     instance_type=text("instance_type"), gpus=loads("gpus", list, lambda v: isinstance(v, str)),
-                     world_size=count("world_size"), nnodes=count("nnodes"), nproc_per_node=count("nproc_per_node"),
-                     backend=text("backend"), status=text("status"),
-                     versions=loads("versions", dict, lambda v: v is None or isinstance(v, str)),
-                     figures={str(k): float(v) for k, v in figures.items()})
+    rec = RunRecord(time=float(when), kind=text("kind", True), host=text("host", True), job=text("job"),
+                    instance_type=text("instance_type"), gpus=loads("gpus", list, lambda v: isinstance(v, str)),
+                    world_size=count("world_size"), nnodes=count("nnodes"), nproc_per_node=count("nproc_per_node"),
+                    backend=text("backend"), status=text("status"),
+                    versions=loads("versions", dict, lambda v: v is None or isinstance(v, str)),
+                    figures={str(k): float(v) for k, v in figures.items()},
+                    script=text("script") if "script" in row.keys() else None)  # older files: no such column
+    rec.figures = possible_figures(rec)  # one an older ddp-doctor kept that cannot be real: left out
+    return rec
 
 
 def record_from_dict(d: Any) -> RunRecord | None:
@@ -313,14 +359,18 @@ def record_from_dict(d: Any) -> RunRecord | None:
     if not isinstance(d, dict):
         return None
     try:
-        return RunRecord(time=float(d["time"]), kind=str(d["kind"]), host=str(d["host"]), job=d.get("job"),
-                         instance_type=d.get("instance_type"), gpus=list(d.get("gpus") or []),
-                         world_size=d.get("world_size"), nnodes=d.get("nnodes"),
-                         nproc_per_node=d.get("nproc_per_node"), backend=d.get("backend"),
-                         versions=dict(d.get("versions") or {}), status=d.get("status"),
-                         figures={str(k): float(v) for k, v in (d.get("figures") or {}).items()})
+        script = d.get("script")
+        rec = RunRecord(time=float(d["time"]), kind=str(d["kind"]), host=str(d["host"]), job=d.get("job"),
+                        instance_type=d.get("instance_type"), gpus=list(d.get("gpus") or []),
+                        world_size=d.get("world_size"), nnodes=d.get("nnodes"),
+                        nproc_per_node=d.get("nproc_per_node"), backend=d.get("backend"),
+                        versions=dict(d.get("versions") or {}), status=d.get("status"),
+                        figures={str(k): float(v) for k, v in (d.get("figures") or {}).items()},
+                        script=script if isinstance(script, str) else None)
     except (KeyError, TypeError, ValueError):
         return None
+    rec.figures = possible_figures(rec)
+    return rec
 
 
 def iter_series(records: list[RunRecord], like: RunRecord, figure: str) -> Iterator[tuple[float, float]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import DDP, clean_env, load_json, run
 
+from ddp_doctor.history.from_report import BUSY
 from ddp_doctor.history.store import History
 
 pytestmark = pytest.mark.slow
@@ -26,19 +27,29 @@ def test_a_throttled_link_is_flagged_against_this_hosts_own_history(tmp_path):
     assert base.kind == "preflight" and base.world_size == 2 and base.backend == "gloo"
     sizes = [n for n in base.figures if n.startswith("all_reduce.busbw_gbps@")]
     assert sizes and "stage_seconds.total" in base.figures, base.figures
-    # its past: eight more runs like this one; another host's, slower by nature
-    past = [dataclasses.replace(base, time=base.time - 3600 * (i + 1)) for i in range(8)]
+    # whether this (shared, 2-core) machine was busy while DDP405 timed its rounds is kept with it
+    assert BUSY in base.figures, base.figures
+    base_quiet = base.figures[BUSY] == 0.0
+    # its past: eight more runs like this one, on a quiet machine (only quiet runs are compared);
+    # another host's, slower by nature
+    quiet = {**base.figures, BUSY: 0.0}
+    past = [dataclasses.replace(base, time=base.time - 3600 * (i + 1), figures=quiet) for i in range(8)]
     past += [dataclasses.replace(base, host="algo-2", time=base.time - 60 * i,
-                                 figures={k: v * 0.2 for k, v in base.figures.items()}) for i in range(10)]
+                                 figures={k: v * 0.2 if k != BUSY else 0.0 for k, v in base.figures.items()})
+             for i in range(10)]
     assert History(hist).add(past) is None
     slow = run([*PREFLIGHT, "--history", hist, "--report", str(tmp_path / "r2.json")],
                clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.throttled_transport", PYTHONPATH=ROOT,
                          THROTTLE_S="0.5"), str(tmp_path), timeout=300)
     rep = load_json(str(tmp_path / "r2.json"))
     (f,) = [f for f in rep["findings"] if f["id"] == "DDP409"]
-    assert f["severity"] == "warning" and f["evidence"]["host"] == base.host, f
+    # a warning, or info when this machine was busy while the throttled run was timed
+    busy_now = rep["measurements"]["host_load"]["busy"]
+    assert f["severity"] == ("info" if busy_now else "warning") and f["evidence"]["host"] == base.host, f
     worst = max(f["evidence"]["drops"], key=lambda d: d["below"])
-    assert worst["runs"] == 9 and worst["median"] == base.figures[worst["figure"]], f  # its own past, not algo-2's
+    # its own quiet past (the first run too, when it was quiet), not algo-2's
+    assert worst["runs"] == 8 + base_quiet and worst["median"] == base.figures[worst["figure"]], f
+    assert len(f["evidence"]["compared"]) == worst["runs"], f
     assert f"on {base.host} all_reduce" in f["message"] and "below this host's median" in f["message"]
     assert slow.rc == 0, slow.output  # a warning: the preflight still passes
     # the throttled run is recorded too: the host's series goes on
@@ -60,8 +71,11 @@ def test_a_run_records_its_step_time_and_a_slower_run_of_the_same_script_is_flag
     assert base.kind == "run" and base.gpus == []  # CPU ranks: no GPU UUID to keep
     figure = f"training.median_step_s@{training['script_key']}"
     assert base.figures[figure] == training["median_step_s"], base.figures
-    # its past: seven more runs like it; and the same script with other arguments is another series
-    past = [dataclasses.replace(base, time=base.time - 3600 * (i + 1)) for i in range(7)]
+    assert base.script == "rank1_slow_compute.py" and BUSY in base.figures, base  # the load, from the ledgers
+    base_quiet = base.figures[BUSY] == 0.0
+    # its past: seven more runs like it, quiet ones; and the same script with other arguments is another series
+    past = [dataclasses.replace(base, time=base.time - 3600 * (i + 1), figures={**base.figures, BUSY: 0.0})
+            for i in range(7)]
     assert History(hist).add(past) is None
     # every rank of the job 0.2 s slower per step: the whole job slows down, no rank stands out
     slow = run([*RUN, "--history", hist, "--report", str(tmp_path / "r2.json"), STEPS_SCRIPT],
@@ -70,8 +84,11 @@ def test_a_run_records_its_step_time_and_a_slower_run_of_the_same_script_is_flag
     rep = load_json(str(tmp_path / "r2.json"))
     (f,) = [f for f in rep["findings"] if f["id"] == "DDP409"]
     assert f["evidence"]["host"] == base.host and f["evidence"]["drops"][0]["figure"] == figure, f
-    assert f["evidence"]["drops"][0]["runs"] == 8 and "the training step took a median" in f["message"], f
-    assert rep["status"] == "warn"
+    assert f["evidence"]["drops"][0]["runs"] == 7 + base_quiet and "the training step took a median" in f["message"], f
+    assert {r["script"] for r in f["evidence"]["compared"]} == {"rank1_slow_compute.py"}, f
+    # a warning on a quiet machine; info, which leaves the verdict a pass, on a busy one
+    busy_now = rep["measurements"]["host_load"]["busy"]
+    assert (f["severity"], rep["status"]) == (("info", "pass") if busy_now else ("warning", "warn")), f
     # another script's (or arguments') step time is never compared with this one's
     other = run([*RUN, "--history", hist, "--report", str(tmp_path / "r3.json"), STEPS_SCRIPT, "--other"],
                 clean_env(SLOW_S="0.2", STEPS="12", SLOW_RANKS="0,1"), str(tmp_path), timeout=180)

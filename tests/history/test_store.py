@@ -91,3 +91,33 @@ def test_concurrent_writers_of_two_jobs_lose_no_record(tmp_path):
     assert len(recs) == 2 * 8 * n
     assert {(r.job, int(r.figures["rank"]), int(r.figures["i"])) for r in recs} == \
         {(job, rank, i) for job in ("job-a", "job-b") for rank in range(8) for i in range(n)}
+
+
+OLD_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1');
+CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL, job TEXT,
+    host TEXT NOT NULL, instance_type TEXT, gpus TEXT NOT NULL, world_size INTEGER, nnodes INTEGER,
+    nproc_per_node INTEGER, backend TEXT, versions TEXT NOT NULL, status TEXT, figures TEXT NOT NULL);
+INSERT INTO runs (time, kind, job, host, gpus, world_size, nnodes, nproc_per_node, backend, versions, figures)
+VALUES (1.0, 'preflight', 'j', 'algo-1', '[]', 16, 2, 8, 'nccl', '{}', '{"all_reduce.busbw_gbps@268435456": 150.0}'),
+       (2.0, 'preflight', 'bench', 'algo-1', '[]', 1, 1, 1, 'nccl', '{}',
+        '{"all_reduce.busbw_gbps@268435456": 1173.0, "all_reduce.busbw_gbps@1048576": -1.0}');
+"""
+
+
+def test_a_file_from_before_the_script_column_is_read_and_gains_it_on_its_next_write(tmp_path):
+    path = tmp_path / "history.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SCHEMA)
+    h = History(str(path))
+    old, bench = h.records()
+    assert old.script is None and old.figures == {"all_reduce.busbw_gbps@268435456": 150.0}
+    assert bench.figures == {}  # a 1-rank world's "busbw" and a negative one, kept by an older version: left out
+    assert h.add([_rec(t=3.0, script="train.py")]) is None
+    assert [r.script for r in h.records()] == [None, None, "train.py"] and h.count() == 3
+    # the same from an S3 object's JSON
+    d = {**_rec(t=4.0, script="x.py").to_dict(), "world_size": 1}
+    d["figures"] = {"all_reduce.busbw_gbps@268435456": 1173.0, "stage_seconds.total": float("nan")}
+    got = store.record_from_dict(d)
+    assert got is not None and got.figures == {} and got.script == "x.py"

@@ -80,7 +80,7 @@ def test_ranks_that_trained_alone_on_the_same_data_are_said_once(monkeypatch):
     assert [f.id for f in job_rules.job_findings(ev)[0]] == ["DDP876"]
     same_data = event_finding(sampler.TRAINED_ALONE, "ranks 0-1 each trained on all the data", rank=None,
                               ranks=[0, 1], phase="training")
-    monkeypatch.setattr(job_rules, "probe_findings", lambda probes, failed: [same_data])
+    monkeypatch.setattr(job_rules, "probe_findings", lambda probes, failed, load=None: [same_data])
     assert [f.id for f in job_rules.job_findings(ev)[0]] == ["DDP855"]
 
 
