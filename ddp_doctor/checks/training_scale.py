@@ -26,7 +26,9 @@ DATA_STRAGGLER = declare(
     shard much larger than the others.
     Severity: warning; info when the host was busy while the ranks trained (as DDP877 reads it)
     and other processes did not take the slow rank's own CPUs more than the others': a data
-    pipeline on a busy host waits for the scheduler as much as for its data.
+    pipeline on a busy host waits for the scheduler as much as for its data. Still a warning,
+    saying the host was busy, when the rank stands far above that noise: longer at 90% of the
+    batches, 4x the others' median or more, by 3x their spread or more.
     """)
 
 BATCH_SCALING = declare(
@@ -42,6 +44,10 @@ BATCH_SCALING = declare(
 
 STRAGGLER_RATIO, STRAGGLER_MIN_S = 2.0, 0.020
 MIN_BATCHES = 8  # batches a rank measured, the first left out, below which no rank is named
+# on a busy host still a warning when it stands far above the load's noise: longer at FAR_SHARE of
+# the batches, FAR_RATIO x the others' median, by FAR_NOISE x their spread (a scheduler's delays
+# fall on any rank, a few milliseconds at a time)
+FAR_SHARE, FAR_RATIO, FAR_NOISE = 0.9, 4.0, 3.0
 
 
 def _median(xs: list[float]) -> float:
@@ -84,7 +90,11 @@ def stragglers(ranks: dict[int, dict[str, Any]], load: Any = None) -> list[Findi
     if p > ALPHA / len(series) or med[slow] - others <= noise:
         return []
     severity, said = None, ""
-    if load is not None and load.busy and not load.shared(slow):
+    far = slower >= FAR_SHARE * n and med[slow] >= FAR_RATIO * others and med[slow] - others >= FAR_NOISE * noise
+    if load is not None and load.busy and far:
+        said = (f"; the host was busy while it trained ({load.describe()}), but this rank waited longer steadily, "
+                f"far beyond what the load's noise does")
+    elif load is not None and load.busy and not load.shared(slow):
         severity, said = "info", (f"; the host was busy while it trained ({load.describe()}): a data pipeline on a "
                                   f"busy host waits for the scheduler as much as for its data")
     return [finding_at(DATA_STRAGGLER, (

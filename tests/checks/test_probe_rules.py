@@ -240,7 +240,10 @@ def test_data_straggler_is_a_statistical_claim_and_weighs_the_hosts_load():
     assert stragglers(mixed) == []
     # the same steady rank on a busy host: info, saying so; on a quiet one: a warning
     busy = host_busy.read({r: LoadWindow(2.0, 0.5, 2.0, 0.0, 4.0, 2, 1.0, 9.0) for r in (0, 1)}, {0: "a", 1: "a"})
-    [f] = stragglers(steady, busy)
+    [f] = stragglers(steady, busy)  # 16x the others at every batch: far above a busy host's noise
+    assert f.severity == "warning" and "far beyond what the load's noise does" in f.message
+    modest = {0: with_series(0, [0.020] * 12), 1: with_series(1, [0.050] * 12)}  # 2.5x: the load could
+    [f] = stragglers(modest, busy)
     assert f.severity == "info" and "the host was busy while it trained" in f.message
     quiet = host_busy.read({r: LoadWindow(1.8, 0.9, 1.8, 0.0, 1.0, 2, 1.0, 9.0) for r in (0, 1)}, {0: "a", 1: "a"})
     [f] = stragglers(steady, quiet)
