@@ -10,7 +10,7 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 slow = {int(r) for r in os.environ.get("SLOW_RANKS", "").split(",") if r.strip()}
-work = int(os.environ.get("WORK", "40")) * (float(os.environ.get("FACTOR", "2")) if rank in slow else 1)
+work = int(os.environ.get("WORK", "80")) * (float(os.environ.get("FACTOR", "2")) if rank in slow else 1)
 a = torch.rand(192, 192)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
