@@ -879,3 +879,15 @@ def test_forkserver_module_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
     assert wire.PRELOAD[0] == "torch"
+
+
+def test_a_ranks_long_output_is_read_head_and_tail_only(tmp_path):
+    from ddp_doctor.pytest_plugin.rank_pool.results import read_text
+    path = tmp_path / "out.txt"
+    path.write_bytes(b"first line\n" + b"x" * 5_000_000 + b"\nlast line\n")
+    text = read_text(str(path), limit=1000)
+    assert text.startswith("first line\n") and text.endswith("last line\n") and "[... cut ...]" in text
+    assert len(text) < 1100
+    path.write_text("short é\n")
+    assert read_text(str(path), limit=1000) == "short é\n"
+    assert read_text(str(tmp_path / "none.txt")) == ""

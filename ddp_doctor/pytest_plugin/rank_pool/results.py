@@ -88,12 +88,21 @@ def read_result(d: str, rank: int) -> dict[str, Any] | None:
 
 
 def read_text(path: str, limit: int = OUTPUT_LIMIT) -> str:
+    """A rank's output file, its first and last limit/2 bytes when it is longer: only those are
+    read, so a rank that printed gigabytes costs the parent no more memory than a short one."""
+    half = limit // 2
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= limit:
+                return f.read(limit).decode("utf-8", errors="replace")
+            head = f.read(half)
+            f.seek(size - half)
+            tail = f.read(half)
     except OSError:
         return ""
-    return text if len(text) <= limit else text[:limit // 2] + "\n[... cut ...]\n" + text[-limit // 2:]
+    return (head.decode("utf-8", errors="replace") + "\n[... cut ...]\n"
+            + tail.decode("utf-8", errors="replace"))
 
 
 def collect(end: RankEnd, d: str) -> None:
