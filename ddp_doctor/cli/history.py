@@ -116,6 +116,10 @@ def command(args: argparse.Namespace) -> int:
             return EXIT_INTERNAL
     else:
         recs = history.records(host=args.host, instance_type=args.instance_type, limit=args.last)
+        if getattr(history, "read_error", None):  # never "0 record(s)" for a history it could not read
+            sys.stderr.write(f"ddp-doctor history: error: the history {path} could not be read: "
+                             f"{history.read_error}\n")
+            return EXIT_INTERNAL
     if skipped:
         sys.stderr.write(f"ddp-doctor history: {skipped} unreadable row(s) skipped in {path}\n")
     held = sorted({name for r in recs for name in r.figures})

@@ -66,6 +66,7 @@ class S3History:
         self.bucket, prefix = parse_s3_uri(uri)
         self.prefix = prefix.strip("/")
         self._client, self._session = client, session
+        self.read_error: str | None = None  # why the last read found nothing, when it failed
         self.stop = stop
         self.write_deadline, self.read_deadline = write_deadline, read_deadline
         self.gave_up: str | None = None  # why an earlier call was abandoned: later ones are not tried
@@ -148,12 +149,17 @@ class S3History:
                 limit: int = 1000) -> list[RunRecord]:
         """The newest records (of a host, of an instance type), oldest first; [] when none or
         unreadable, as when the read (every page and object) outlasts its deadline (READ_DEADLINE_S)
-        or a stop comes: a history that cannot be read compares nothing."""
+        or a stop comes: a history that cannot be read compares nothing (`read_error` says why)."""
         prefix = "/".join(p for p in (self.prefix, _safe(host) if host else "") if p)
         prefix = prefix + "/" if prefix else ""
+        self.read_error = None
         try:  # local work (boto3's import, its service model), outside the deadline of the calls
             client = self.client()
-        except Exception:  # noqa: BLE001 - no boto3, a bad configuration: a history that cannot be read
+        except ImportError:
+            self.read_error = "it needs boto3 (pip install \"ddp-doctor[aws]\")"
+            return []
+        except Exception as e:  # noqa: BLE001 - a bad configuration: a history that cannot be read
+            self.read_error = redact_text(f"{type(e).__name__}: {e}")
             return []
 
         def read() -> list[RunRecord]:
@@ -177,12 +183,15 @@ class S3History:
                         if rec is not None and (not host or rec.host == host) and \
                                 (not instance_type or rec.instance_type == instance_type):
                             out.append(rec)
-            except Exception:  # noqa: BLE001 - a history that cannot be read compares nothing
+            except Exception as e:  # noqa: BLE001 - a history that cannot be read compares nothing
+                self.read_error = redact_text(f"{type(e).__name__}: {e}")
                 return []
             return out
 
         deadline = READ_DEADLINE_S if self.read_deadline is None else self.read_deadline
-        got, _ = self._bounded(read, deadline, "read")
+        got, why = self._bounded(read, deadline, "read")
+        if why:
+            self.read_error = redact_text(why)
         return sorted(got or [], key=lambda r: r.time)[-limit:]
 
     def count(self) -> int:

@@ -134,3 +134,12 @@ def test_publish_and_the_history_command_with_an_s3_history(aws, capsys):
     said = record(rep, {"DDP_DOCTOR_HISTORY": "s3://no-such-bucket-here/x"})
     assert said is not None and "could not be written" in said and "NoSuchBucket" in said
     assert dataclasses.asdict(_rec("a", 1, 2))["host"] == "a"
+
+
+def test_the_history_command_says_when_an_s3_history_cannot_be_read(aws, capsys):
+    from ddp_doctor.cli import main
+    assert main(["history", "--history", "s3://no-such-bucket-here/x"]) == 1  # never "0 record(s)"
+    err = capsys.readouterr().err
+    assert "the history s3://no-such-bucket-here/x could not be read: " in err and "NoSuchBucket" in err, err
+    assert main(["history", "--history", f"s3://{BUCKET}/nothing-yet", "--json"]) == 0  # empty, but read
+    assert json.loads(capsys.readouterr().out)["records"] == []
