@@ -9,9 +9,9 @@ Cases (2 gloo ranks each):
   `preflight` (the whole default preflight), `run` (a small CPU-bound DDP loop under
   `ddp-doctor run`), each with a history (DDP_DOCTOR_HISTORY) that the quiet runs fill first;
 - slow ones, where the rank must be named (any severity) by the finding given:
-  `preflight-slow` (rank 1 shares its CPU with one busy loop of its own: its compute takes about
-  2x; DDP405), `run-slow` (rank 1 does 2x the matmuls of rank 0 each step; DDP877), `run-data`
-  (rank 1's dataset takes 40 ms a sample to read; DDP877).
+  `preflight-slow` (rank 1 gets half the CPU rank 0 gets: its compute takes about 2x; DDP405),
+  `run-slow` (rank 1 does 2x the matmuls of rank 0 each step; DDP877), `run-data` (rank 1's
+  dataset takes 40 ms a sample to read; DDP877).
 A throttled link cannot be made on loopback here: DDP406 is measured by its tests, not here.
 
 Prints, per mode and case, the runs, the runs with a warning (correct cases) or the runs naming
@@ -69,19 +69,20 @@ def preflight(where: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def preflight_slow(where: str, env: dict[str, str]) -> dict[str, Any]:
-    """Two ranks started by hand, each pinned to a CPU; rank 1's CPU also runs one busy loop of
-    its own session (so it gets about half of that CPU whatever else the host runs)."""
+    """Two ranks started by hand, each pinned to a CPU; rank 1's CPU also runs busy loops of its
+    own session: one on a quiet host (rank 1 gets half its CPU, rank 0 all of its own), three on a
+    busy one (a quarter, while rank 0 shares its CPU with that CPU's busy loop: half)."""
     cpus = sorted(os.sched_getaffinity(0))
     port = _free_port()
     procs = []
-    hog = None
+    hogs: list[subprocess.Popen] = []
     try:
         for r, cpu in ((0, cpus[0]), (1, cpus[-1])):
             e = {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             if r == 1:
-                hog = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", HOG],
-                                       start_new_session=True)
+                hogs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", HOG],
+                                         start_new_session=True) for _ in range(3 if Busy.on_now else 1)]
             procs.append(subprocess.Popen(["taskset", "-c", str(cpu), *DDP, "preflight", "--report", "r.json",
                                            "--select", "DDP405"], env=e, cwd=where, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
@@ -92,7 +93,7 @@ def preflight_slow(where: str, env: dict[str, str]) -> dict[str, Any]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     finally:
-        if hog is not None:
+        for hog in hogs:
             os.killpg(hog.pid, signal.SIGKILL)
             hog.wait()
     return _report(os.path.join(where, "r.json"))
@@ -115,18 +116,21 @@ CASES: dict[str, tuple[str, str | None, Any]] = {
 
 
 class Busy:
-    """A busy loop on every core, in sessions of their own, for the busy mode."""
+    """A busy loop pinned to every core, in sessions of their own, for the busy mode."""
+    on_now = False
 
     def __init__(self, on: bool) -> None:
         self.on, self.procs = on, []
 
     def __enter__(self) -> Busy:
         if self.on:
-            self.procs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
-                          for _ in range(os.cpu_count() or 1)]
+            self.procs = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", HOG],
+                                           start_new_session=True) for cpu in sorted(os.sched_getaffinity(0))]
+        Busy.on_now = self.on
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        Busy.on_now = False
         for p in self.procs:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
