@@ -60,7 +60,7 @@ ARRIVES_LAST = declare(
     a quarter of its cores, the hypervisor stole 10% of its time, or its load average was above
     its cores): on a busy host who arrives last is the scheduler's doing as much as the rank's.
     Still a warning, saying the host was busy, when the rank stands far above that noise (last at
-    90% of 30 collectives or more, its median lag 3x its own spread or more), or when other
+    90% of 30 collectives or more, its median lag 6x its own spread or more), or when other
     processes took the slow rank's own CPUs markedly more than the others' (that is said).
     """)
 
@@ -94,7 +94,7 @@ WAIT_SHARE = 0.10
 MIN_LAG_S = 0.010  # below, a shared host's CPU scheduling makes such lags on a correct run
 # on a busy host a rank is still a warning when it stands far above the load's noise: last at
 # FAR_SHARE of FAR_MIN collectives or more, its median lag FAR_NOISE x its own spread or more
-FAR_SHARE, FAR_MIN, FAR_NOISE = 0.9, 30, 3.0
+FAR_SHARE, FAR_MIN, FAR_NOISE = 0.9, 30, 6.0
 MIN_SAMPLES = 10  # stack samples (one a second) below which where a rank spends its time is said with a doubt
 
 
