@@ -5,7 +5,7 @@ on N local gloo ranks started by torchrun, measured side by side.
     python bench/comm.py [--ranks 2] [--iters 20] [--warmup 5] [--repeat 3]
 
 Runs alternate (loop, ddp-doctor, loop, ...) so drift in machine load hits both; the figure per
-size is the ratio of median busbw. Aim (issue #3): within 10% at 16 and 64 MiB.
+size is the ratio of median busbw. Aim: within 10% at 16 and 64 MiB.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ and, from the report itself, the seconds from the failure to the report.
 The scripts are tests/failure_scripts/<case>.py (the ones tests/checks/test_signatures.py runs end
 to end). Runs alternate (bare, run, bare, run, ...) so drift in machine load hits both; the figures
 are medians. "failure -> report" is the report file's time less the earliest training finding's
-time: what the test used to bound, measured here instead of asserted there.
+time: measured here rather than bounded in a test.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ which its report is written, and what the report says.
 Each case starts the real command (torchrun, `ddp-doctor run`, real signals, a real full tmpfs when
 run as root) in a scratch directory; a stop is sent once the ranks are seen training (their
 heartbeats), never after a guessed sleep. Prints one row per case; nothing is asserted here (the
-tests do that), this is the table an issue's closing note quotes.
+tests do that): the table shows what a user sees for each fault.
 """
 from __future__ import annotations
 

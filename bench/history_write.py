@@ -1,4 +1,4 @@
-"""What writing the history costs a preflight (issue 22: under 50 ms): the time publish() spends in
+"""What writing the history costs a preflight (aim: under 50 ms): the time publish() spends in
 history.from_report.record for a real preflight's report, each in a fresh process (the import of
 sqlite3 and of the history code included; the report's publishing code is loaded first, as it is
 in a preflight), side by side with the same process doing everything but the write; into a new

@@ -50,8 +50,8 @@ median of --repeat runs, the range shows the spread, and "run spread" (max - min
 steps/s, the wider variant) says how large a difference the run can tell from noise. Every launch is
 bounded by --timeout and killed with all its processes when it overruns.
 
-Aim (issue): with probes at most 2% slower (with/without steps/s >= 0.98); the same for the ledger
-(with/without steps/s >= 0.98, issue 12); arrival order within the ledger's budget (issue 22).
+Aim: with probes at most 2% slower (with/without steps/s >= 0.98); the same for the ledger
+(with/without steps/s >= 0.98); arrival order within the ledger's budget.
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def measure_arrivals() -> None:
     calls = 200_000
     start = time.perf_counter()
     for i in range(calls):
-        w._sample(places[i % len(places)], watchdog.activity(stack))
+        w.sample(places[i % len(places)], watchdog.activity(stack))
     per_call = (time.perf_counter() - start) / calls
     share = per_call * 1.0  # one sample a second
     print(f"arrival order: the watchdog's count of where the main thread is and what it does, once a second: "

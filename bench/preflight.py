@@ -4,7 +4,7 @@ of the same ranks that only initialise and destroy a process group, measured sid
     python bench/preflight.py [--ranks 2 4] [--repeat 3] [--against REV]
 
 Runs alternate (bare, preflight, bare, preflight, ...) so drift in machine load hits both; the
-figure is the ratio of medians. Aim (issue #2): at most 1.5x. `--against REV` also runs the
+figure is the ratio of medians. Aim: at most 1.5x. `--against REV` also runs the
 preflight of another commit's package (`git archive REV ddp_doctor`, put first on PYTHONPATH for
 the launcher and its ranks) in the same turns, this one and that one in alternating order, and
 prints this one's time over that one's: whether a change made the preflight slower.

@@ -8,7 +8,7 @@ findings as the real checks make them, the world tests/report/test_report_at_sca
 Per world size: the median seconds of each part over --rounds rounds (the world is built once, not
 timed), their total, and the total per rank as a ratio to the first size's (1.0: linear in the
 ranks; N log N shows as a slow rise, N^2 as the ratio of the sizes), then the size of the JSON report
-as written (report_json) and the text's lines. Aim (issue 23): O(N log N) or better, so the ratio
+as written (report_json) and the text's lines. Aim: O(N log N) or better, so the ratio
 stays near 1.
 """
 from __future__ import annotations

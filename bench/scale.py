@@ -34,7 +34,7 @@ included).
     python bench/scale.py [--ranks 256 1024 4096] [--procs 4] [--rounds 3] [--shuffle] [--alone 3000]
                           [--timeout 900]
 
-Aim (issue 23): the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
+Aim: the rendezvous at most 1.2x the plain barrier at 1,024 and 4,096 ranks.
 The simulation is crude (a few processes, one GIL each, one 2-core machine): it shows the shape
 and the request counts, not a real cluster's seconds. The reporting rank (0) has a process of its
 own, as in a job; the other ranks share --procs more. Each process starts its ranks in rank order,

@@ -53,7 +53,7 @@ step "GPU tests (pytest -m gpu)" "$PY" -m pytest -m gpu -q -rs
 step "pytest plugin session preflight (--ddp-expect-gpus $torch_gpus)" \
     "$PY" -m pytest -p no:cacheprovider --ddp-doctor --ddp-expect-gpus "$torch_gpus" -q tests/test_public_api.py
 # EFA and NCCL's network: the preflight with NCCL's INFO log for INIT,NET captured (DDP330-DDP335;
-# silent off EFA instances). Prints which network NCCL chose, for the issue note.
+# silent off EFA instances). Prints which network NCCL chose.
 efa_and_network() {
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$OUT/nccl-debug.%h.%p.log" \
         "$PY" -m ddp_doctor preflight --select network --verbose --report "$OUT/network.json"

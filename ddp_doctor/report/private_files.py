@@ -35,7 +35,7 @@ SUBDIRS = (PREFLIGHT_SUBDIR,)  # the only directories ddp-doctor makes inside a 
 
 
 def tighten_tree(path: str) -> None:
-    """What an earlier version left in a reused run directory (0755 directories, 0644 records),
+    """What a reused run directory holds with looser modes (0755 directories, 0644 records),
     or what torch and NCCL wrote there with the process's umask (NCCL's flight recorder dumps and
     its log): this user's files become 0600, and the subdirectories ddp-doctor makes (SUBDIRS)
     0700 with their files; other subdirectories are not ddp-doctor's and are not entered. Never
@@ -64,7 +64,7 @@ def tighten_tree(path: str) -> None:
 
 def make_private_dir(path: str) -> bool:
     """Create the directory `path` with mode 0700 (missing parents as usual); an existing one of
-    this user that others may enter (an earlier version's 0755) is tightened to 0700, with what it
+    this user that others may enter (0755) is tightened to 0700, with what it
     holds. One that is not this user's is left as it is, with a warning on stderr. True when the
     directory is private. Raises OSError when it cannot be made at all."""
     os.makedirs(path, mode=PRIVATE_DIR, exist_ok=True)

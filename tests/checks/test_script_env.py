@@ -1,5 +1,5 @@
 """DDP110: what the script's own init_process_group() (env://) will need, checked under
-`ddp-doctor run` (ctx.entry_script) and in the Python API (issue 13, item 5)."""
+`ddp-doctor run` (ctx.entry_script) and in the Python API."""
 from __future__ import annotations
 
 from typing import Any

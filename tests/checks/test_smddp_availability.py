@@ -1,4 +1,4 @@
-"""--backend smddp where SMDDP cannot exist (issue 13, item 6): one root cause (DDP106) that says
+"""--backend smddp where SMDDP cannot exist: one root cause (DDP106) that says
 SMDDP is only in SageMaker's framework images, with the fix, and no process-group attempt that
 adds a network hint (DDP321). Availability is the module that registers the backend, not the
 top-level `smdistributed` package."""

@@ -1,4 +1,4 @@
-"""Bad input is a usage error or a finding, never a traceback (issue 19, item 7): each case on the real
+"""Bad input is a usage error or a finding, never a traceback: each case on the real
 command (`python -m ddp_doctor ...` in a process of its own), asserting the exit code, no traceback,
 the one line that says what was wrong, and output of bounded size.
 

@@ -1,4 +1,4 @@
-"""`ddp-doctor list-checks | head` (issue 13, item 9): a reader that leaves early is no traceback,
+"""`ddp-doctor list-checks | head`: a reader that leaves early is no traceback,
 for every subcommand (the CLI entry handles it); exit status 141 as a shell reports SIGPIPE."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`ddp-doctor env` is meant to be pasted into a public issue: with secrets in SM_USER_ARGS,
 SM_HPS, SM_TRAINING_ENV, SM_HP_* and a generic JSON variable, neither the text nor the JSON
-output holds one of them, and the harmless values stay readable (issue 19, item 5). A real
+output holds one of them, and the harmless values stay readable. A real
 subprocess, as a user runs it."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""--fail-on and DDP_DOCTOR_FAIL_ON on the real command (issue 20, item 4): a bad value is one usage
+"""--fail-on and DDP_DOCTOR_FAIL_ON on the real command: a bad value is one usage
 line (exit 2) before anything starts, naming the option or the variable; `preflight --fail-on warning`
 exits 3 on a report whose worst finding is a warning (planted: DDP603, a free-disk threshold no disk
 meets), self-launched and as a rank under a launcher (the variable). The rule itself:

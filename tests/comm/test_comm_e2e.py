@@ -128,7 +128,7 @@ def test_bench_comm_prints_table_and_writes_plot(runs):
     rep = load_json(str(report))
     assert all(m["iters"] == 3 and m["correct"] for m in rep["measurements"]["all_reduce"])
     assert "broadcast" not in rep["measurements"]  # only the sweep
-    assert "ddp-doctor bench-comm: PASS" in res.stdout and "ddp-doctor preflight:" not in res.stdout  # issue 13
+    assert "ddp-doctor bench-comm: PASS" in res.stdout and "ddp-doctor preflight:" not in res.stdout
     if have_mpl:
         assert png.read_bytes()[:4] == b"\x89PNG" and f"Plot: {png}" in res.stdout
     assert_clean_output(res)

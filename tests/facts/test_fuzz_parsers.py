@@ -1,4 +1,4 @@
-"""Fuzzing the environment parsers (issue 13): whatever a launcher, SageMaker or a user puts in
+"""Fuzzing the environment parsers: whatever a launcher, SageMaker or a user puts in
 SM_HOSTS, the SM_* numbers, SM_FRAMEWORK_PARAMS, SM_TRAINING_ENV, resourceconfig.json /
 hyperparameters.json, OMPI_* / PMI_* / SLURM_* values or torchrun's variables, building the rank's
 context never raises, and the local checks over it run without crashing (no DDP001): each bad

@@ -1,4 +1,4 @@
-"""The history on real preflights (issue 22): a self-launched preflight records its figures; after
+"""The history on real preflights: a self-launched preflight records its figures; after
 a host's history holds enough comparable runs, a preflight over a throttled link (every all_reduce
 of 1 MiB or more 0.5 s slower: tests/plugins/throttled_transport.py) is flagged against that
 host's own history (DDP409), not against another host's."""

@@ -1,5 +1,5 @@
 """`ddp-doctor analyze` over what plain torchrun left (not under ddp-doctor) names the same root
-cause as `ddp-doctor run` does for the same failure (issue 21): each shape is run both ways, side by
+cause as `ddp-doctor run` does for the same failure: each shape is run both ways, side by
 side, by one module fixture; torchrun's artifacts are its console (`--tee 3`, the agent's summary,
 one stream as a terminal or a job's log shows them) and its `--log-dir` tree."""
 from __future__ import annotations

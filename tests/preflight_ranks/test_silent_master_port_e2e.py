@@ -1,4 +1,4 @@
-"""Something that is not a torch store holds MASTER_PORT (issue 13, item 1): a non-zero rank must
+"""Something that is not a torch store holds MASTER_PORT: a non-zero rank must
 say what answered there within the --timeout bound, never wait in torch's store handshake forever.
 
 Real peers: `python -m http.server` (answers HTTP, never torch's binary handshake) and a listening

@@ -1,7 +1,7 @@
 """A distributed test (`@pytest.mark.distributed`) whose rank leaves servers running (a plain child,
 one in its own session, a double-forked daemon): the rank pool ends them when the rank's test
 ends, the test keeps its own outcome (passed), and pytest says so: a warning in its summary and a
-note of the test (DDP816), with each server's pid and port (issue 19, item 6). A test that ends
+note of the test (DDP816), with each server's pid and port. A test that ends
 its child itself gets nothing. One inner pytest run, driven in a subprocess."""
 from __future__ import annotations
 

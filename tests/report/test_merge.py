@@ -1,5 +1,5 @@
 """One finding per (ID, message modulo the rank): the same problem on several ranks is listed once
-with every rank (issue 13, item 4); messages that differ in anything else stay apart."""
+with every rank; messages that differ in anything else stay apart."""
 from __future__ import annotations
 
 from ddp_doctor.findings import Finding

@@ -1,4 +1,4 @@
-"""Merged findings on real ranks (issue 13, item 4): `ddp-doctor run --nproc-per-node 2` of a script
+"""Merged findings on real ranks: `ddp-doctor run --nproc-per-node 2` of a script
 whose init_process_group("nccl") fails on this CPU host on both ranks gives one DDP840 naming
 ranks 0-1 (it was two findings, [0] and [1])."""
 from __future__ import annotations

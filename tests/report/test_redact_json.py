@@ -1,6 +1,6 @@
 """Secrets inside JSON environment values (SM_USER_ARGS, SM_HPS, SM_TRAINING_ENV, SM_HP_*, any
-variable set to a JSON list or object) and argument lists, by key name and by value shape (issue 19,
-item 5). Planted values: shaped like the real thing, never real."""
+variable set to a JSON list or object) and argument lists, by key name and by value shape.
+Planted values: shaped like the real thing, never real."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The preflight's report at 4,096 ranks (issue 23, item 3): 512 nodes x 8 ranks, every view made by
+"""The preflight's report at 4,096 ranks: 512 nodes x 8 ranks, every view made by
 the real view builder, every rank's final findings by the real checks' entries, the real cross_rank
 stage, build_report and render_text (helpers/scale_world.py). The report stays small and complete:
 one finding per problem with every rank it is on, per-rank evidence capped with a count of what

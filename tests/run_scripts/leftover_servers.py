@@ -1,4 +1,4 @@
-"""Servers a test's rank starts and leaves listening (issue 19, item 6): a plain child, one in its
+"""Servers a test's rank starts and leaves listening: a plain child, one in its
 own session, and a double-forked daemon (fork, setsid, fork: reparented away from the rank, in a
 session of its own). Each listens on a port of 127.0.0.1 and writes "PID PORT" to DIR/KIND.pid once
 it listens; each lives at most `life` seconds, so nothing outlives a failed test for long, and

@@ -1,4 +1,4 @@
-"""The rank that makes the others wait (DDP877, issue 22) on real gloo ranks under `ddp-doctor run`:
+"""The rank that makes the others wait (DDP877) on real gloo ranks under `ddp-doctor run`:
 a rank slowed in its own compute is named with its lag and the line it spends its time at; a rank
 slowed in reading its data is named as waiting for data; correct runs, started together with
 those (the machine's own load: 2 cores, five jobs of two ranks and one of four), get no such

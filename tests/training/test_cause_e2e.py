@@ -1,4 +1,4 @@
-"""Cause, not symptom: each row of issue 12's table as a real 2-rank gloo script under `ddp-doctor
+"""Cause, not symptom: each failure the collective ledger explains as a real 2-rank gloo script under `ddp-doctor
 run`, whose report must name the cause, the rank and the evidence (ops, sizes, lines, steps);
 and correct patterns that must stay clean.
 

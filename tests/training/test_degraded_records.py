@@ -1,4 +1,4 @@
-"""ddp-doctor's own records degrade, never the job (issue 19, item 4): a run directory without
+"""ddp-doctor's own records degrade, never the job: a run directory without
 room or that cannot be made moves the records elsewhere with a warning; one removed while the
 job runs is made again (and the watchdog's stack file with it); a record that cannot be written
 says so once; ddp-doctor's text tolerates closed and broken streams, and a process started with

@@ -1,5 +1,5 @@
 """A job's exit status and verdict are its own, whatever becomes of ddp-doctor's records and
-streams (issue 19, item 4). Real processes, under ddp-doctor's own launch and under torchrun:
+streams. Real processes, under ddp-doctor's own launch and under torchrun:
 
 - TMPDIR on a full file system (a real 64 KiB tmpfs, 12 KiB left) and a read-only run directory
   (--run-dir, DDP_DOCTOR_RUN_DIR): the records move elsewhere with one warning line and a DDP813

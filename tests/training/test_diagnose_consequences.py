@@ -1,4 +1,4 @@
-"""DDP806 on a rank stuck at exit because a peer failed first is a consequence (issue 13, item 9)."""
+"""DDP806 on a rank stuck at exit because a peer failed first is a consequence."""
 from __future__ import annotations
 
 import signal

@@ -1,4 +1,4 @@
-"""Issue 18 in the diagnosis (ddp_doctor/checks/rank_endings.py): a wrapped exception is shown by
+"""Wrapped errors in the diagnosis (ddp_doctor/checks/rank_endings.py): a wrapped exception is shown by
 its real error; the same error on several ranks, but for each rank's own numbers, is one cause
 raised on each, not a rank failing after another."""
 from __future__ import annotations

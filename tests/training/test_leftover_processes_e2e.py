@@ -1,4 +1,4 @@
-"""Processes that outlive the job (issue 19, item 6): a rank that starts servers (a plain child, one
+"""Processes that outlive the job: a rank that starts servers (a plain child, one
 in its own session, a double-forked daemon) and leaves them listening. At the rank's end ddp-doctor
 finds them (tree, session, the mark in their environment), names them with their ports (DDP816, a
 warning: the job's exit status stays its own) and ends them, under its own parent and under an

@@ -1,5 +1,5 @@
 """Ending what a rank's script left (training/run/leftovers.py) on real child processes, and the
-findings made of it (checks/leftovers.py, DDP816-DDP818) in the job's verdict (issue 19, item 6)."""
+findings made of it (checks/leftovers.py, DDP816-DDP818) in the job's verdict."""
 from __future__ import annotations
 
 import io

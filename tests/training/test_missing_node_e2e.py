@@ -1,4 +1,4 @@
-"""A node that never arrives (issue 13, item 1b): `ddp-doctor run --nnodes 2` on node 0 alone must
+"""A node that never arrives: `ddp-doctor run --nnodes 2` on node 0 alone must
 name the missing node within the --timeout bound, not wait in the launcher's rendezvous for
 torch's 900 s."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Never a false "pass" under an outside launcher on several nodes (issue 19, item 1): two torchrun
+"""Never a false "pass" under an outside launcher on several nodes: two torchrun
 launchers (`--nnodes 2`, node ranks 0 and 1) on this host, each node with its own temp dir (its run
 directory) and its own working directory (its report), as two hosts have. Every rank puts its
 ending in the job's store; "pass" needs every rank's; a rank seen gone on its node is named on the

@@ -1,5 +1,5 @@
 """Never a false "pass" under an outside launcher (`torchrun ... -m ddp_doctor run SCRIPT`): no
-ddp-doctor parent owns the verdict, so a rank that knows how the job ended writes it (issue 19).
+ddp-doctor parent owns the verdict, so a rank that knows how the job ended writes it.
 
 Real torchrun, real SIGKILL. The launches start together (module fixture); each test reads its own.
 """

@@ -1,4 +1,4 @@
-"""A port already in use is not a missing node (issue 18, item 7): `ddp-doctor run
+"""A port already in use is not a missing node: `ddp-doctor run
 --master-port P` while another process listens on P must say that P is taken and by whom
 (DDP313), never that a node never joined (DDP320), in a one-node job and on node 0 of several."""
 from __future__ import annotations

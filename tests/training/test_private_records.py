@@ -1,5 +1,5 @@
 """Run directories are private (0700) and so is every record in them (0600); the records are
-redacted before they are written (issue 19, item 5). In-process: the e2e runs are in
+redacted before they are written. In-process: the e2e runs are in
 test_run_dir_private_e2e.py."""
 from __future__ import annotations
 

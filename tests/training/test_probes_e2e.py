@@ -60,7 +60,7 @@ def launches(base: Path) -> dict[str, Launch]:
                               "--max-restarts", "0", "-m", "ddp_doctor", "run", "--report",
                               str(base / "torchrun" / "r.json"), str(SCRIPTS / "loop.py"), "--no-sampler"],
                              clean_env(), str(base / "torchrun"), timeout=180)
-    # --fail-on (issue 20): the jobs above that end well with an error in their report (exit 0),
+    # --fail-on: the jobs above that end well with an error in their report (exit 0),
     # once more with the rule asked for: on the command line, and (torchrun -m ddp_doctor run, whose
     # command line a SageMaker entrypoint cannot change) in the environment
     (base / "fail_on").mkdir()

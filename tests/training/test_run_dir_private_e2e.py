@@ -1,4 +1,4 @@
-"""What a run leaves in its run directory is private and redacted (issue 19, item 5): every
+"""What a run leaves in its run directory is private and redacted: every
 directory 0700, every file 0600, and no file holds the secrets rank 1's exception quoted. Real
 processes: under torchrun (the run directory in $TMPDIR, by job id) and under ddp-doctor's own
 launch with --run-dir (kept). The two launches start together; each test reads its own."""

@@ -1,6 +1,6 @@
 """`ddp-doctor run` on real processes: a DataLoader worker's error on rank 1 reaches the training
 loop wrapped ("Caught ValueError in DataLoader worker process 0. Original Traceback ..."); the
-report names the worker's own error and the script's line that raised it (issue 18).
+report names the worker's own error and the script's line that raised it.
 
 One launch, shared by the tests of this module (the fixture pattern of test_run_e2e.py)."""
 from __future__ import annotations

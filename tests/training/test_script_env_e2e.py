@@ -1,4 +1,4 @@
-"""What the script's own init_process_group() needs, on real launches (issue 13, item 5):
+"""What the script's own init_process_group() needs, on real launches:
 - a real torch.multiprocessing.spawn of 2 workers calling ddp_doctor.preflight(rank=, world_size=)
   with MASTER_ADDR/MASTER_PORT never set: DDP110 (error, ranks 0-1), each worker exits 3 before
   the script's init_process_group;

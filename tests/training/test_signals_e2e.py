@@ -1,4 +1,4 @@
-"""Stop signals to ddp-doctor's parents (issue 13): SIGTERM (SageMaker's StopTrainingJob, a spot
+"""Stop signals to ddp-doctor's parents: SIGTERM (SageMaker's StopTrainingJob, a spot
 interruption, a CI cancel) and SIGINT (Ctrl-C) to a real `ddp-doctor run` of 2 gloo ranks, SIGHUP
 to a self-launched preflight: a report with status "interrupted", where the ranks were, the
 ledger's cause when there is one, exit 128 + the signal, and no process left behind.

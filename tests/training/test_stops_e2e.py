@@ -1,4 +1,4 @@
-"""Every stop reported, once, whatever its timing (#19 item 2), on real processes:
+"""Every stop reported, once, whatever its timing, on real processes:
 
 - the elastic agent (`ddp-doctor run --nproc-per-node 2`'s launcher) sent SIGTERM: an
   "interrupted" report that names the launcher, exit 143 (it was "pass");

@@ -1,4 +1,4 @@
-"""One job, one run directory (issue 19, item 3): two jobs at once on one host never read each
+"""One job, one run directory: two jobs at once on one host never read each
 other's records, and two jobs on one MASTER_PORT never produce a pass.
 
 - Two `torchrun --nnodes 1 --nproc-per-node 2 -m ddp_doctor run` jobs (different ports, no

@@ -1,4 +1,4 @@
-"""No multi-node false alarms (issue 18, item 8): `ddp-doctor run --nnodes 2` started twice on this
+"""No multi-node false alarms: `ddp-doctor run --nnodes 2` started twice on this
 machine (node ranks 0 and 1, one rank each, gloo on CPU), as users try a multi-node job on one host.
 
 Two launchers on one host share nothing here (no GPU: DDP702 is for ranks that land on one GPU),
