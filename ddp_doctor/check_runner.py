@@ -29,26 +29,18 @@ def _call(entry: Check, args: tuple[Any, ...]) -> tuple[list[Problem] | None, Ba
 def run_entry(entry: Check, args: tuple[Any, ...], rank: int | None, phase: str = "preflight") -> list[Finding]:
     problems, error, tb = _call(entry, args)
     if tb == "timeout":
-        return [events.event_finding(
-            events.CHECK_TIMED_OUT, f"{entry.id} ({entry.title}) did not finish within {entry.timeout:g} s",
-            rank=rank, evidence={"check": entry.id, "timeout_s": entry.timeout}, phase=phase)]
+        return [events.check_timed_out(entry.id, entry.timeout, title=entry.title, rank=rank, phase=phase)]
     if error is not None:
-        return [events.event_finding(
-            events.CHECK_CRASHED, f"{entry.id} ({entry.title}) raised {type(error).__name__}: {error}",
-            rank=rank, evidence={"check": entry.id, "traceback": tb}, phase=phase)]
+        return [events.check_raised(entry.id, error, tb, title=entry.title, rank=rank, phase=phase)]
     out = []
     for p in problems or ():
         if not isinstance(p, Problem):
-            out.append(events.event_finding(
-                events.CHECK_CRASHED, f"{entry.id} yielded {type(p).__name__}, not a Problem",
-                rank=rank, evidence={"check": entry.id}, phase=phase))
+            out.append(events.check_yielded_no_problem(entry.id, p, rank=rank, phase=phase))
             continue
         try:
             out.append(entry.finding(p, rank, phase))
         except ValueError as e:  # a severity the ID cannot carry: the check is wrong, the run goes on
-            out.append(events.event_finding(
-                events.CHECK_CRASHED, f"{entry.id} yielded a problem it cannot report: {e}",
-                rank=rank, evidence={"check": entry.id}, phase=phase))
+            out.append(events.check_problem_unreportable(entry.id, e, rank=rank, phase=phase))
     return out
 
 
@@ -62,9 +54,7 @@ def run_stage(stage: str, args: tuple[Any, ...], rank: int | None, *, select: li
     entries = catalogue.checks_for(stage, select, skip)
     if stage == "local":
         for module, why in sorted(registry.LOAD_ERRORS.items()):
-            findings.append(events.event_finding(
-                events.CHECK_CRASHED, f"check module {module} (from {registry.EXTRA_MODULES_ENV}) "
-                f"could not be imported: {why}", rank=rank, evidence={"module": module}, phase=phase))
+            findings.append(events.check_module_unimportable(module, why, rank=rank, phase=phase))
     for entry in entries:
         start = time.time()
         found = run_entry(entry, args, rank, phase)
@@ -85,11 +75,7 @@ def run_rule(name: str, fn: Any, *args: Any, phase: str = "training",
     never the report."""
     out = call_with_time_limit(lambda: fn(*args), timeout, name=f"ddp-doctor-{name}")
     if not out.finished:
-        return None, [events.event_finding(
-            events.CHECK_TIMED_OUT, f"{name} did not finish within {timeout:g} s", rank=None,
-            evidence={"check": name, "timeout_s": timeout}, phase=phase)]
+        return None, [events.check_timed_out(name, timeout, rank=None, phase=phase)]
     if out.error is not None:
-        return None, [events.event_finding(
-            events.CHECK_CRASHED, f"{name} raised {type(out.error).__name__}: {out.error}", rank=None,
-            evidence={"check": name, "traceback": out.traceback}, phase=phase)]
+        return None, [events.check_raised(name, out.error, out.traceback, rank=None, phase=phase)]
     return out.value, []

@@ -54,6 +54,8 @@ class Check:
     # one of them. One entry for most IDs; more when the ID escalates or downgrades depending on
     # the situation, which its docstring's Severity section then explains.
     severities: tuple[str, ...] = ()
+    # Its findings' evidence holds figures the history keeps with the run (history/from_report.py).
+    kept_in_history: bool = False
 
     @property
     def severity_label(self) -> str:
@@ -136,25 +138,28 @@ def _register(entry: Check) -> Check:
 
 
 def check(id: str, *, category: str, severity: str, title: str, stage: str = "local",
-          timeout: float = 10.0, severities: Iterable[str] = ()
+          timeout: float = 10.0, severities: Iterable[str] = (), kept_in_history: bool = False
           ) -> Callable[[Callable[..., Iterable[Problem]]], Callable[..., Iterable[Problem]]]:
     """Register a check. The decorated function's docstring is its documentation.
 
     `severity` is the default; `severities` lists the others its problems may carry
-    (`Problem(severity=...)`), which the docstring's Severity section must explain."""
+    (`Problem(severity=...)`), which the docstring's Severity section must explain;
+    `kept_in_history`: see :attr:`Check.kept_in_history`."""
     def wrap(func: Callable[..., Iterable[Problem]]) -> Callable[..., Iterable[Problem]]:
         _register(Check(id=id, category=category, severity=severity, title=title, stage=stage,
-                        func=func, doc=func.__doc__ or "", timeout=timeout, severities=tuple(severities)))
+                        func=func, doc=func.__doc__ or "", timeout=timeout, severities=tuple(severities),
+                        kept_in_history=kept_in_history))
         return func
     return wrap
 
 
 def declare(id: str, *, category: str, severity: str, title: str, doc: str,
-            severities: Iterable[str] = ()) -> Check:
-    """Declare an event: a finding the machinery raises, documented like a check (`severities` as
-    for :func:`check`)."""
+            severities: Iterable[str] = (), kept_in_history: bool = False) -> Check:
+    """Declare an event: a finding the machinery raises, documented like a check (`severities` and
+    `kept_in_history` as for :func:`check`)."""
     return _register(Check(id=id, category=category, severity=severity, title=title,
-                           stage="event", func=None, doc=doc, timeout=0.0, severities=tuple(severities)))
+                           stage="event", func=None, doc=doc, timeout=0.0, severities=tuple(severities),
+                           kept_in_history=kept_in_history))
 
 
 EXTRA_MODULES_ENV = "DDP_DOCTOR_CHECK_MODULES"  # users' own check modules, loaded by ddp_doctor.checks

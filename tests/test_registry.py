@@ -448,8 +448,8 @@ def test_undeclared_severity_is_an_error_in_strict_mode(scratch_registry: dict[s
 
 def test_probe_record_lost_is_its_own_id() -> None:
     """Split from DDP003: a rank that misses the in-training probe gather is DDP006, a warning."""
-    from ddp_doctor.training.probes.session import _missing_finding
-    f = _missing_finding([1, 3], 30.0)
+    from ddp_doctor.checks.internal import probe_records_missing
+    f = probe_records_missing([1, 3], 30.0)
     assert (f.id, f.severity, f.phase, f.ranks) == ("DDP006", "warning", "training", [1, 3])
     assert catalogue.get("DDP003").severities == ("error",)
 

@@ -36,7 +36,7 @@ from ddp_doctor.registry import declare
 
 ARRIVES_LAST = declare(
     "DDP877", category="consistency", severity="warning", title="One rank arrives last at the collectives",
-    severities=("warning", "info"),
+    severities=("warning", "info"), kept_in_history=True,  # its lag and the others' waited share
     doc="""
     What: One rank issued most of the training's collectives last (by each rank's flight recorder,
     compared within a host), far enough behind the others that their waiting for it is a stated

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.findings import Finding, Problem
-from ddp_doctor.registry import declare
+from ddp_doctor.findings import Finding, Problem, format_ranks
+from ddp_doctor.registry import EXTRA_MODULES_ENV, declare
 
 CHECK_CRASHED = declare(
     "DDP001", category="internal", severity="error", title="A check crashed",
@@ -41,8 +41,7 @@ PROBE_RECORD_LOST = declare(
     "DDP006", category="internal", severity="warning", title="A rank's training probe record is missing",
     doc="""
     What: After training, rank 0 waited for every rank's in-training probe record (`ddp-doctor run`)
-    and some ranks did not hand theirs in before the gather timed out. (Earlier versions reported
-    this as DDP003 downgraded to a warning.)
+    and some ranks did not hand theirs in before the gather timed out.
     Why: The training may well have finished on those ranks; only the probes' view of them is
     missing, so the rules that compare ranks (parameters, buffers, data waits) ran without them.
     Fix: Check that those ranks reached the end of the script (their stderr); a rank that is still
@@ -80,3 +79,71 @@ def event_finding(entry: Any, message: str, *, rank: int | None, hint: str | Non
         finding.time = time
     finding.caused_by = caused_by
     return finding
+
+
+# ---------------------------------------------------------------- what the runner saw a check do
+
+def _named(check: str, title: str | None) -> str:
+    return f"{check} ({title})" if title else check
+
+
+def check_timed_out(check: str, timeout: float, *, title: str | None = None, rank: int | None,
+                    phase: str = "preflight") -> Finding:
+    """DDP002: `check` (an ID, or the name of a whole-job rule) ran past its bound of `timeout` s."""
+    return event_finding(CHECK_TIMED_OUT, f"{_named(check, title)} did not finish within {timeout:g} s",
+                         rank=rank, evidence={"check": check, "timeout_s": timeout}, phase=phase)
+
+
+def check_raised(check: str, error: BaseException, traceback: str, *, title: str | None = None,
+                 rank: int | None, phase: str = "preflight") -> Finding:
+    """DDP001: `check` (an ID, or the name of a whole-job rule) raised `error`."""
+    return event_finding(CHECK_CRASHED, f"{_named(check, title)} raised {type(error).__name__}: {error}",
+                         rank=rank, evidence={"check": check, "traceback": traceback}, phase=phase)
+
+
+def check_yielded_no_problem(check: str, value: Any, *, rank: int | None, phase: str = "preflight") -> Finding:
+    """DDP001: the check yielded `value`, which is not a Problem."""
+    return event_finding(CHECK_CRASHED, f"{check} yielded {type(value).__name__}, not a Problem",
+                         rank=rank, evidence={"check": check}, phase=phase)
+
+
+def check_problem_unreportable(check: str, why: Exception, *, rank: int | None, phase: str = "preflight") -> Finding:
+    """DDP001: the check yielded a problem its ID cannot carry (a severity it does not declare)."""
+    return event_finding(CHECK_CRASHED, f"{check} yielded a problem it cannot report: {why}",
+                         rank=rank, evidence={"check": check}, phase=phase)
+
+
+def check_module_unimportable(module: str, why: str, *, rank: int | None, phase: str = "preflight") -> Finding:
+    """DDP001: a team's check module (named in DDP_DOCTOR_CHECK_MODULES) could not be imported."""
+    return event_finding(CHECK_CRASHED, f"check module {module} (from {EXTRA_MODULES_ENV}) could not be "
+                         f"imported: {why}", rank=rank, evidence={"module": module}, phase=phase)
+
+
+# ---------------------------------------------------------------- ranks the machinery heard nothing from
+
+def launched_rank_lost(rank: int, launcher_exit: int | None, *, timed_out: bool, bound: float) -> Finding:
+    """DDP003: local rank `rank` of a launch ddp-doctor started left no report; how the launch ended."""
+    how = (f"the launch was stopped after {bound:g} s" if timed_out
+           else f"the launcher exited with status {launcher_exit}")
+    return event_finding(RANK_LOST, f"local rank {rank} ended without a report ({how})", rank=rank,
+                         evidence={"launcher_exit": launcher_exit, "timed_out": timed_out})
+
+
+def probe_records_missing(missing: list[int], timeout: float) -> Finding:
+    """DDP006: ranks that did not hand in their in-training probe record within `timeout` s of rank 0
+    finishing training."""
+    return event_finding(PROBE_RECORD_LOST, (
+        f"rank(s) {format_ranks(missing)} did not hand in their probe record within {timeout:g} s of rank 0 "
+        f"finishing training"), rank=None, ranks=missing, phase="training")
+
+
+def tool_failed(rank: int, error: BaseException, traceback: str) -> Finding:
+    """DDP005: ddp-doctor's own code raised `error` on this rank (not in a check)."""
+    return event_finding(TOOL_FAILED, f"ddp-doctor failed on rank {rank}: {type(error).__name__}: {error}",
+                         rank=rank, evidence={"traceback": traceback})
+
+
+def checked_in_rank_lost(rank: int, waited_s: float) -> Finding:
+    """DDP003: a rank checked in at the rendezvous, then sent no final findings within `waited_s`."""
+    return event_finding(RANK_LOST, f"rank {rank} checked in but sent no final findings within {waited_s:g} s",
+                         rank=rank)

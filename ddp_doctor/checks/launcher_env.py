@@ -6,14 +6,14 @@ Every check is pure over the RankContext: parse problems are already recorded in
 """
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from ddp_doctor.checks.sagemaker_config import host_evidence, hosts_text
 from ddp_doctor.context import BACKENDS, RankContext
 from ddp_doctor.facts.host import SMDDP_MODULE
 from ddp_doctor.facts.launchers import RANK_VARIABLES, LauncherInfo, address_problem
-from ddp_doctor.findings import Problem
-from ddp_doctor.registry import check
+from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.registry import REGISTRY, check
 
 # Which of (rank, local rank, world size, local world size) each launcher must set, and how bad a
 # missing one is. torchrun and Open MPI always set all four, so a gap means something removed them;
@@ -256,7 +256,7 @@ def master_addr_valid(ctx: RankContext) -> Iterator[Problem]:
     """
     addr = ctx.master_addr
     why = address_problem(addr) if addr is not None else None
-    if why is None:
+    if addr is None or why is None:
         return
     shown = addr if len(addr) <= 200 else addr[:200] + "..."
     yield Problem(message=f"MASTER_ADDR={shown!r} is {why}: the rendezvous is not attempted with it",
@@ -317,6 +317,16 @@ def backend_available(ctx: RankContext) -> Iterator[Problem]:
                       hint=f"This torch build has no {b} backend; install a build with it (e.g. a CUDA wheel "
                            "for nccl) or choose one of: " + (", ".join(host.backends) or "none"),
                       evidence=ev)
+
+
+BACKEND_MISSING = REGISTRY["DDP106"]  # backend_available's entry, registered by @check above
+
+
+def backend_missing_said(findings: list[Finding], backend: str | None, available: Sequence[str]) -> bool:
+    """True when this rank's findings already say (DDP106) that `backend` cannot exist here: the
+    preflight then does not try init_process_group, whose failure could only add a second,
+    misleading finding (DDP321)."""
+    return backend not in available and any(f.id == BACKEND_MISSING.id for f in findings)
 
 
 # ctx.options key the Python API sets: a script will call init_process_group() after this preflight

@@ -33,8 +33,10 @@ Which loaders are judged, from what the ranks did (never from the script's text)
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
+from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.probe_records import finding_at
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
@@ -406,7 +408,7 @@ def overlap_cause(have: dict[int, dict[str, Any]], world: int) -> tuple[str, str
     """(": what makes the shards overlap", a hint) from the DistributedSampler arguments each rank
     recorded, compared across ranks; ("", None) when no rank's loader has a DistributedSampler (the
     catalogue's own fix, a DistributedSampler, then applies)."""
-    args = {r: ld.get("sampler_args") for r, ld in sorted(have.items()) if ld.get("sampler_args")}
+    args = {r: a for r, ld in sorted(have.items()) if (a := ld.get("sampler_args"))}
     if not args:
         return "", None
     ranks = sorted(args)
@@ -453,10 +455,11 @@ def _per_rank_subset(have: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The Subset every rank's loader draws from, when its indices differ by rank (a hand-made split
     of the data set, `indices[rank::world]`); None otherwise."""
     subsets = [ld.get("subset") for ld in have.values()]
-    if len(subsets) < 2 or not all(isinstance(x, dict) and x.get("head") and x.get("base_size") for x in subsets):
+    split = [x for x in subsets if isinstance(x, dict) and x.get("head") and x.get("base_size")]
+    if len(subsets) < 2 or len(split) < len(subsets):
         return None
-    heads = {tuple(x["head"]) for x in subsets}  # type: ignore[index]
-    return subsets[0] if len(heads) > 1 else None  # type: ignore[return-value]
+    heads = {tuple(x["head"]) for x in split}
+    return split[0] if len(heads) > 1 else None
 
 
 def _second_split(have: dict[int, dict[str, Any]], args: dict[str, Any] | None,
@@ -542,3 +545,54 @@ def coverage_findings(have: dict[int, dict[str, Any]], world: int) -> list[Findi
             "wrapper": info.get("wrapper"), "per_rank_subset": subset is not None})
     f.hint = hint
     return [f]
+
+
+# ---------------------------------------------------------------- before training: check_sampler's draws
+
+@dataclass
+class SamplerDraws:
+    """The indices `ddp_doctor.check_sampler` drew before training (training/sampler_check.py): the
+    facts DDP850-DDP852 are decided on there."""
+    sampler: str  # the sampler's class name
+    dataset_size: int
+    world: int  # the ranks that draw
+    distributed: bool  # a DistributedSampler: it pads its shards when drop_last=False
+    drop_last: bool
+    draws: list[list[list[int]]]  # epoch -> rank -> indices
+    num_replicas: int | None = None  # a DistributedSampler's
+    actual_world: int | None = None  # the world it will run in, when known
+
+
+def draw_findings(d: SamplerDraws) -> list[Finding]:
+    """DDP850 (shards overlap beyond DistributedSampler's padding), DDP851 (samples no rank draws, beyond
+    what drop_last may drop) and DDP852 (a shuffling sampler in the same order in epochs 0 and 1)."""
+    findings: list[Finding] = []
+    n, world, first = d.dataset_size, d.world, d.draws[0]
+    counts = Counter(i for shard in first for i in shard)
+    repeats = sum(c - 1 for c in counts.values() if c > 1)
+    allowed = world - 1 if d.distributed and not d.drop_last else 0
+    if world > 1 and repeats > allowed:
+        shared = sorted(i for i, c in counts.items() if c > 1)
+        findings.append(event_finding(OVERLAP, (
+            f"{d.sampler} over {n} samples and {world} ranks: {repeats} index draws repeat "
+            f"across ranks in one epoch (padding allows {allowed}); e.g. indices {shared[:5]} are drawn by "
+            f"ranks {format_ranks(r for r, shard in enumerate(first) if shared and shared[0] in shard)}"),
+            rank=None, ranks=list(range(world)),
+            evidence={"sampler": d.sampler, "repeats": repeats, "allowed": allowed}))
+    missing = n - len(counts)
+    replicas, actual = d.num_replicas, d.actual_world
+    if missing > (world - 1 if d.drop_last else 0):
+        why, short = "", {}
+        if d.distributed and actual and replicas and replicas > actual:
+            why = (f" (DistributedSampler num_replicas={replicas} in a world of {actual}: the shards of "
+                   f"ranks {format_ranks(range(actual, replicas))} are drawn by no one)")
+            short = {"num_replicas": replicas, "world_size": actual}
+        findings.append(event_finding(NOT_COVERED, (
+            f"one epoch over {world} rank(s) draws {len(counts)} of {n} distinct samples: {missing} never "
+            f"drawn{why}"), rank=None, evidence={"missing": missing, "dataset_size": n, **short}))
+    shuffled = any(shard != sorted(shard) for shard in first)
+    if len(d.draws) > 1 and shuffled and d.draws[0] == d.draws[1]:
+        findings.append(event_finding(SAME_ORDER, (
+            f"{d.sampler} shuffles, but gave the same order in epochs 0 and 1 on every rank"),
+            rank=None, evidence={"epochs": len(d.draws)}))
+    return findings

@@ -16,6 +16,9 @@ class Signature:
     entry: Check
     patterns: tuple[re.Pattern[str], ...]
     consequence: bool = False  # the error is a symptom of another rank's failure
+    # Only a collective raises this error (a timeout, a lost peer, NCCL's own), also from DDP's C++
+    # reducer inside backward(), where no Python frame of torch.distributed is on the traceback.
+    collective: bool = False
 
     def matches(self, text: str) -> bool:
         return any(p.search(text) for p in self.patterns)
@@ -25,9 +28,9 @@ SIGNATURES: list[Signature] = []
 
 
 def signature(id: str, title: str, patterns: list[str], doc: str, *, consequence: bool = False,
-              severity: str = "error") -> Signature:
+              severity: str = "error", collective: bool = False) -> Signature:
     sig = Signature(declare(id, category="training_failure", severity=severity, title=title, doc=doc),
-                    tuple(re.compile(p, re.I | re.S) for p in patterns), consequence)
+                    tuple(re.compile(p, re.I | re.S) for p in patterns), consequence, collective)
     SIGNATURES.append(sig)
     return sig
 
@@ -144,7 +147,7 @@ signature("DDP842", "Ranks called different collectives (TORCH_DISTRIBUTED_DEBUG
 signature("DDP824", "NCCL watchdog timeout", [
     r"Watchdog caught collective operation timeout",
     r"Some NCCL operations have failed or timed out",
-    r"ProcessGroupNCCL.{0,200}tim(ed|ing) out"], doc="""
+    r"ProcessGroupNCCL.{0,200}tim(ed|ing) out"], collective=True, doc="""
     What: NCCL's watchdog found a collective (all_reduce, broadcast, ...) that had not finished
     within the process group's timeout (10 minutes by default for NCCL) and aborted it.
     Why: Not every rank reached the same collective: a straggler (slow data loading, a checkpoint
@@ -176,7 +179,7 @@ signature("DDP835", "A wait at the rendezvous store timed out", [
 signature("DDP825", "Collective timed out (gloo)", [
     r"Timed out waiting \d+ ?ms for (recv|send) operation",
     r"gloo.{0,200}Timed out",
-    r"Timed out waiting .{0,80} for"], doc="""
+    r"Timed out waiting .{0,80} for"], collective=True, doc="""
     What: A gloo collective (or send/recv) on this rank waited longer than the process group's
     timeout (30 minutes by default) for another rank.
     Why: Another rank did not reach the same collective in time: it is slower (a straggler), stuck
@@ -192,7 +195,7 @@ signature("DDP825", "Collective timed out (gloo)", [
 
 signature("DDP826", "Connection to a peer rank lost", [
     r"Connection (closed|reset) by peer",
-    r"gloo.{0,200}(Broken pipe|Connection refused)"], consequence=True, doc="""
+    r"gloo.{0,200}(Broken pipe|Connection refused)"], consequence=True, collective=True, doc="""
     What: A gloo connection to another rank (or the store) was closed while this rank was in a
     collective ("Connection closed by peer", "Connection reset by peer").
     Why: The other process is gone: it raised an exception, was killed (out-of-memory killer,
@@ -370,7 +373,7 @@ signature("DDP838", "NCCL error (network / system)", [
     r"unhandled system error",
     r"NCCL error in:",
     r"ncclSystemError|ncclInternalError|ncclRemoteError|ncclUnhandledCudaError",
-    r"NCCL WARN"], doc="""
+    r"NCCL WARN"], collective=True, doc="""
     What: NCCL failed inside a collective or while connecting its ranks ("unhandled system error",
     ncclSystemError / ncclRemoteError, socket connect failures).
     Why: Most often the network: NCCL picked an interface that cannot reach the other nodes

@@ -28,6 +28,13 @@ def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], s
                                    "stacks": {str(r): s for r, s in stacks.items()}}, phase="training")
 
 
+def preflight_interrupted_finding(interrupt: Any) -> Finding:
+    """The preflight's local launch stopped by a signal (DDP808), dated when the signal came: before
+    the ranks it ended went missing."""
+    return event_finding(failures.INTERRUPTED, f"stopped by {interrupt.describe()} during the preflight",
+                         rank=None, evidence=interrupt.to_dict(), time=interrupt.at)
+
+
 def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:
     """Name the ranks that are not where the others are: outside a collective while others wait in
     one, or else the minority location."""

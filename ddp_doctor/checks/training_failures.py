@@ -2,6 +2,8 @@
 Known error signatures have their own entries in signatures.py (DDP820 on)."""
 from __future__ import annotations
 
+from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.findings import Finding
 from ddp_doctor.registry import declare
 
 RANK_RAISED = declare(
@@ -179,3 +181,8 @@ RECORDS_DEGRADED = declare(
     Fix: Free space in (or point TMPDIR / DDP_DOCTOR_RUN_DIR / --run-dir at) a writable directory
     with room; `df -h $TMPDIR` and `df -i $TMPDIR` show what is left.
     """)
+
+
+def records_moved_finding(note: str, rank: int | None, run_dir: str) -> Finding:
+    """DDP813: the records went to `run_dir` rather than where asked; `note` says why (run_dir.py)."""
+    return event_finding(RECORDS_DEGRADED, note, rank=rank, evidence={"run_dir": run_dir})

@@ -20,7 +20,13 @@ from ddp_doctor.comm.arithmetic import format_bytes
 from ddp_doctor.exit_codes import EXIT_INTERNAL
 
 HELP = "run only the all_reduce sweep and print an nccl-tests style table"
-SELECT = ["DDP401", "DDP403"]
+
+
+def selected_checks() -> list[str]:
+    """The IDs bench-comm runs: the all_reduce sweep and its bandwidth verdict."""
+    from ddp_doctor import checks
+    from ddp_doctor.checks.communication import all_reduce_correct, bandwidth_expected
+    return sorted(c.id for c in checks.load_catalogue().values() if c.func in (all_reduce_correct, bandwidth_expected))
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -159,7 +165,7 @@ def command(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {**comm_options(args), "comm_mode": "bench"}
     if not args.json:
         options["comm_progress"] = progress_printer()
-    code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=list(SELECT), backend=args.backend,
+    code = run_preflight_rank(PreflightOptions(timeout=args.timeout, select=selected_checks(), backend=args.backend,
                             output=out, check_options=options))
     self_launched = bool(os.environ.get(LAUNCH_DIR_ENV))
     from ddp_doctor.facts.launchers import detect

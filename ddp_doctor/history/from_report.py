@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from ddp_doctor.history.opened import open_history
 from ddp_doctor.history.store import RunRecord, default_path, group_size, possible_figure
+from ddp_doctor.registry import REGISTRY
 
 COLLECTIVES = ("all_reduce", "all_reduce_intra", "all_reduce_inter", "broadcast", "all_gather")
-STRAGGLER_ID = "DDP877"
 BUSY = "host_load.busy"  # 1.0: a host of the job was busy while it was timed; 0.0: none was; absent: not known
 
 
@@ -32,7 +32,11 @@ def figures_of(rep: dict[str, Any]) -> dict[str, float]:
     or more), the preflight's stage times, a run's median step time (per script and arguments), the
     straggler's lag and share when DDP877 named one, and whether a host of the job was busy while
     it was timed (BUSY, from measurements.host_load). A figure that cannot be real (not finite,
-    negative, a busbw of a 1-rank group: store.possible_figure) is left out."""
+    negative, a busbw of a 1-rank group: store.possible_figure) is left out.
+
+    The straggler's figures come from the findings whose ID is declared `kept_in_history` in the
+    catalogue as loaded: a report with such a finding was judged in this process, by the checks
+    module that declares it."""
     m = rep.get("measurements") or {}
     world = rep.get("world") or {}
     layout = RunRecord(time=0.0, kind="", host="", world_size=world.get("world_size"), nnodes=world.get("nnodes"),
@@ -53,8 +57,9 @@ def figures_of(rep: dict[str, Any]) -> dict[str, float]:
     if isinstance(training.get("median_step_s"), (int, float)) and training.get("script_key"):
         # keyed by the script and its arguments: another script's steps are another series
         out[f"training.median_step_s@{training['script_key']}"] = float(training["median_step_s"])
+    kept = {c.id for c in REGISTRY.values() if c.kept_in_history}
     for f in rep.get("findings") or []:
-        if f.get("id") == STRAGGLER_ID:
+        if f.get("id") in kept:
             ev = f.get("evidence") or {}
             if isinstance(ev.get("median_lag_s"), (int, float)):
                 out["arrival.median_lag_s"] = float(ev["median_lag_s"])

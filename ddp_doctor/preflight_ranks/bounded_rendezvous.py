@@ -5,6 +5,8 @@ classifies a failure (does not resolve / refused / timed out); once the port acc
 store client must complete its handshake there, else what holds the port is not a torch store and
 the rank says what answered (identify_store). Ranks then check in at the store under a prefix of
 ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
+What is seen here is gathered as facts (checks/rendezvous.py: Reach, Missing, Crowd); the findings
+are worded there.
 Every wait here ends at a deadline: the store is reached and used through the bounded client
 (processes/store.py), and torch's own handshake, which has no bound, runs through
 call_with_time_limit here too.
@@ -22,8 +24,8 @@ from datetime import timedelta
 from typing import Any
 
 from ddp_doctor.checks import rendezvous as ev
-from ddp_doctor.checks.internal import event_finding
-from ddp_doctor.findings import Finding, brief_ranks
+from ddp_doctor.checks.rendezvous import MAX_NAMED, Crowd, Reach  # the facts gathered here
+from ddp_doctor.findings import Finding
 from ddp_doctor.processes.store import (
     connect_store,
     op_bound,
@@ -36,16 +38,6 @@ from ddp_doctor.processes.store import (
 from ddp_doctor.time_limit import call_with_time_limit
 
 DEFAULT_PORT = 29500
-
-
-@dataclass
-class Reach:
-    ok: bool
-    kind: str = ""        # "" | unresolvable | refused | timeout | unreachable | not_store
-    detail: str = ""
-    attempts: int = 0
-    elapsed_s: float = 0.0
-    answer: str = ""      # not_store: what the peer sent ("" when it stayed silent)
 
 
 def _resolve(host: str, port: int, bound: float) -> tuple[list[Any] | None, str]:
@@ -180,32 +172,6 @@ def printable(data: bytes, limit: int = 120) -> str:
     return out[:limit] + ("..." if len(out) > limit else "")
 
 
-def reach_finding(reach: Reach, host: str, port: int, rank: int | None, bound: float) -> Finding:
-    where = f"MASTER_ADDR={host} MASTER_PORT={port}"
-    evidence = {"master_addr": host, "master_port": port, "attempts": reach.attempts,
-                "elapsed_s": round(reach.elapsed_s, 3), "bound_s": bound, "detail": reach.detail}
-    if reach.kind == "unresolvable":
-        return event_finding(ev.MASTER_UNRESOLVABLE, f"{where}: the name does not resolve on this rank "
-                           f"({reach.detail})", rank=rank, evidence=evidence)
-    if reach.kind == "refused":
-        return event_finding(ev.MASTER_REFUSED, f"{where}: connection refused for {bound:g} s "
-                           f"({reach.attempts} attempts): nothing listens there", rank=rank,
-                           evidence=evidence)
-    if reach.kind == "not_store":
-        evidence["answer"] = reach.answer
-        evidence["silent"] = not reach.answer
-        return event_finding(
-            ev.NOT_A_STORE, f"{where}: the port accepts connections but no torch store answers there: "
-            f"{reach.detail}; expected the rendezvous store of rank 0 or of the launcher on the "
-            f"master node", rank=rank, evidence=evidence,
-            hint=f"Another service holds port {port} on {host} (rank 0's own report says MASTER_PORT "
-                 f"already in use, DDP313, when it runs there): give every rank a free MASTER_PORT "
-                 f"(torchrun --master-port), or stop that service (`ss -ltnp 'sport = :{port}'` on "
-                 f"{host}).")
-    return event_finding(ev.MASTER_TIMEOUT, f"{where}: no connection within {bound:g} s "
-                       f"({reach.attempts} attempts; {reach.detail})", rank=rank, evidence=evidence)
-
-
 def port_in_use(port: int) -> str | None:
     """None when this host can listen on `port`, else the error text."""
     for family, addr in ((socket.AF_INET, "0.0.0.0"),):
@@ -301,7 +267,8 @@ class ViewReader:
     """Reads views as their ranks made them, each distinct long value parsed once over all its
     reads (see view_text). Ranks with alike values share one parsed copy of it: read them, never
     change them. A rank whose record is no view this reader reads (another ddp-doctor version's)
-    is left out of what `read` returns and named in `unreadable` with why (unreadable_finding)."""
+    is left out of what `read` returns and named in `unreadable` with why (for
+    checks/rendezvous.py unreadable_finding)."""
 
     def __init__(self, own: str | None = None) -> None:
         # the reader's own long values (its view_text): on most ranks alike, so in the usual job
@@ -322,21 +289,6 @@ class ViewReader:
             except ValueError as e:  # UnicodeDecodeError and JSON's errors are ValueErrors too
                 self.unreadable[r] = str(e)[:200]
         return views
-
-
-def unreadable_finding(unreadable: dict[int, str], rank: int | None) -> Finding | None:
-    """DDP325 for the ranks whose record in the store is no view this reader reads (ViewReader);
-    None when there are none."""
-    if not unreadable:
-        return None
-    from ddp_doctor.version import __version__
-    ranks = sorted(unreadable)
-    first = ranks[0]
-    return event_finding(
-        ev.VIEW_UNREADABLE, f"rank(s) {brief_ranks(ranks)} checked in at the rendezvous, but what they put in the "
-        f"store is no view this ddp-doctor ({__version__}) reads (rank {first}: {unreadable[first]}): the checks "
-        f"across ranks left them out", rank=rank, ranks=ranks,
-        evidence={"ranks": ranks, "why": {str(r): unreadable[r] for r in ranks[:16]}, "ddp_doctor": __version__})
 
 
 def read_views(store: Any, ranks: list[int], deadline: float, *, present: bool = False,
@@ -373,10 +325,11 @@ class Meeting:
 
 
 def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: float,
-         text: str | None = None) -> Meeting:
+         text: str | None = None, master: tuple[str, int] | None = None) -> Meeting:
     """Check in, publish this rank's view, and wait (bounded) until every rank has done so.
     `text`: view_text(view), made as the view was (the rank's own work, before it reaches the
-    store); made here when not given.
+    store); made here when not given. `master`: the store's MASTER_ADDR and MASTER_PORT, for a
+    finding to name.
 
     Two requests a rank when all goes well, whatever the world size, as a plain store barrier
     (add, wait) sends: the check-in, one compare_set that claims the rank and puts its view
@@ -422,11 +375,7 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     if not member:  # counted among the later claimants (the first one never counts itself)
         claims = 1 + int(store_call(lambda: store.add(f"claim/{rank}", 1), "add(claim)", bound))
         first = _first_claimant(got)
-        findings.append(event_finding(
-            ev.DUPLICATE_RANK, f"RANK={rank} was claimed by {claims} processes (this one on host "
-            f"{view.get('hostname')}, pid {view.get('pid')}"
-            + (f"; the first on host {first['host']}, pid {first['pid']})" if first else ")"), rank=rank,
-            evidence={"rank": rank, "claims": claims, **({"first": first} if first else {})}))
+        findings.append(ev.duplicate_rank_finding(rank, claims, view.get("hostname"), view.get("pid"), first))
         add_extra(store, {"rank": rank, "pid": view.get("pid"), "host": view.get("hostname"),
                           "why": "claimed a rank already claimed"}, bound)
     views: dict[int, dict[str, Any]] = {}
@@ -444,13 +393,9 @@ def meet(store: Any, rank: int, world_size: int, view: dict[str, Any], timeout: 
     present = set(arrived)
     missing = [r for r in range(world_size) if r not in present]
     if missing:  # more check-ins than ranks without a gap is a duplicate claim (DDP322)
-        findings.append(event_finding(
-            ev.RANKS_MISSING,
-            f"WORLD_SIZE={world_size} but only {len(arrived)} rank(s) checked in within {timeout:g} s: "
-            f"arrived {brief_ranks(arrived) or 'none'}; missing {brief_ranks(missing) or 'none'}",
-            rank=rank, ranks=missing or [rank],
-            evidence={"world_size": world_size, "arrived": arrived, "missing": missing,
-                      "check_ins": len(arrived), "timeout_s": timeout}))
+        host, port = master if master is not None else (None, None)
+        findings.append(ev.ranks_missing_finding(ev.Missing(
+            world_size=world_size, arrived=tuple(arrived), bound_s=timeout, master_addr=host, master_port=port), rank))
     return Meeting(store=store, world_size=world_size, missing=missing, findings=findings, views=views)
 
 
@@ -520,9 +465,7 @@ def present_ranks(store: Any, world_size: int, bound: float) -> list[int]:
 
 # ---------------------------------------------------------------- two jobs at one store
 
-MAX_NAMED = 16  # processes a crowd finding names (the count says how many more)
 ANNOUNCE_S = 3.0  # a rank 0 that could not host: how long it tries the store that holds its port
-COULD_NOT_HOST = "could not host"  # why a rank 0 is among a store's extras (announce)
 
 
 def add_extra(store: Any, who: dict[str, Any], bound: float) -> None:
@@ -531,20 +474,6 @@ def add_extra(store: Any, who: dict[str, Any], bound: float) -> None:
     k = int(store_call(lambda: store.add("extra", 1), "add(extra)", bound))
     text = json.dumps(who)
     store_call(lambda: store.set(f"extra/{k}", text), "set(extra)", bound)
-
-
-@dataclass
-class Crowd:
-    """More processes met at one store than its world has ranks: two jobs (or one job started
-    twice) share MASTER_ADDR:MASTER_PORT."""
-    world_size: int
-    members: int  # processes that checked in as a rank nobody had claimed
-    extra: int  # processes beyond them: second claimants, a rank 0 that could not host
-    named: list[dict[str, Any]]  # up to MAX_NAMED of the extras, and the first claimant of each rank they claim
-
-    @property
-    def processes(self) -> int:
-        return self.members + self.extra
 
 
 def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
@@ -566,25 +495,6 @@ def crowd(store: Any, world_size: int, bound: float) -> Crowd | None:
     named = [{"rank": v.get("rank"), "pid": v.get("pid"), "host": v.get("hostname"), "why": "claimed it first"}
              for v in firsts.values() if isinstance(v, dict)]
     return Crowd(world_size, members, extra, named + extras)
-
-
-def crowd_finding(c: Crowd, host: str, port: int, rank: int | None) -> Finding:
-    by_rank: dict[Any, list[str]] = {}
-    for p in c.named:
-        note = " (could not host the store: the port was taken)" if p.get("why") == COULD_NOT_HOST else ""
-        by_rank.setdefault(p.get("rank"), []).append(f"pid {p.get('pid')} on host {p.get('host')}{note}")
-    said = "; ".join(f"rank {r}: {', '.join(who)}" for r, who in sorted(by_rank.items(), key=lambda i: str(i[0])))
-    more = c.extra - min(c.extra, MAX_NAMED)
-    ranks = sorted(r for r in by_rank if isinstance(r, int))
-    return event_finding(
-        ev.SHARED_RENDEZVOUS,
-        f"{c.processes} processes met at the rendezvous on MASTER_ADDR={host} MASTER_PORT={port} for "
-        f"WORLD_SIZE={c.world_size} ({c.members} as distinct ranks, {c.extra} more)"
-        + (f": {said}" if said else "") + (f"; and {more} more not named" if more > 0 else "")
-        + ": two jobs, or one job started twice, share this MASTER_ADDR:MASTER_PORT; every process "
-        "there fails its preflight", rank=rank, ranks=ranks or None,
-        evidence={"master_addr": host, "master_port": port, "world_size": c.world_size, "members": c.members,
-                  "extra": c.extra, "processes": c.named})
 
 
 def announce(host: str, port: int, prefix: str, who: dict[str, Any], world_size: int,

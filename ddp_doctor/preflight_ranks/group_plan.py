@@ -8,9 +8,8 @@ from typing import Any
 
 from ddp_doctor import checks as catalogue
 from ddp_doctor.checks import rendezvous as ev
-from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.comm import sweep
-from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks
+from ddp_doctor.findings import Finding
 
 
 def group_plan(select: list[str] | None, skip: list[str] | None) -> list[str]:
@@ -30,24 +29,9 @@ def plans_differ(group: Any, plan: list[str], rank: int | None) -> Finding | Non
     here: the exchange then fails or gives digests that differ)."""
     from ddp_doctor.version import __version__
     mine = plan_digest(__version__, plan)
-    evidence: dict[str, Any] = {"plan": plan, "ddp_doctor": __version__}
     try:
-        got = [int(v[0]) for v in sweep.world_comm(group).gather_floats([float(mine)])]
+        got = tuple(int(v[0]) for v in sweep.world_comm(group).gather_floats([float(mine)]))
     except Exception as e:  # noqa: BLE001 - a peer gone or in another collective: the gather fails its own way
-        # a consequence when something else failed first (a rank whose init failed never comes here)
-        return event_finding(
-            ev.PLANS_DIFFER, "the ranks could not compare the group checks they would run before running "
-            f"them ({type(e).__name__}: {str(e)[:200]}): none ran; a rank whose process group failed, or "
-            "one of another ddp-doctor version calling other collectives, leaves the others waiting here",
-            rank=rank, evidence={**evidence, "error": str(e)[:200]}, caused_by=ROOT_CAUSE)
-    if len(set(got)) == 1:
-        return None
-    by_digest: dict[int, list[int]] = {}
-    for r, digest in enumerate(got):
-        by_digest.setdefault(digest, []).append(r)
-    plans = sorted(by_digest.values())
-    return event_finding(
-        ev.PLANS_DIFFER, f"the ranks would run different group checks ({len(plans)} plans: "
-        + "; ".join(f"rank(s) {brief_ranks(rs)}" for rs in plans)
-        + "), which are collectives every rank must call in the same order: none ran (each plan, its "
-        "checks and its ddp-doctor version, is in the evidence by rank)", rank=rank, evidence=evidence)
+        return ev.plans_differ_finding(ev.PlanExchange(tuple(plan), __version__, None, type(e).__name__,
+                                                       str(e)[:200]), rank)
+    return ev.plans_differ_finding(ev.PlanExchange(tuple(plan), __version__, got), rank)

@@ -17,8 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from ddp_doctor.checks import internal as events
-from ddp_doctor.checks.training_failures import INTERRUPTED
+from ddp_doctor.checks.stalls import preflight_interrupted_finding
 from ddp_doctor.exit_codes import FailOn
 from ddp_doctor.facts.efa import nccl_log_env
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, launch_timelines, merge_launch_dir
@@ -117,9 +116,7 @@ def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out:
     note_later(more, "while the ranks were being stopped; noted in the report" if caught is not None
                else "after the ranks had ended; noted in the report (DDP811)")
     if caught is not None:
-        stopped = events.event_finding(INTERRUPTED, f"stopped by {caught.describe()} during the preflight",
-                                       rank=None, evidence=caught.to_dict())
-        stopped.time = caught.at  # before the ranks it ended went missing
+        stopped = preflight_interrupted_finding(caught)  # dated before the ranks it ended went missing
         rep = reportlib.mark_interrupted(reportlib.build_report(
             world=rep["world"], ranks=rep["ranks"], findings=[*reportlib.findings_of(rep), stopped],
             measurements=rep["measurements"]), caught.to_dict())

@@ -22,8 +22,10 @@ from ddp_doctor import check_runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.history_rules import BANDWIDTH, against_history
+from ddp_doctor.checks.launcher_env import backend_missing_said
 from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
+from ddp_doctor.facts import ports
 from ddp_doctor.facts.launchers import address_problem
 from ddp_doctor.findings import Finding
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
@@ -36,8 +38,6 @@ from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, apply_fail_on, deliver
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.time_limit import call_with_time_limit
-
-BACKEND_MISSING = "DDP106"  # checks/launcher_env.py: the backend cannot exist here
 
 
 @dataclass
@@ -117,9 +117,7 @@ class RankPreflight:
             return self._run()
         except Exception as e:  # noqa: BLE001 - ddp-doctor itself failed: a finding, never a lost report
             self.failed = True
-            self.findings.append(events.event_finding(
-                events.TOOL_FAILED, f"ddp-doctor failed on rank {self.rank}: {type(e).__name__}: {e}",
-                rank=self.rank, evidence={"traceback": traceback.format_exc()}))
+            self.findings.append(events.tool_failed(self.rank, e, traceback.format_exc()))
             return self._alone()
 
     def _run(self) -> dict[str, Any]:
@@ -146,19 +144,17 @@ class RankPreflight:
                 return self._port_taken(addr, port, busy)
             local = rendezvous.is_local_host(addr)
             if local is None:
-                reach = rendezvous.Reach(False, "unresolvable", "the name does not resolve")
-                self.findings.append(rendezvous.reach_finding(reach, addr, port, self.rank, opts.timeout))
+                reach = ev.Reach(False, "unresolvable", "the name does not resolve")
+                self.findings.append(ev.unreachable_finding(reach, addr, port, opts.timeout, self.rank))
                 return self._alone()
             if local is False:
-                self.findings.append(events.event_finding(
-                    ev.MASTER_NOT_LOCAL, f"MASTER_ADDR={addr} is not an address of rank 0's host "
-                    f"{ctx.host.hostname}", rank=self.rank, evidence={"master_addr": addr}))
+                self.findings.append(ev.master_not_local_finding(addr, ctx.host.hostname, self.rank))
                 return self._alone()
         else:
             with self._stage("reach_master"):
                 reach = rendezvous.reach_master(addr, port, opts.timeout)
             if not reach.ok:
-                self.findings.append(rendezvous.reach_finding(reach, addr, port, self.rank, opts.timeout))
+                self.findings.append(ev.unreachable_finding(reach, addr, port, opts.timeout, self.rank))
                 return self._alone()
         try:
             with self._stage("store"):
@@ -166,9 +162,7 @@ class RankPreflight:
         except Exception as e:  # noqa: BLE001 - turned into a finding
             if hosting and "in use" in str(e).lower():  # another rank 0 bound it since port_in_use looked
                 return self._port_taken(addr, port, str(e))
-            self.findings.append(events.event_finding(
-                ev.STORE_LOST, f"could not {'host' if hosting else 'connect to'} the store at {addr}:{port}: {e}",
-                rank=self.rank, evidence={"error": str(e)}))
+            self.findings.append(ev.store_lost_finding(str(e), self.rank, at=(addr, port), hosting=hosting))
             return self._alone()
         return self._with_store(store, hosting)
 
@@ -181,20 +175,18 @@ class RankPreflight:
     def _port_taken(self, addr: str, port: int, error: str) -> dict[str, Any]:
         """Rank 0 cannot host the store: MASTER_PORT is taken. When another job's rendezvous holds
         it, this process is counted there (so that job fails too: two jobs at one port never pass)
-        and the finding names that job's rank 0 (DDP846); otherwise the port in use (DDP313)."""
+        and the finding names that job's rank 0 (DDP846); otherwise the port in use, and who holds it
+        (DDP313)."""
         host = self.ctx.host.hostname
-        said = f"rank 0 cannot listen on MASTER_PORT={port} on host {host}: {error}"
         seen = rendezvous.announce(addr, port, self._prefix(), {
-            "rank": self.rank, "pid": os.getpid(), "host": host, "why": rendezvous.COULD_NOT_HOST},
+            "rank": self.rank, "pid": os.getpid(), "host": host, "why": ev.COULD_NOT_HOST},
             self.ctx.world_size or 1, min(self.opts.timeout, rendezvous.ANNOUNCE_S))
         if seen is not None:
-            f = rendezvous.crowd_finding(seen, addr, port, self.rank)
-            f.message = f"{said}; another job's rendezvous holds it: {f.message}"
-            f.evidence["error"] = error
-            self.findings.append(f)
+            taken = ev.PortTaken(port, host, error)
+            self.findings.append(ev.shared_rendezvous_finding(seen, addr, port, self.rank, taken))
         else:
-            self.findings.append(events.event_finding(
-                ev.PORT_IN_USE, said, rank=self.rank, evidence={"master_port": port, "error": error}))
+            taken = ev.PortTaken(port, host, error, tuple(ports.port_holders(port)))
+            self.findings.append(ev.port_in_use_finding(taken, self.rank))
         return self._alone()
 
     def _master(self) -> tuple[str | None, int]:
@@ -212,12 +204,12 @@ class RankPreflight:
             self.view["findings"] = [f.to_dict() for f in self.findings]
             text = rendezvous.view_text(self.view)  # the view as sent: made before the rank checks in
             self._sent = text
+            addr, port = self._master()
             with self._stage("rendezvous"):
-                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, text)
+                meeting = rendezvous.meet(store, self.rank, ws, self.view, opts.timeout, text,
+                                          (addr, port) if addr is not None else None)
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
-            self.findings.append(events.event_finding(
-                ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
-                evidence={"error": str(e)}))
+            self.findings.append(ev.store_lost_finding(str(e), self.rank))
             return self._alone()
         self.findings += meeting.findings
         if any(f.id == ev.DUPLICATE_RANK.id for f in meeting.findings):
@@ -243,9 +235,7 @@ class RankPreflight:
             self._write_partial(final=True)
             return rep
         except Exception as e:  # noqa: BLE001 - whatever the store raises is STORE_LOST
-            self.findings.append(events.event_finding(
-                ev.STORE_LOST, f"the rendezvous store stopped answering: {e}", rank=self.rank,
-                evidence={"error": str(e)}))
+            self.findings.append(ev.store_lost_finding(str(e), self.rank))
             return self._alone()
 
     def _group_stage(self, store: Any, ws: int) -> None:
@@ -253,8 +243,8 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         backend = ctx.backend
         device = ctx.device
-        if backend not in ctx.host.backends and any(f.id == BACKEND_MISSING for f in self.findings):
-            return  # DDP106 said why: an init attempt would only add a second, misleading finding
+        if backend_missing_said(self.findings, backend, ctx.host.backends):
+            return  # said why: an init attempt would only add a second, misleading finding
         try:
             if device.startswith("cuda"):
                 import torch
@@ -268,10 +258,7 @@ class RankPreflight:
                 dist.init_process_group(backend=backend, store=prefixed(store, "pg/"),
                                         rank=self.rank, world_size=ws, timeout=timedelta(seconds=opts.timeout))
         except Exception as e:  # noqa: BLE001 - torch fails in many ways; PG_INIT_FAILED says which
-            self.findings.append(events.event_finding(
-                ev.PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={ws}) failed on "
-                f"rank {self.rank}: {type(e).__name__}: {e}", rank=self.rank,
-                evidence={"backend": backend, "error": str(e)}))
+            self.findings.append(ev.pg_init_failed_finding(backend, ws, self.rank, type(e).__name__, str(e)))
             self._say_group_state(store, False)
             return
         self._say_group_state(store, True)
@@ -325,7 +312,8 @@ class RankPreflight:
         reader = rendezvous.ViewReader(self._sent)
         if unread:
             views_by_rank.update(reader.read(store, unread, time.monotonic() + 1.0, present=True))
-        unreadable = rendezvous.unreadable_finding(reader.unreadable, self.rank)
+        from ddp_doctor.version import __version__
+        unreadable = ev.unreadable_finding(reader.unreadable, self.rank, __version__)
         findings: list[Finding] = [unreadable] if unreadable else []
         measurements: dict[str, Any] = {}
         for r in meeting.arrived:
@@ -333,9 +321,7 @@ class RankPreflight:
             if final is None:
                 view = views_by_rank.get(r, {})
                 findings += [Finding.from_dict(d) for d in view.get("findings", [])]
-                findings.append(events.event_finding(
-                    events.RANK_LOST, f"rank {r} checked in but sent no final findings within "
-                    f"{opts.timeout:g} s", rank=r))
+                findings.append(events.checked_in_rank_lost(r, opts.timeout))
                 continue
             findings += [Finding.from_dict(d) for d in final.get("findings", [])]
             merge_measurements(measurements, final.get("measurements") or {})
@@ -379,9 +365,7 @@ class RankPreflight:
         got = read_json_keys(store, ["verdict"], time.monotonic() + self.opts.timeout + 30.0)
         verdict = got.get("verdict")
         if verdict is None:
-            self.findings.append(events.event_finding(
-                ev.REPORTER_LOST, f"rank {self.rank} got no verdict from the reporting rank within "
-                f"{self.opts.timeout + 30:g} s", rank=self.rank))
+            self.findings.append(ev.reporter_lost_finding(self.rank, self.opts.timeout + 30))
             return self._alone()
         token = verdict.get("job_token")
         self.job_token = token if isinstance(token, str) and token else None
@@ -411,7 +395,7 @@ class RankPreflight:
         if seen is None:
             return []
         addr, port = self._master()
-        found = [rendezvous.crowd_finding(seen, addr or "?", port, self.rank)]
+        found = [ev.shared_rendezvous_finding(seen, addr or "?", port, self.rank)]
         if keep:
             self.findings += found
         return found

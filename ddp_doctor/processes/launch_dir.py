@@ -76,11 +76,7 @@ def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, boun
     reported = covered | {r for r, d in partials.items() if d.get("final")}
     for r in (expected if expected is not None else range(nproc)):
         if r not in reported:
-            how = (f"the launch was stopped after {bound:g} s" if timed_out
-                   else f"the launcher exited with status {rc}")
-            findings.append(events.event_finding(
-                events.RANK_LOST, f"local rank {r} ended without a report ({how})", rank=r,
-                evidence={"launcher_exit": rc, "timed_out": timed_out}))
+            findings.append(events.launched_rank_lost(r, rc, timed_out=timed_out, bound=bound))
     world = dict(merged["world"]) if merged else {
         "launcher": "torchrun", "backend": None, "world_size": nproc, "nnodes": 1,
         "nproc_per_node": nproc, "master_addr": None, "master_port": None}

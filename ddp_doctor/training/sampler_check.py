@@ -4,19 +4,17 @@ rank would draw and check the shards are disjoint, cover the data set, and chang
 It runs in one process: for a DistributedSampler it builds the sampler of every rank (same seed,
 rank r of num_replicas); any other sampler is what every rank would draw, since each rank builds
 the same one. DistributedSampler's padding (up to num_replicas - 1 repeated indices when
-drop_last=False) is by design and not reported as overlap. The IDs it raises (DDP850-DDP852) are
-declared in ddp_doctor/checks/sampler.py.
+drop_last=False) is by design and not reported as overlap. This module only draws; the findings
+(DDP850-DDP852) are decided and worded in ddp_doctor/checks/sampler.py (draw_findings).
 """
 from __future__ import annotations
 
 import copy
 import os
-from collections import Counter
 from typing import Any
 
-from ddp_doctor.checks.internal import event_finding
-from ddp_doctor.checks.sampler import NOT_COVERED, OVERLAP, SAME_ORDER
-from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.checks.sampler import SamplerDraws, draw_findings
+from ddp_doctor.findings import Finding
 
 
 def _sampler_of(obj: Any) -> Any:
@@ -65,7 +63,6 @@ def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
         world = int(actual or 1)
     n = dataset_size if dataset_size is not None else len(getattr(sampler, "dataset", None) or
                                                           getattr(obj, "dataset", None) or sampler)
-    findings: list[Finding] = []
     draws: list[list[list[int]]] = []  # epoch -> rank -> indices
     for e in range(max(1, epochs)):
         per_rank = []
@@ -75,32 +72,7 @@ def check_sampler(obj: Any, *, epochs: int = 2, world_size: int | None = None,
                 s.rank = r
             per_rank.append(_draw(s, e))
         draws.append(per_rank)
-
-    first = draws[0]
-    counts = Counter(i for shard in first for i in shard)
-    repeats = sum(c - 1 for c in counts.values() if c > 1)
-    allowed = world - 1 if distributed and not getattr(sampler, "drop_last", False) else 0
-    if world > 1 and repeats > allowed:
-        shared = sorted(i for i, c in counts.items() if c > 1)
-        findings.append(event_finding(OVERLAP, (
-            f"{type(sampler).__name__} over {n} samples and {world} ranks: {repeats} index draws repeat "
-            f"across ranks in one epoch (padding allows {allowed}); e.g. indices {shared[:5]} are drawn by "
-            f"ranks {format_ranks(r for r, shard in enumerate(first) if shared and shared[0] in shard)}"),
-            rank=None, ranks=list(range(world)),
-            evidence={"sampler": type(sampler).__name__, "repeats": repeats, "allowed": allowed}))
-    missing = n - len(counts)
-    short = bool(distributed and actual and replicas and replicas > actual)
-    if missing > (world - 1 if getattr(sampler, "drop_last", False) else 0):
-        why = (f" (DistributedSampler num_replicas={replicas} in a world of {actual}: the shards of "
-               f"ranks {format_ranks(range(actual, replicas))} are drawn by no one)") if short else ""
-        findings.append(event_finding(NOT_COVERED, (
-            f"one epoch over {world} rank(s) draws {len(counts)} of {n} distinct samples: {missing} never "
-            f"drawn{why}"), rank=None, evidence={"missing": missing, "dataset_size": n,
-                                                  **({"num_replicas": replicas, "world_size": actual}
-                                                     if short else {})}))
-    shuffled = any(shard != sorted(shard) for shard in first)
-    if epochs > 1 and shuffled and draws[0] == draws[1]:
-        findings.append(event_finding(SAME_ORDER, (
-            f"{type(sampler).__name__} shuffles, but gave the same order in epochs 0 and 1 on every rank"),
-            rank=None, evidence={"epochs": epochs}))
-    return findings
+    return draw_findings(SamplerDraws(
+        sampler=type(sampler).__name__, dataset_size=n, world=world, distributed=distributed,
+        drop_last=bool(getattr(sampler, "drop_last", False)), draws=draws, num_replicas=replicas,
+        actual_world=actual))

@@ -158,7 +158,7 @@ SAMPLES: dict[str, list[str]] = {
                "CollectiveFingerPrint(SequenceNumber=1OpType=BARRIER), but Rank 2 is running collective: "
                "CollectiveFingerPrint(SequenceNumber=0OpType=BARRIER).\n"],
     # TEXT ONLY (NCCL): https://github.com/NVIDIA/Megatron-LM/issues/661, https://github.com/Peterande/D-FINE/issues/289
-    # (classified DDP838 "network / system" before issue 13: the texts contain "NCCL error in:")
+    # (not DDP838 "network / system", though the texts contain "NCCL error in:")
     "DDP843": ["DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1691, invalid "
                "usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.19.3\nncclInvalidUsage: This usually "
                "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 0 and rank 1 "
@@ -360,7 +360,7 @@ def test_failure_script_is_diagnosed_end_to_end(name, e2e):
     cause = rep["root_cause"]
     assert rep["phase"] == "training" and cause is not None, res.output
     assert cause["id"] == want_id, (cause, res.stderr[-3000:])
-    if want_ranks is None:  # both ranks raise it: one merged finding naming both, or the first (issue 13)
+    if want_ranks is None:  # both ranks raise it: one merged finding naming both, or the first
         assert cause["ranks"] and set(cause["ranks"]) <= {0, 1}, cause
     else:
         assert cause["ranks"] == want_ranks, cause

@@ -170,9 +170,9 @@ def reporting_rank(world: World) -> Verdict:
     _report): the lost ranks' DDP003, the cross_rank checks, the merged report, its text."""
     findings = [Finding.from_dict(d) for r in sorted(world.finals) for d in world.finals[r]]
     for r in world.lost:
-        findings.append(events.event_finding(
-            events.RANK_LOST, f"rank {r} checked in but sent no final findings within 60 s", rank=r,
-            time=1_790_000_100.0))
+        lost = events.checked_in_rank_lost(r, 60.0)
+        lost.time = 1_790_000_100.0
+        findings.append(lost)
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     findings += check_runner.run_stage("cross_rank", (world.ctx, world.views), 0)

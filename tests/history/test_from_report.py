@@ -4,8 +4,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ddp_doctor.checks import load_catalogue
 from ddp_doctor.history.from_report import BUSY, figures_of, record, recordable, records_of
 from ddp_doctor.history.store import History
+
+# The figures a finding gives come from its ID's `kept_in_history` flag in the loaded catalogue, as
+# in the process that judged the report.
+load_catalogue()
 
 REPORT = {
     "schema": "ddp-doctor.report", "phase": "preflight", "status": "pass",
@@ -247,3 +252,12 @@ def test_the_history_command_shows_the_runs_a_judgement_compared_with(tmp_path, 
     assert main(["history", "--history", str(few), "--host", "algo-1", "--figure", step]) == 0
     assert "was not judged by DDP409: fewer than 5 comparable quiet runs before it (this host: 4 comparable, 3 " \
            "quiet, 1 busy, 0 of unknown load)" in capsys.readouterr().out
+
+
+def test_only_the_ids_declared_kept_in_history_give_figures():
+    """The straggler's lag and waited share come from the findings declared kept_in_history (the
+    rank that arrives last), not from another finding with the same evidence (a node that does)."""
+    kept = sorted(c.id for c in load_catalogue().values() if c.kept_in_history)
+    assert kept == ["DDP877"]
+    node = {"id": "DDP878", "evidence": {"median_lag_s": 0.05, "waited_s": 2.0, "span_s": 4.0}}
+    assert not [k for k in figures_of({**REPORT, "findings": [node]}) if k.startswith("arrival.")]

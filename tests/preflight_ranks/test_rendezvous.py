@@ -19,9 +19,11 @@ from typing import Any, Iterator
 
 import pytest
 
+from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks.bounded_rendezvous import Meeting, Reach
 from ddp_doctor.processes.store import prefixed, read_json_keys
+from ddp_doctor.version import __version__
 
 
 def free_port() -> int:
@@ -86,7 +88,7 @@ def test_probe_nothing_listening_is_refused_within_bound(monkeypatch: pytest.Mon
     # retried for exactly its bound, and no longer: the pauses between attempts fill the 0.6 s
     assert probe.elapsed_s == pytest.approx(0.6) and sum(clock.sleeps) == pytest.approx(0.6)
     assert len(clock.sleeps) == probe.attempts and all(0 < s <= 0.2 for s in clock.sleeps)
-    f = rendezvous.reach_finding(probe, "127.0.0.1", port, 1, 0.6)
+    f = ev.unreachable_finding(probe, "127.0.0.1", port, 0.6, 1)
     assert f.id == "DDP311" and f.evidence["bound_s"] == 0.6 and f.evidence["elapsed_s"] == 0.6
 
 
@@ -156,10 +158,11 @@ def _drop_rule(port: int) -> str | None:
 
 PROBE_SCRIPT = """
 import json, sys, time
+from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 host, port, bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 p = rendezvous.reach_master(host, port, bound, attempt_timeout=0.4)
-f = rendezvous.reach_finding(p, host, port, 1, bound)
+f = ev.unreachable_finding(p, host, port, bound, 1)
 print(json.dumps({"ok": p.ok, "kind": p.kind, "attempts": p.attempts, "detail": p.detail,
                   "id": f.id, "message": f.message, "ranks": f.ranks, "evidence": f.evidence}))
 """
@@ -207,13 +210,13 @@ def test_probe_network_unreachable_in_netns() -> None:
     assert out["id"] == "DDP312"  # no separate ID: reported like a timeout (packets go nowhere)
 
 
-# ---------------------------------------------------------------- reach_finding
+# ---------------------------------------------------------------- unreachable_finding
 
 @pytest.mark.parametrize("kind,cid", [("unresolvable", "DDP310"), ("refused", "DDP311"), ("timeout", "DDP312"),
                                       ("unreachable", "DDP312")])
 def test_probe_finding_maps_kinds(kind: str, cid: str) -> None:
     probe = Reach(ok=False, kind=kind, detail="some detail", attempts=3, elapsed_s=1.23456)
-    f = rendezvous.reach_finding(probe, "algo-2", 7777, 3, 5.0)
+    f = ev.unreachable_finding(probe, "algo-2", 7777, 5.0, 3)
     assert f.id == cid and f.severity == "error" and f.category == "network"
     assert "MASTER_ADDR=algo-2 MASTER_PORT=7777" in f.message
     assert f.ranks == [3]
@@ -229,7 +232,7 @@ def test_probe_finding_maps_kinds(kind: str, cid: str) -> None:
 def test_probe_finding_end_to_end_refused() -> None:
     port = free_port()
     probe = rendezvous.reach_master("127.0.0.1", port, 0.3, attempt_timeout=0.2)
-    f = rendezvous.reach_finding(probe, "127.0.0.1", port, 0, 0.3)
+    f = ev.unreachable_finding(probe, "127.0.0.1", port, 0.3, 0)
     assert f.id == "DDP311" and f"MASTER_PORT={port}" in f.message
 
 
@@ -444,14 +447,14 @@ def test_a_rank_whose_record_is_no_view_is_named_and_left_out_of_the_views(store
     reader = rendezvous.ViewReader(rendezvous.view_text(view(0)))
     assert reader.read(s, [0, 1, 2, 3], time.monotonic() + 1.0, present=True) == {r: view(r) for r in (0, 2, 3)}
     assert list(reader.unreadable) == [1] and "not a view record" in reader.unreadable[1]
-    f = rendezvous.unreadable_finding(reader.unreadable, 0)
+    f = ev.unreadable_finding(reader.unreadable, 0, __version__)
     assert f is not None and f.id == "DDP325" and f.ranks == [1] and f.severity == "error"
     assert "rank(s) 1 checked in at the rendezvous, but what they put in the store is no view this ddp-doctor" \
         in f.message and "not a view record" in f.message, f.message
     assert "pip show ddp-doctor" in (f.hint or "")
     clean = rendezvous.ViewReader()
     assert clean.read(s, [0, 2, 3], time.monotonic() + 1.0, present=True) and not clean.unreadable
-    assert rendezvous.unreadable_finding(clean.unreadable, 0) is None
+    assert ev.unreadable_finding(clean.unreadable, 0, __version__) is None
 
 
 def test_duplicate_rank_claim(store: Any) -> None:
@@ -568,7 +571,7 @@ def test_a_second_claimant_is_no_member_and_the_store_counts_it_as_a_crowd(store
     assert results[12].findings[0].evidence["first"] == {"pid": 11, "host": "test-host"}
     c = rendezvous.crowd(s, 2, 5.0)
     assert c is not None and (c.members, c.extra, c.processes) == (2, 1, 3)
-    f = rendezvous.crowd_finding(c, "127.0.0.1", 29500, 0)
+    f = ev.shared_rendezvous_finding(c, "127.0.0.1", 29500, 0)
     assert f.id == "DDP846" and f.ranks == [1] and f.severity == "error"
     assert "3 processes met at the rendezvous on MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 for WORLD_SIZE=2" \
         in f.message
@@ -596,17 +599,17 @@ def test_ranks_of_a_larger_world_at_this_store_make_a_crowd(store: Any) -> None:
     assert not later.findings
     c = rendezvous.crowd(s, 2, 5.0)
     assert c is not None and (c.members, c.extra) == (3, 0)
-    f = rendezvous.crowd_finding(c, "127.0.0.1", 29500, 0)
+    f = ev.shared_rendezvous_finding(c, "127.0.0.1", 29500, 0)
     assert "3 processes met at the rendezvous" in f.message and "for WORLD_SIZE=2" in f.message, f.message
 
 
 def test_a_rank_0_that_could_not_host_is_counted_where_another_jobs_rendezvous_runs(store: Any) -> None:
     s = prefixed(store, "t7/")
     rendezvous.meet(s, 0, 1, view(0), 5.0)  # that job's rank 0 is there
-    who = {"rank": 0, "pid": 4242, "host": "test-host", "why": rendezvous.COULD_NOT_HOST}
+    who = {"rank": 0, "pid": 4242, "host": "test-host", "why": ev.COULD_NOT_HOST}
     seen = rendezvous.announce("127.0.0.1", store.port, "t7/", who, 2, bound=5.0)
     assert seen is not None and seen.extra == 1
-    f = rendezvous.crowd_finding(seen, "127.0.0.1", store.port, 0)
+    f = ev.shared_rendezvous_finding(seen, "127.0.0.1", store.port, 0)
     assert "pid 1000 on host test-host, pid 4242 on host test-host (could not host the store: the port was taken)" \
         in f.message, f.message
     assert rendezvous.crowd(s, 1, 5.0) is not None  # that job's ranks now read a crowd and fail too

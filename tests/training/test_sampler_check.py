@@ -68,7 +68,7 @@ def test_distributed_sampler_changes_order_when_set_epoch_is_called():
 
 
 def test_num_replicas_larger_than_the_world_misses_samples():
-    # issue 13 item 8: num_replicas=8 in a world of 4: the shards of ranks 4-7 are never drawn
+    # num_replicas=8 in a world of 4: the shards of ranks 4-7 are never drawn
     sampler = DistributedSampler(TensorDataset(torch.arange(16)), num_replicas=8, rank=0, shuffle=False)
     findings = ddp_doctor.check_sampler(sampler, world_size=4)
     assert ids(findings) == ["DDP851"]

@@ -90,20 +90,14 @@ class ProbeSession:
         return self._report(got, missing)
 
     def _report(self, records: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
+        from ddp_doctor.checks.internal import probe_records_missing
         from ddp_doctor.checks.job import JobEvidence
         from ddp_doctor.context import current_context
         from ddp_doctor.report import build as reportlib
         from ddp_doctor.report.publish import Output, publish
-        from ddp_doctor.training.job_report import job_report
-        more = [_missing_finding(missing, self.gather_timeout)] if missing else []
-        rep, _ = job_report(JobEvidence(probes=records), world=reportlib.world_of(current_context()), more=more)
-        publish(rep, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True))
-        return rep
-
-
-def _missing_finding(missing: list[int], timeout: float) -> Any:
-    from ddp_doctor.checks.internal import PROBE_RECORD_LOST, event_finding
-    from ddp_doctor.findings import format_ranks
-    return event_finding(PROBE_RECORD_LOST, (
-        f"rank(s) {format_ranks(missing)} did not hand in their probe record within {timeout:g} s of rank 0 "
-        f"finishing training"), rank=None, ranks=missing, phase="training")
+        from ddp_doctor.training.job_report import judge
+        more = [probe_records_missing(missing, self.gather_timeout)] if missing else []
+        judged = judge(JobEvidence(probes=records), world=reportlib.world_of(current_context()), more=more)
+        publish(judged.report, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True),
+                evidence=judged.evidence)
+        return judged.report

@@ -221,124 +221,50 @@ def error_texts(error: BaseException) -> list[str]:
     return out
 
 
+MASTER_PROBE_S = 2.0  # how long ddp-doctor probes MASTER_ADDR:MASTER_PORT after the launcher's rendezvous failed
+
+
+def launcher_rendezvous(args: Any, error_text: str, bound: float | None = None) -> Any:
+    """What the launcher's rendezvous was (checks/rendezvous.py LauncherRendezvous), from torchrun's
+    parsed arguments, and torch's `error_text` for how it failed."""
+    from ddp_doctor.checks.rendezvous import LauncherRendezvous
+    nnodes, node, nproc = nodes_of(args)
+    host, port = master_of(args)
+    return LauncherRendezvous(nnodes, node, nproc, host, port, str(getattr(args, "rdzv_backend", "static")),
+                              bound if bound is not None else rendezvous_bound(args), error_text)
+
+
 def rendezvous_finding(args: Any, error: BaseException, bound: float | None = None) -> Any:
     """What the launcher's failed (or never-ending) rendezvous means, for this node: when its
     store could not listen on the port (taken by another process), that, with the process; on the
     node that hosts it (node 0), which nodes never arrived; on another node, or in a one-node job,
     that the rendezvous at MASTER_ADDR:MASTER_PORT does not answer (refused / timed out /
-    something else on the port)."""
+    something else on the port), as a probe of it finds. The facts are gathered here; the
+    findings are worded in checks/rendezvous.py, as the preflight's ranks word them."""
     import re
-
-    from ddp_doctor.checks import rendezvous as ev
-    from ddp_doctor.checks.internal import event_finding
-    from ddp_doctor.facts import ports
-    from ddp_doctor.findings import format_ranks
-    nnodes, node, nproc = nodes_of(args)
-    host, port = master_of(args)
-    bound = bound if bound is not None else rendezvous_bound(args)
-    within = f"within {bound:g} s" if bound else "in time"
-    texts = error_texts(error)
-    text = texts[0]
-    backend = getattr(args, "rdzv_backend", "static")
-    evidence = {"nnodes": nnodes, "node_rank": node, "nproc_per_node": nproc, "master_addr": host,
-                "master_port": port, "rdzv_backend": backend, "bound_s": bound, "error": text}
-    in_use = next((t for t in texts if ports.address_in_use(t)), None)
-    if in_use is not None:  # the launcher's own store could not listen: no node is missing
-        return port_in_use_finding(args, in_use, evidence)
-    if (node != 0 and backend == "static") or nnodes <= 1:
-        return _unreachable_finding(args, text, within, evidence)
-    hint = ("Start every node with the same --nnodes, --master-addr and --master-port and a distinct "
-            "--node-rank; check that the missing node started at all (its own log or report), and that "
-            f"it can reach {host}:{port}. {ev.SG_HINT}")
-    m = re.search(r"(\d+)/(\d+) clients joined", text)
-    joined = _int(m.group(1), 0) if m else None
-    others = [n for n in range(nnodes) if n != node]
-    nodes = f"node{'s' if len(others) > 1 else ''} {format_ranks(others)}"
-    if len(others) == 1 or (joined is not None and nnodes - joined == len(others)):
-        missing_nodes, which = others, nodes
-    elif joined is not None:
-        missing_nodes, which = [], (f"{nnodes - joined} of {nodes} (the launcher's store counts the "
-                                    f"nodes that arrived, it does not name them)")
-    else:
-        missing_nodes, which = [], f"at least one of {nodes}"
-    ranks = [n * nproc + i for n in missing_nodes for i in range(nproc)]
-    arrived = f"{joined} of {nnodes} nodes arrived" if joined is not None else f"{backend} rendezvous"
-    evidence.update(missing_nodes=missing_nodes, joined=joined, missing_ranks=ranks)
-    return event_finding(
-        ev.RANKS_MISSING, f"--nnodes {nnodes}: {which} never joined the launcher's rendezvous at "
-        f"{host}:{port} {within} ({arrived}; torch: {text}); no rank was started, on this node "
-        f"(node {node}) or any other", rank=None, ranks=ranks or None, evidence=evidence, hint=hint)
-
-
-def _unreachable_finding(args: Any, text: str, within: str, evidence: dict[str, Any]) -> Any:
-    """The launcher could not reach the rendezvous at MASTER_ADDR:MASTER_PORT: another node's
-    (node 0's) launcher, or in a one-node job its own store. Why, as the preflight's ranks tell it."""
-    from ddp_doctor.checks import rendezvous as ev
-    from ddp_doctor.checks.internal import event_finding
-    from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
-    nnodes, node, _ = nodes_of(args)
-    host, port = master_of(args)
-    reach = rendezvous.reach_master(host, port, 2.0, attempt_timeout=1.0)
-    entry = {"refused": ev.MASTER_REFUSED, "unresolvable": ev.MASTER_UNRESOLVABLE,
-             "not_store": ev.NOT_A_STORE}.get(reach.kind, ev.MASTER_TIMEOUT)
-    how = reach.detail or ("it accepts connections" if reach.ok else "no answer")
-    evidence["detail"] = how
-    if nnodes <= 1:
-        return event_finding(
-            entry, f"one node (--nnodes {nnodes}): the launcher could not set up its rendezvous at "
-            f"{host}:{port} {within} ({how}; torch: {text}); no rank was started", rank=None,
-            evidence=evidence,
-            hint=f"In a one-node job the launcher hosts the rendezvous itself: check that --master-addr "
-                 f"{host} is an address of this host (or leave out --master-addr and --master-port: "
-                 f"`ddp-doctor run` then passes --standalone, which picks a free port).")
-    return event_finding(
-        entry, f"node {node} of --nnodes {nnodes}: the launcher could not join the rendezvous of node 0 "
-        f"at {host}:{port} {within} ({how}; torch: {text})", rank=None, evidence=evidence,
-        hint="Start node 0 first (or at about the same time), with the same --master-addr and "
-             f"--master-port as this node; check that {host} is node 0's address. {ev.SG_HINT}")
-
-
-def port_in_use_finding(args: Any, error_text: str, evidence: dict[str, Any] | None = None) -> Any:
-    """DDP313 for the launcher's store: it could not listen on its port because another process
-    holds it. Names the port and that process (pid and command line, or "an unknown process" when
-    this host does not let it be seen), and the way out."""
     import socket
 
     from ddp_doctor.checks import rendezvous as ev
-    from ddp_doctor.checks.internal import event_finding
     from ddp_doctor.facts import ports
-    nnodes, node, nproc = nodes_of(args)
-    host, master_port = master_of(args)
-    backend = getattr(args, "rdzv_backend", "static")
-    port = ports.failed_port(error_text) or master_port
-    holders = ports.port_holders(port)
-    held_by = "; ".join(h.describe() for h in holders) if holders else ports.PortHolder(None).describe()
-    name = f"MASTER_PORT={port}" if backend == "static" else f"port {port} of --rdzv-endpoint"
-    where = "one node" if nnodes <= 1 else f"node {node} of --nnodes {nnodes}"
-    try:
-        hostname = socket.gethostname()
-    except OSError:
-        hostname = "this host"
-    evidence = dict(evidence or {})
-    evidence.update(nnodes=nnodes, node_rank=node, nproc_per_node=nproc, master_addr=host, master_port=port,
-                    rdzv_backend=backend, error=error_text, holders=[h.to_dict() for h in holders],
-                    hostname=hostname)
-    pids = [h.pid for h in holders if h.pid is not None]
-    stop = f"stop that process (`kill {pids[0]}`)" if len(pids) == 1 else (
-        f"stop the processes holding it (`kill {' '.join(map(str, pids))}`)" if pids
-        else f"stop the process holding it (`ss -ltnp 'sport = :{port}'` names it, as root if need be)")
-    option = "--master-port" if backend == "static" else "--rdzv-endpoint"
-    if nnodes <= 1:
-        leave = "--master-port (and --master-addr)" if backend == "static" else "--rdzv-endpoint"
-        hint = (f"Pick a free port ({option} with another port), or {stop}, or leave out {leave}: on one "
-                f"node `ddp-doctor run` then passes --standalone, which picks a free port.")
-    else:
-        hint = (f"Pick a free port and give it to every node ({option}, the same on each), or {stop} "
-                f"on {hostname}.")
-    return event_finding(
-        ev.PORT_IN_USE, f"{where}: the launcher's rendezvous store could not listen on {name} on "
-        f"host {hostname}: the port is already in use, held by {held_by}; no rank was started "
-        f"(torch: {error_text})", rank=None, evidence=evidence, hint=hint)
+    texts = error_texts(error)
+    launcher = launcher_rendezvous(args, texts[0], bound)
+    in_use = next((t for t in texts if ports.address_in_use(t)), None)
+    if in_use is not None:  # the launcher's own store could not listen: no node is missing
+        port = ports.failed_port(in_use) or launcher.master_port
+        try:
+            hostname = socket.gethostname()
+        except OSError:
+            hostname = "this host"
+        taken = ev.PortTaken(port, hostname, in_use, tuple(ports.port_holders(port)), launcher)
+        return ev.port_in_use_finding(taken, None)
+    if ev.launcher_reaches_out(launcher):
+        from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
+        host, port = launcher.master_addr, launcher.master_port
+        reach = rendezvous.reach_master(host, port, MASTER_PROBE_S, attempt_timeout=1.0)
+        return ev.unreachable_finding(reach, host, port, MASTER_PROBE_S, None, launcher)
+    m = re.search(r"(\d+)/(\d+) clients joined", texts[0])
+    joined = _int(m.group(1), 0) if m else None
+    return ev.ranks_missing_finding(ev.Missing(launcher=launcher, joined=joined), None)
 
 
 def write_node_report(run_dir: str, finding: Any) -> None:

@@ -31,9 +31,6 @@ BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch before the flight recorder covered gloo
 DEFAULT_BUFFER = "2000"  # entries: bounded memory per rank
 COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")  # a frame here: inside a collective
-# Errors only a collective raises (timeouts, a lost peer, NCCL's own), also from DDP's C++ reducer
-# inside backward(), where no Python frame of torch.distributed is on the traceback.
-COLLECTIVE_FAILURES = ("DDP824", "DDP825", "DDP826", "DDP838")
 
 
 def recorder_env(env: Any, run_dir: str | None = None) -> None:
@@ -236,7 +233,7 @@ def from_exception(exc: dict[str, Any] | None) -> tuple[bool, str | None]:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', str(exc.get("traceback") or ""))
     sig = classify(f"{exc.get('type')}: {exc.get('message')}")
     in_collective = (any(os.path.basename(f) in COLLECTIVE_FILES for f, _, _ in frames)
-                     or (sig is not None and sig.entry.id in COLLECTIVE_FAILURES))
+                     or (sig is not None and sig.collective))  # errors only a collective raises
     user = [f for f in frames if is_user_file(f[0])]
     where = f"{user[-1][0]}:{user[-1][1]} in {user[-1][2]}" if user else None
     return in_collective, where
