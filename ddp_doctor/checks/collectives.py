@@ -425,8 +425,13 @@ def _ran_out(present: dict[int, dict[str, Any]], by_rank: dict[int, _Rank]) -> l
     from the same loader (whose pass may have ended too: a loader that fetches one batch ahead,
     as accelerate's does, ends its pass while the last batch is still being trained on); [] when
     the passes do not say so."""
-    passes = {r: _data_pass(by_rank[r]) for r in present}
-    if any(p is None for p in passes.values()) or len({p.get("loader") for p in passes.values()}) != 1:
+    passes: dict[int, dict[str, Any]] = {}
+    for r in present:
+        p = _data_pass(by_rank[r])
+        if p is None:
+            return []
+        passes[r] = p
+    if len({p.get("loader") for p in passes.values()}) != 1:
         return []
     ended = [r for r, p in passes.items() if p.get("ended")]
     if not ended:
@@ -637,8 +642,8 @@ def _extra_collective(pg: str, name: str, label: str, n: int, waiting: list[_Ran
     if not history.keys or min(level.values()) != NEW_CALL:
         return None  # with no call before it, "new" tells nothing: the rank that ended left first
     steps = {r.rank: r.ledger.get("steps") for r in waiting + left}
-    if all(isinstance(v, int) for v in steps.values()) and \
-            max(steps[r.rank] for r in left) < min(steps[r.rank] for r in waiting):
+    counts = {k: v for k, v in steps.items() if isinstance(v, int)}
+    if len(counts) == len(steps) and max(counts[r.rank] for r in left) < min(counts[r.rank] for r in waiting):
         return None  # the ranks that ended ran fewer steps: they left early, whatever the others do now
     entry = waiting[0].calls[n]
     odd = [r.rank for r in waiting]

@@ -6,7 +6,7 @@ for every rank that arrived.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, TypeVar
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts.env_values import visible_devices
@@ -20,6 +20,7 @@ from ddp_doctor.findings import (
 from ddp_doctor.registry import check
 
 Views = Mapping[int, Mapping[str, Any]]
+K = TypeVar("K", bound=Hashable)  # the value ranks are grouped by
 
 # Libraries that must match; a mismatch in the last four is a warning, not an error.
 VERSION_KEYS = ("torch", "cuda", "nccl", "python", "transformers", "accelerate", "numpy", "ddp_doctor")
@@ -64,17 +65,26 @@ def hosts_phrase(views: Views, ranks: Iterable[int]) -> str:
     return f"({shown}{more})"
 
 
-def group_ranks(views: Views, key: Callable[[Mapping[str, Any]], Hashable]) -> list[tuple[Hashable, list[int]]]:
+def group_ranks(views: Views, key: Callable[[Mapping[str, Any]], K]) -> list[tuple[K, list[int]]]:
     """(value, ranks) groups, the largest first (ties: the group holding the lowest rank), so the
     first group is the reference and the others are the odd ones out."""
-    groups: dict[Hashable, list[int]] = {}
+    groups: dict[K, list[int]] = {}
     for r in sorted(views):
         groups.setdefault(key(views[r]), []).append(r)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
 
 
-def describe_groups(views: Views, groups: list[tuple[Hashable, list[int]]],
-                    label: Callable[[Hashable], str]) -> str:
+def _read(*path: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A group_ranks key: the value at `path` in a view ("versions", "torch"), None where a step is missing."""
+    def key(view: Mapping[str, Any]) -> Any:
+        value: Any = view
+        for step in path:
+            value = (value or {}).get(step)
+        return value
+    return key
+
+
+def describe_groups(views: Views, groups: list[tuple[K, list[int]]], label: Callable[[K], str]) -> str:
     """"2.13.0 on ranks 0-7 (algo-1), 2.12.1 on ranks 8-15 (algo-2)"."""
     parts = [f"{label(v)} on {ranks_phrase(rs)} {hosts_phrase(views, rs)}" for v, rs in groups[:MAX_GROUPS_SHOWN]]
     if len(groups) > MAX_GROUPS_SHOWN:
@@ -126,7 +136,7 @@ def versions_agree(ctx: RankContext, views: Views) -> Iterator[Problem]:
     transformers, accelerate, numpy and ddp_doctor, where a difference rarely breaks the job.
     """
     for lib in VERSION_KEYS:
-        groups = group_ranks(views, lambda v, lib=lib: (v.get("versions") or {}).get(lib))
+        groups = group_ranks(views, _read("versions", lib))
         if len(groups) < 2:
             continue
         yield Problem(
@@ -278,7 +288,7 @@ def local_ranks_contiguous(ctx: RankContext, views: Views) -> Iterator[Problem]:
     if not _complete(views):
         return
     for _hk, ranks in _by_host(views).items():
-        local = sorted(views[r].get("local_rank") for r in ranks if views[r].get("local_rank") is not None)
+        local = sorted(lr for r in ranks if (lr := views[r].get("local_rank")) is not None)
         if len(local) != len(ranks) or len(set(local)) != len(local):
             continue  # unknown local ranks, or duplicates (DDP702 judges those)
         host = host_label(views[ranks[0]])
@@ -312,7 +322,7 @@ def layout_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     numbers of ranks (works with torchrun, but most schedulers assume even nodes).
     """
     for field, name in LAYOUT_FIELDS:
-        groups = group_ranks(views, lambda v, field=field: v.get(field))
+        groups = group_ranks(views, _read(field))
         if len(groups) > 1:
             yield Problem(
                 message=f"{name} differs between ranks: " + describe_groups(views, groups, _value_label),
@@ -393,7 +403,7 @@ def comm_env_agrees(ctx: RankContext, views: Views) -> Iterator[Problem]:
     for name in names:
         if name.endswith("RANK"):
             continue  # per-rank by design (SMDATAPARALLEL_LOCAL_RANK)
-        groups = group_ranks(views, lambda v, name=name: (v.get("env") or {}).get(name))
+        groups = group_ranks(views, _read("env", name))
         if len(groups) < 2:
             continue
         yield Problem(

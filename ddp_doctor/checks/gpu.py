@@ -434,10 +434,10 @@ def pcie_link(ctx: RankContext) -> Iterator[Problem]:
         ev = {"gpu": g.label, "gen": _unknown_text(link.gen), "max_gen": _unknown_text(link.max_gen),
               "width": _unknown_text(link.width), "max_width": _unknown_text(link.max_width),
               "utilization_pct": _unknown_text(g.utilization)}
-        if nvml.known(link.width, link.max_width) and link.width < link.max_width:
+        if not is_unknown(link.width) and not is_unknown(link.max_width) and link.width < link.max_width:
             yield Problem(message=f"{g.label}: PCIe link width x{link.width}, the device supports x{link.max_width}",
                           evidence=ev)
-        if nvml.known(link.gen, link.max_gen) and link.gen < link.max_gen:
+        if not is_unknown(link.gen) and not is_unknown(link.max_gen) and link.gen < link.max_gen:
             busy = not is_unknown(g.utilization) and g.utilization >= load_limit
             load = f"{g.utilization}%" if not is_unknown(g.utilization) else "unknown"
             yield Problem(

@@ -191,9 +191,10 @@ class _Past:
 
     def baseline(self, now: RunRecord, figure: str) -> Baseline | None:
         key = series_of(now)
-        if (now.host, *key) not in self._mine:
-            self._mine[(now.host, *key)] = [r for r in self.by_host.get(now.host, []) if series_of(r) == key]
-        base = _baseline(figure, "host", self._mine[(now.host, *key)])
+        mine = (now.host, *key)
+        if mine not in self._mine:
+            self._mine[mine] = [r for r in self.by_host.get(now.host, []) if series_of(r) == key]
+        base = _baseline(figure, "host", self._mine[mine])
         if base is not None or not now.instance_type:
             return base
         kin = (now.instance_type, figure, *key)
@@ -248,8 +249,8 @@ def history_findings(current: list[RunRecord], past: list[RunRecord],
                             for n, w in sorted(busy_nodes.items())) or "measurements.host_load says so"
             message += (f"; but a host of the job was busy while it was timed ({why}): the drop may be the other "
                         "work's, not this host's")
-        evidence = {"host": now.host, "instance_type": now.instance_type, "load": load_of(now), "drops": drops,
-                    "compared": compared[worst["figure"]].listed()}
+        evidence: dict[str, Any] = {"host": now.host, "instance_type": now.instance_type, "load": load_of(now),
+                                    "drops": drops, "compared": compared[worst["figure"]].listed()}
         if busy_nodes:
             evidence["busy_nodes"] = busy_nodes
         out.append(event_finding(BELOW_HISTORY, message, rank=None, evidence=evidence,

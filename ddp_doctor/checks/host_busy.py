@@ -72,10 +72,11 @@ def read(loads: Mapping[int, LoadWindow], node_of: Mapping[int, Any]) -> Load:
         if why:
             busy[node] = ", ".join(why)
         for r in ranks:
-            if loads[r].busy_mine is None:
+            mine = loads[r].busy_mine
+            if mine is None:
                 continue
             mates = sum(loads[j].own for j in ranks if loads[j].cpus_key == loads[r].cpus_key)
-            others[r] = max(0.0, loads[r].busy_mine - mates)
+            others[r] = max(0.0, mine - mates)
     return Load(busy, others, read=bool(others) or any(w.busy_host is not None for w in loads.values()))
 
 

@@ -329,7 +329,7 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
             evidence={"world_size": world, "source": how, "site": site, "calls": [_evidence(c) for c in same]}))
 
     # a rank outside 0..world_size-1: it never fills a place of the rendezvous
-    outside: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    outside: dict[tuple[int, str, Any], list[dict[str, Any]]] = {}  # (world size, its source, site) -> calls
     for c in calls:
         if c.get("pid") in bad_world:
             continue
@@ -355,7 +355,7 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
         if key is not None:
             by_rdzv.setdefault(key, []).append(c)
 
-    duplicated: set[int] = set()  # pids
+    duplicated: set[int | None] = set()  # pids (None: a record without one)
     for group in _with_claims(by_rdzv, calls).values():
         by_rank: dict[int, list[dict[str, Any]]] = {}
         for c in group:
@@ -376,8 +376,8 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
             continue  # a process the script started (mp.spawn) numbers its own world: below
         world = _effective(c, "world_size")
         if world is not None and world != launcher_world:
-            key = (world, launcher_world, _how(c, "world_size"), c.get("site"))
-            wrong_world.setdefault(key, []).append(c)
+            way = (world, launcher_world, _how(c, "world_size"), c.get("site"))
+            wrong_world.setdefault(way, []).append(c)
         rank, launcher_rank = _effective(c, "rank"), _launcher_rank(c)
         if (rank is not None and launcher_rank is not None and rank != launcher_rank
                 and c.get("pid") not in duplicated | out_of_range):
@@ -426,7 +426,7 @@ def _duplicate_finding(r: int, same: list[dict[str, Any]]) -> Finding:
     who, ranks = _who(same)
     given = [f"RANK={_launcher_rank(c)}" for c in same if _launcher_rank(c) is not None]
     launcher = f"; the launcher gave {', '.join(given)}" if len(given) == len(same) else ""
-    sites = sorted({c.get("site") for c in same if c.get("site")})
+    sites = sorted({site for c in same if (site := c.get("site"))})
     hosts = {c.get("host") for c in same if c.get("host")}
     where = ""
     if len(hosts) > 1:  # several nodes: which process on which host

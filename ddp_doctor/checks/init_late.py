@@ -95,7 +95,7 @@ def _where_then(rank: int, at: float, ledgers: dict[int, dict[str, Any]],
                 heartbeats: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Where `rank` was at `at`: the position record (ledger or heartbeat) with a user's line that is
     nearest that moment, within _NEAR seconds. {"where", "time", "source"}, or None."""
-    found = []
+    found: list[dict[str, Any]] = []
     for source, rec in (("ledger", ledgers.get(rank)), ("heartbeat", heartbeats.get(rank))):
         if not isinstance(rec, dict):
             continue

@@ -40,19 +40,19 @@ def _could_not(what: str, r: Reply) -> Problem:
 
 # -- the network ------------------------------------------------------------------------------
 
-def _has_self_rule(perms: list[dict[str, Any]], gid: str) -> bool:
+def _has_self_rule(perms: list[dict[str, Any]] | None, gid: str) -> bool:
     return any(str(p.get("IpProtocol")) == "-1"
                and any(pair.get("GroupId") == gid for pair in p.get("UserIdGroupPairs") or [])
                for p in perms or [])
 
 
-def _open_egress(perms: list[dict[str, Any]]) -> bool:
+def _open_egress(perms: list[dict[str, Any]] | None) -> bool:
     return any(str(p.get("IpProtocol")) == "-1"
                and any(r.get("CidrIp") == "0.0.0.0/0" for r in p.get("IpRanges") or [])
                for p in perms or [])
 
 
-def _describe_rules(perms: list[dict[str, Any]]) -> str:
+def _describe_rules(perms: list[dict[str, Any]] | None) -> str:
     parts = []
     for p in perms or []:
         proto = "all" if str(p.get("IpProtocol")) == "-1" else str(p.get("IpProtocol"))
@@ -146,7 +146,7 @@ def vpc_resources_exist(ctx: JobContext) -> Iterator[Problem]:
                           evidence={"kind": kind, "missing": absent, "region": region})
 
 
-def _vpcs(ctx: JobContext) -> tuple[dict[str, str], dict[str, str]] | None:
+def _vpcs(ctx: JobContext) -> tuple[dict[str, str | None], dict[str, str | None]] | None:
     subnets, groups = ctx.subnets(), ctx.security_groups()
     if subnets is None or groups is None:
         return None
@@ -442,6 +442,8 @@ def training_quota(ctx: JobContext) -> Iterator[Problem]:
                       evidence={"quota_name": name})
         return
     value = quota.get("Value")
+    if value is None:
+        return
     try:
         limit = float(value)
     except (TypeError, ValueError):

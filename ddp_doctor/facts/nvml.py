@@ -18,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 __all__ = ["Unknown", "is_unknown", "known", "provider", "session", "Session", "MemoryInfo", "PcieLink",
            "ProcessInfo", "RemappedRows", "CLOCK_REASONS", "cuda_version_tuple"]
@@ -36,7 +39,7 @@ class Unknown:
         return f"unknown ({self.reason})"
 
 
-def is_unknown(value: Any) -> bool:
+def is_unknown(value: object) -> TypeIs[Unknown]:
     return isinstance(value, Unknown)
 
 
