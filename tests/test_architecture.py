@@ -8,7 +8,9 @@ breaks it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.source_scan import PKG, declarations, modules
@@ -304,3 +306,98 @@ def test_the_graph_counts_lazy_and_type_only_imports(tmp_path: Path) -> None:
 def test_top_level_stays_small() -> None:
     top = sorted(p.name for p in PKG.glob("*.py") if not p.name.startswith("__"))
     assert len(top) <= 11, f"{len(top)} modules directly in ddp_doctor/ ({', '.join(top)}): group them by stage"
+
+
+# The one judge: a finding is worded and decided in checks/; report/ merges and renders the findings
+# it is given (it rebuilds them, it never words one); the machinery gathers facts and hands them over.
+FINDING_MAKERS = ("Finding", "event_finding")
+# registry.Check.finding is the constructor every check's and event's finding goes through: it copies
+# the declaration (ID, title, severity, hint) and the words of a check's Problem, and words nothing.
+JUDGES = ("ddp_doctor.checks", "ddp_doctor.report", "ddp_doctor.registry")
+ID_CONSTANT = re.compile(r"^DDP\d{3}$")
+
+
+def _finding_calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every call of Finding(...) or event_finding(...), by name or attribute."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in FINDING_MAKERS:
+                out.append((node.lineno, name))
+    return out
+
+
+def _id_constants(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, ID) of every string constant that is exactly one ID ("DDP123"); the pieces of an
+    f-string are left out."""
+    in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings
+            and ID_CONSTANT.match(node.value)]
+
+
+def _outside(prefixes: tuple[str, ...], scan: Any) -> list[str]:
+    bad = []
+    for m, path in MODULES.items():
+        if any(_under(m, p) for p in prefixes):
+            continue
+        for line, what in scan(ast.parse(path.read_text(), filename=str(path))):
+            bad.append(f"{path.relative_to(PKG.parent)}:{line} {what}")
+    return bad
+
+
+def test_findings_are_made_only_in_checks() -> None:
+    """No Finding(...) or event_finding(...) outside checks/, report/ and the registry's own
+    Check.finding: the machinery calls a function of the checks module that declares the ID, with
+    the facts it gathered."""
+    bad = _outside(JUDGES, _finding_calls)
+    assert not bad, ("rule broken: a finding is worded and decided in ddp_doctor/checks/ (report/ only "
+                     "merges)\n" + "\n".join(bad))
+
+
+def test_ids_are_named_only_in_checks() -> None:
+    """No "DDPnnn" string outside checks/: code refers to the declared entry (`ENTRY.id`), or selects
+    entries by a flag on their declaration. Docstrings and comments may mention IDs."""
+    bad = _outside(("ddp_doctor.checks",), _id_constants)
+    assert not bad, ("rule broken: an ID is named only by the checks module that declares it\n"
+                     + "\n".join(bad))
+
+
+def test_the_source_scans_see_what_they_forbid() -> None:
+    tree = ast.parse('"""Mentions DDP001 in a docstring."""\n'
+                     'from ddp_doctor.checks import internal as events\n'
+                     'a = events.event_finding(events.CHECK_CRASHED, "m", rank=None)\n'
+                     'b = Finding(id=x)\n'
+                     'c = Finding.from_dict(d)\n'
+                     'SELECT = ["DDP401"]\n'
+                     'e = f"DDP{n:03d} and DDP002 {n}"\n')
+    assert _finding_calls(tree) == [(3, "event_finding"), (4, "Finding")]
+    assert _id_constants(tree) == [(6, "DDP401")]
+
+
+# A function longer than this is split into named helpers by what its parts do: a reader sees what the
+# function does from the names of its steps, and a change lands in the one step it concerns.
+MAX_FUNCTION_LINES = 100
+
+
+def _long_functions(tree: ast.AST, limit: int = MAX_FUNCTION_LINES) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every function or method, nested ones too, longer than `limit` lines,
+    counted from its `def` line to its last line."""
+    return [(node.lineno, node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_over_100_lines() -> None:
+    bad = [f"{path.relative_to(PKG.parent)}:{line} {name} ({length} lines)" for path in MODULES.values()
+           for line, name, length in _long_functions(ast.parse(path.read_text(), filename=str(path)))]
+    assert not bad, (f"rule broken: no function in ddp_doctor/ is over {MAX_FUNCTION_LINES} lines (split it into "
+                     "helpers named for what each part does)\n" + "\n".join(bad))
+
+
+def test_the_length_rule_sees_a_long_function() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(3))
+    tree = ast.parse(f"def short():\n{body}\nclass C:\n    async def long(self):\n{body.replace('    ', '        ')}"
+                     "        def inner():\n            pass\n")
+    assert _long_functions(tree, limit=4) == [(7, "long", 6)]

@@ -1,4 +1,4 @@
-"""--fail-on error|warning and DDP_DOCTOR_FAIL_ON (issue 20, item 4): the one rule every command applies
+"""--fail-on error|warning and DDP_DOCTOR_FAIL_ON: the one rule every command applies
 (exit_codes.fail_on_exit, pure), where its setting comes from (fail_on_setting), the stderr line that
 says why the exit status changed (report.publish.apply_fail_on), and the options of `run` and
 `preflight` that read it. The commands on real processes: tests/training/test_probes_e2e.py (`run`)
@@ -149,13 +149,13 @@ def test_under_an_outside_launcher_a_peers_fail_on_exit_is_not_a_stop_of_the_job
     from types import SimpleNamespace
 
     from ddp_doctor.training import records
-    from ddp_doctor.training.run.watched_rank import _stopped_for_fail_on
+    from ddp_doctor.training.run.stopped_rank import stopped_for_fail_on
     watch = SimpleNamespace(run_dir=str(tmp_path), rank=0, job_since=0.0)
-    assert not _stopped_for_fail_on(watch)  # nothing ended yet: a stop of the job
+    assert not stopped_for_fail_on(watch)  # nothing ended yet: a stop of the job
     records.write_outcome(str(tmp_path), 0, {"exit_code": 0, "exception": None})
     records.write_outcome(str(tmp_path), 1, {"exit_code": 0, "exception": None})
-    assert not _stopped_for_fail_on(watch)  # no peer exited by --fail-on
+    assert not stopped_for_fail_on(watch)  # no peer exited by --fail-on
     records.write_outcome(str(tmp_path), 1, {"exit_code": 0, "exception": None, "fail_on": "error"})
-    assert _stopped_for_fail_on(watch)
+    assert stopped_for_fail_on(watch)
     records.write_outcome(str(tmp_path), 0, {"exit_code": 2, "exception": None})
-    assert not _stopped_for_fail_on(watch)  # this rank failed itself: its own ending is reported
+    assert not stopped_for_fail_on(watch)  # this rank failed itself: its own ending is reported

@@ -25,7 +25,7 @@ MESSAGE_LIMIT = 600
 NATIVE_SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error",
                   signal.SIGILL: "illegal instruction", signal.SIGFPE: "floating-point exception",
                   signal.SIGABRT: "abort"}
-NATIVE_HINTS = {
+NATIVE_HINTS: dict[int, str] = {  # by signal number: signal.Signals is an int
     signal.SIGSEGV: "A segmentation fault in native code: check that compiled extensions (and libraries "
                     "such as apex, flash-attn, bitsandbytes) were built for this torch and CUDA version, and "
                     "reproduce on one rank with `python -X faulthandler` at the line named.",
@@ -222,107 +222,146 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     `crashes`: rank -> (faulthandler's dump, its time) for ranks that took a fatal signal;
     `unlogged`: ranks whose output the evidence lacks (their error, if any, is unknown)."""
     crashes = crashes or {}
-    findings: list[Finding] = []
-    failed = sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
-                     if o.get("exception")), key=lambda x: x[0])
-    sig_of = {r: signature_of(outcomes[r]["exception"], real_error_of(outcomes[r]["exception"]))
-              for _, r in failed}
+    failed = [r for _, r in sorted(((o["exception"].get("time", o["time"]), r) for r, o in outcomes.items()
+                                    if o.get("exception")), key=lambda x: x[0])]
+    sig_of = {r: signature_of(outcomes[r]["exception"], real_error_of(outcomes[r]["exception"])) for r in failed}
     # The root cause is the first rank whose error is not itself a symptom of a lost peer.
-    causes = [r for _, r in failed if not (sig_of[r] is not None and sig_of[r].consequence)]
-    first_rank = causes[0] if causes else (failed[0][1] if failed else None)
+    causes = [r for r in failed if not ((sig := sig_of[r]) is not None and sig.consequence)]
+    first_rank = causes[0] if causes else (failed[0] if failed else None)
+    findings = _exception_findings(outcomes, failed, sig_of, first_rank, first_rank in causes)
+    findings += _exited_findings(outcomes, bool(failed) or any((c or 0) != 0 for c in exits.values()))
+    for r in ranks:
+        code = exits.get(r)
+        f = _exit_status_finding(r, code, outcomes, exits, crashes, unlogged) if code else None
+        if f is not None:
+            findings.append(f)
+    return findings, _job_exit_code(outcomes, exits, ranks, first_rank, bool(causes))
+
+
+def _alike_ranks(outcomes: dict[int, dict[str, Any]], failed: list[int],
+                 first_rank: int) -> dict[int, dict[str, Any]]:
+    """rank -> exception, for the ranks whose error is the first rank's but for their own rank numbers:
+    they raised it on their own too, so one finding lists them with the first rank (the report merges
+    only equal texts). Empty when all their texts are equal to the first rank's."""
+    first = outcomes[first_rank]
+    first_key = (first["exception"].get("type"), first["exception"].get("message"))
+    alike = {r: outcomes[r]["exception"] for r in failed if r != first_rank and same_error_modulo_rank(
+        first["exception"], first_rank, outcomes[r]["exception"], r,
+        local_a=first.get("local_rank"), local_b=outcomes[r].get("local_rank"))}
+    if all((e.get("type"), e.get("message")) == first_key for e in alike.values()):
+        return {}  # equal texts: one finding per rank, merged by the report as "ranks 0-1 raised"
+    return alike
+
+
+def _exception_findings(outcomes: dict[int, dict[str, Any]], failed: list[int],
+                        sig_of: dict[int, Signature | None], first_rank: int | None,
+                        first_is_cause: bool) -> list[Finding]:
+    """One finding per rank that raised, in the order they failed: the first rank's as the root
+    cause (listing the ranks that raised its error on their own too), a later rank's as a peer that
+    failed after it unless it raised the same error itself."""
     first_key = None
     if first_rank is not None:
         e = outcomes[first_rank]["exception"]
         first_key = (e.get("type"), e.get("message"))
-    # Ranks whose error is the first rank's but for their own rank numbers raised it on their own
-    # too: one finding lists them with the first rank (the report merges only equal texts).
-    alike: dict[int, dict[str, Any]] = {}
-    if first_rank is not None and first_rank in causes:
-        first = outcomes[first_rank]
-        alike = {r: outcomes[r]["exception"] for _, r in failed if r != first_rank and same_error_modulo_rank(
-            first["exception"], first_rank, outcomes[r]["exception"], r,
-            local_a=first.get("local_rank"), local_b=outcomes[r].get("local_rank"))}
-        if all((e.get("type"), e.get("message")) == first_key for e in alike.values()):
-            alike = {}  # equal texts: one finding per rank, merged by the report as "ranks 0-1 raised"
+    alike = _alike_ranks(outcomes, failed, first_rank) if first_rank is not None and first_is_cause else {}
+    findings: list[Finding] = []
     grouped: set[int] = set()  # listed in the first rank's finding (a spawned child's is not grouped)
-    for _, r in failed:  # the alike ranks failed after the first one (else one of them would be first)
+    for r in failed:  # the alike ranks failed after the first one (else one of them would be first)
         if r in grouped:
             continue
         e = outcomes[r]["exception"]
-        same = (e.get("type"), e.get("message")) == first_key or r in alike or (
-            sig_of[r] is not None and sig_of[r] is sig_of.get(first_rank))  # raised on its own too
+        same = (e.get("type"), e.get("message")) == first_key or r in alike or (  # or raised on its own too:
+            sig_of[r] is not None and first_rank is not None and sig_of[r] is sig_of.get(first_rank))
         peer = first_rank if (r != first_rank and not same) else None
         f = exception_finding(r, e, consequence_of=peer, same_on=(alike or None) if r == first_rank else None,
                               time=e.get("time"))
         if r == first_rank:
             grouped = set(alike) if f.ranks == sorted({r, *alike}) else set()
         findings.append(f)
-    findings += _exited_findings(outcomes, bool(failed) or any((c or 0) != 0 for c in exits.values()))
-    for r in ranks:
-        code = exits.get(r)
-        o = outcomes.get(r)
-        if code is None or code == 0:
-            continue
-        if o is not None and o.get("exit_code") == 0 and code == -signal.SIGABRT:
-            findings.append(event_finding(
-                failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
-                f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown"))
-        elif o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
-            # SIGKILL: ddp-doctor ended it past the teardown bound; SIGTERM: the launcher did, once
-            # a peer stuck the same way was ended first. After another rank failed (this one was
-            # blocked with it in a collective) it is a consequence: info, said so.
-            after = _failed_first(r, outcomes, exits)
-            # what the process held past the bound (non-daemon threads, children): the script's, an error
-            held = exit_holders(o.get("held_by"))
-            findings.append(event_finding(
-                failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
-                f"but the process did not exit and was ended ({_signal_name(code)})"
-                + (f"; what kept it alive: {held}" if held else "")
-                + (f", after rank {after} failed (a consequence)" if after is not None else ""),
-                rank=r, phase="teardown",
-                severity="info" if after is not None else "error" if held else "warning",
-                hint=None if after is not None else (
-                    "Stop and join what the script starts before it ends (a sentinel on the queue or the "
-                    "Event set, then thread.join(); Pool.close() and join(); Popen.wait()), or make "
-                    "background threads daemons: Python's exit waits for them, so the rank never exits."
-                ) if held else (
-                    "No thread or child process of the script was seen holding it (the interpreter's or "
-                    "torch's own teardown): call dist.destroy_process_group() at the end of training; if it "
-                    "persists, end the script with os._exit(status) after flushing its output."),
-                caused_by=ROOT_CAUSE if after is not None else None,
-                evidence={"exit_status": code, **({"after_rank": after} if after is not None else {}),
-                          **({"held_by": o["held_by"]} if held else {})}))
-        elif o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
-            # the launcher stops the survivors once a rank has failed: a consequence, said so
-            findings.append(event_finding(
-                failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
-                f"rank failed", rank=r, evidence={"exit_status": code}, phase="training", caused_by=ROOT_CAUSE))
-        elif o is None and -code in NATIVE_SIGNALS:
-            dump, when = crashes.get(r, ("", None))
-            findings.append(native_crash_finding(r, code, dump, when))
-        elif o is None and code < 0:
-            findings.append(event_finding(
-                failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
-                f"error", rank=r, evidence={"exit_status": code}, phase="training"))
-        elif o is None and r in unlogged:
-            findings.append(event_finding(
-                failures.RANK_KILLED, f"rank {r} exited with status {code}; its output is not among the "
-                f"evidence, so whether it raised, and what, is unknown", rank=r,
-                hint="Add this rank's output (its log file, its host's stream) and analyze again: its "
-                     "error is the likely cause.", evidence={"exit_status": code, "output": "missing"},
-                phase="training"))
-        elif o is None:
-            # 128+N is how a shell or mpirun reports death by signal N: a native crash keeps its own
-            # hint (DDP803's is about the OOM killer's SIGKILL)
-            sig = code - 128 if 128 < code < 128 + signal.NSIG else None
-            native = NATIVE_HINTS.get(sig) if sig else None
-            said = (f"rank {r} exited with status {code} ({code} is 128 + {_signal_name(-sig)}: how a shell "
-                    f"or mpirun reports a process ended by that signal), with no Python error" if sig else
-                    f"rank {r} exited with status {code} before its script ended (no Python error was "
-                    f"recorded: os._exit() or a crash in native code)")
-            findings.append(event_finding(failures.RANK_KILLED, said, rank=r, hint=native,
-                                          evidence={"exit_status": code}, phase="training"))
-    code = 0
+    return findings
+
+
+def _exit_status_finding(r: int, code: int, outcomes: dict[int, dict[str, Any]], exits: dict[int, int],
+                         crashes: dict[int, tuple[str, float]],
+                         unlogged: set[int] | frozenset[int]) -> Finding | None:
+    """The finding for rank `r`'s non-zero exit status `code`, read with what the rank recorded: an
+    abort or a stuck exit after the script ended, a stop by the launcher after a peer failed, a native
+    crash, a kill, or an exit with no Python error (the status alone says which). None for a rank
+    whose script ended and whose status says nothing more (its ending has its own finding)."""
+    o = outcomes.get(r)
+    if o is not None and o.get("exit_code") == 0 and code == -signal.SIGABRT:
+        return event_finding(
+            failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
+            f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown")
+    if o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
+        return _stuck_at_exit_finding(r, code, o, outcomes, exits)
+    if o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
+        # the launcher stops the survivors once a rank has failed: a consequence, said so
+        return event_finding(
+            failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
+            f"rank failed", rank=r, evidence={"exit_status": code}, phase="training", caused_by=ROOT_CAUSE)
+    if o is None and -code in NATIVE_SIGNALS:
+        dump, when = crashes.get(r, ("", None))
+        return native_crash_finding(r, code, dump, when)
+    if o is None and code < 0:
+        return event_finding(
+            failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
+            f"error", rank=r, evidence={"exit_status": code}, phase="training")
+    if o is None and r in unlogged:
+        return event_finding(
+            failures.RANK_KILLED, f"rank {r} exited with status {code}; its output is not among the "
+            f"evidence, so whether it raised, and what, is unknown", rank=r,
+            hint="Add this rank's output (its log file, its host's stream) and analyze again: its "
+                 "error is the likely cause.", evidence={"exit_status": code, "output": "missing"},
+            phase="training")
+    if o is not None:
+        return None
+    # 128+N is how a shell or mpirun reports death by signal N: a native crash keeps its own
+    # hint (DDP803's is about the OOM killer's SIGKILL)
+    sig = code - 128 if 128 < code < 128 + signal.NSIG else None
+    native = NATIVE_HINTS.get(sig) if sig else None
+    said = (f"rank {r} exited with status {code} ({code} is 128 + {_signal_name(-sig)}: how a shell "
+            f"or mpirun reports a process ended by that signal), with no Python error" if sig else
+            f"rank {r} exited with status {code} before its script ended (no Python error was "
+            f"recorded: os._exit() or a crash in native code)")
+    return event_finding(failures.RANK_KILLED, said, rank=r, hint=native,
+                         evidence={"exit_status": code}, phase="training")
+
+
+def _stuck_at_exit_finding(r: int, code: int, o: dict[str, Any], outcomes: dict[int, dict[str, Any]],
+                           exits: dict[int, int]) -> Finding:
+    """DDP806 for a rank whose script ended but whose process was ended by a signal: SIGKILL, ddp-doctor
+    ended it past the teardown bound; SIGTERM, the launcher did, once a peer stuck the same way was
+    ended first. After another rank failed (this one was blocked with it in a collective) it is a
+    consequence: info, said so; else what held the process decides error or warning."""
+    after = _failed_first(r, outcomes, exits)
+    # what the process held past the bound (non-daemon threads, children): the script's, an error
+    held = exit_holders(o.get("held_by"))
+    return event_finding(
+        failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
+        f"but the process did not exit and was ended ({_signal_name(code)})"
+        + (f"; what kept it alive: {held}" if held else "")
+        + (f", after rank {after} failed (a consequence)" if after is not None else ""),
+        rank=r, phase="teardown",
+        severity="info" if after is not None else "error" if held else "warning",
+        hint=None if after is not None else (
+            "Stop and join what the script starts before it ends (a sentinel on the queue or the "
+            "Event set, then thread.join(); Pool.close() and join(); Popen.wait()), or make "
+            "background threads daemons: Python's exit waits for them, so the rank never exits."
+        ) if held else (
+            "No thread or child process of the script was seen holding it (the interpreter's or "
+            "torch's own teardown): call dist.destroy_process_group() at the end of training; if it "
+            "persists, end the script with os._exit(status) after flushing its output."),
+        caused_by=ROOT_CAUSE if after is not None else None,
+        evidence={"exit_status": code, **({"after_rank": after} if after is not None else {}),
+                  **({"held_by": o["held_by"]} if held else {})})
+
+
+def _job_exit_code(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], ranks: list[int],
+                   first_rank: int | None, has_cause: bool) -> int:
+    """The job's exit status: the root-cause rank's own code; when only lost-peer symptoms were raised,
+    that of the rank that left (sys.exit(N)) or died; with no rank raising, the first non-zero ending;
+    0 when all ended well."""
     # Ranks the launcher stopped because another rank failed are consequences: the job's status is
     # the failing rank's, whichever rank number the launcher happened to stop first.
     stopped = {r for r in ranks if outcomes.get(r) is None and exits.get(r) == -signal.SIGTERM
@@ -337,23 +376,20 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     # were raised, and the rank that left has the job's status, N
     exited = [int(o["exit_code"]) for r in ranks if (o := outcomes.get(r)) is not None and o.get("exit_code")
               and not o.get("exception") and not o.get("interrupted")]
-    if first_rank is not None and not causes and exited:
-        code = exited[0]
-    elif first_rank is not None and not causes and died:
-        code = 128 - died[0] if died[0] < 0 else died[0]  # only lost-peer symptoms raised: the dead rank's
-    elif first_rank is not None:
-        code = int(outcomes[first_rank].get("exit_code") or 1)
-    else:
-        for r in ranks:
-            o = outcomes.get(r)
-            if o is not None and o.get("exit_code"):
-                code = int(o["exit_code"])  # a script's own sys.exit(N)
-                break
-            c = exits.get(r)
-            if o is None and c:
-                code = 128 - c if c < 0 else c
-                break
-    return findings, code
+    if first_rank is not None and not has_cause and exited:
+        return exited[0]
+    if first_rank is not None and not has_cause and died:
+        return 128 - died[0] if died[0] < 0 else died[0]  # only lost-peer symptoms raised: the dead rank's
+    if first_rank is not None:
+        return int(outcomes[first_rank].get("exit_code") or 1)
+    for r in ranks:
+        o = outcomes.get(r)
+        if o is not None and o.get("exit_code"):
+            return int(o["exit_code"])  # a script's own sys.exit(N)
+        c = exits.get(r)
+        if o is None and c:
+            return 128 - c if c < 0 else c
+    return 0
 
 
 def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -> list[Finding]:

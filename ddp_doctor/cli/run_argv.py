@@ -328,11 +328,11 @@ def _nproc_problem(value: str) -> str | None:
 
 def run_options(doctor: list[str], target: Target) -> Any:
     """ddp-doctor's options of `run` as the RunOptions every rank and the parent act on
-    (training/run/watched_rank.py): --select/--skip checked against the catalogue, --fail-on else
+    (training/run/options.py): --select/--skip checked against the catalogue, --fail-on else
     DDP_DOCTOR_FAIL_ON read. RunUsageError, one line, for a mistake."""
     from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
-    from ddp_doctor.training.run.watched_rank import RunOptions
+    from ddp_doctor.training.run.options import RunOptions
     try:
         ns = doctor_parser().parse_args(doctor)
     except SystemExit:  # argparse's own exit (e.g. a handler that exits): still one usage line

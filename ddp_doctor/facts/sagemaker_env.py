@@ -122,13 +122,9 @@ def _str_list(value: Any) -> list[str] | None:
     return None
 
 
-def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None:
-    """The SageMaker view, or None when this is not a SageMaker container."""
-    root = root or config_root(env)
-    if not present(env, root):
-        return None
-    errors: dict[str, str] = {}
-
+def _read_hosts(env: Mapping[str, str], errors: dict[str, str]) -> list[str] | None:
+    """SM_HOSTS as a list of host names, or None when unset or malformed (then noted in `errors`): the
+    host list every host-count check compares against."""
     hosts_raw = env_json(env, "SM_HOSTS")
     hosts = _str_list(hosts_raw)
     if isinstance(hosts_raw, Invalid):
@@ -137,60 +133,80 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     elif hosts_raw is not None and hosts is None:
         errors["SM_HOSTS"] = (f"SM_HOSTS={_clip(env.get('SM_HOSTS') or '')!r} is a JSON {type(hosts_raw).__name__}, "
                               "not a list of host names")
+    return hosts
 
+
+def _read_num_gpus(env: Mapping[str, str], errors: dict[str, str]) -> int | Invalid | None:
+    """SM_NUM_GPUS as read (a negative count turned Invalid and noted in `errors`): kept raw because the
+    processes-per-host fallback needs to tell a bad value from an unset one."""
     num_gpus = env_int(env, "SM_NUM_GPUS")
     if isinstance(num_gpus, int) and num_gpus < 0:  # a count: found by fuzzing to pass as clean
         num_gpus = Invalid(env.get("SM_NUM_GPUS", ""), "negative (a GPU count)")
     if isinstance(num_gpus, Invalid):
         errors["SM_NUM_GPUS"] = f"SM_NUM_GPUS={num_gpus.raw!r} is {num_gpus.why}"
+    return num_gpus
 
-    def dict_var(name: str) -> dict[str, Any]:
-        v = env_json(env, name)
-        if isinstance(v, Invalid):
-            errors[name] = f"{name} is {v.why}"
-            return {}
-        if v is not None and not isinstance(v, dict):
-            errors[name] = f"{name} is a JSON {type(v).__name__}, not an object"
-            return {}
-        return v or {}
 
-    framework_params = dict_var("SM_FRAMEWORK_PARAMS")
-    training_env = dict_var("SM_TRAINING_ENV")
+def _dict_var(env: Mapping[str, str], name: str, errors: dict[str, str]) -> dict[str, Any]:
+    """The JSON object in variable `name`, or {} when it is unset or not an object (noted in `errors`):
+    SM_FRAMEWORK_PARAMS and SM_TRAINING_ENV are read as dicts whatever the container holds."""
+    v = env_json(env, name)
+    if isinstance(v, Invalid):
+        errors[name] = f"{name} is {v.why}"
+        return {}
+    if v is not None and not isinstance(v, dict):
+        errors[name] = f"{name} is a JSON {type(v).__name__}, not an object"
+        return {}
+    return v or {}
 
-    cfg = os.path.join(root, "input", "config")
-    rc, rc_err = _read_json_file(os.path.join(cfg, "resourceconfig.json"))
+
+def _read_resource_config(cfg: str, errors: dict[str, str]) -> dict[str, Any] | None:
+    """resourceconfig.json as a dict, or None when missing, unreadable or not an object (noted in
+    `errors`): the file names this host and the instance groups that decide the master."""
+    path = os.path.join(cfg, "resourceconfig.json")
+    rc, rc_err = _read_json_file(path)
     if rc_err:
-        errors["resourceconfig.json"] = f"{os.path.join(cfg, 'resourceconfig.json')} is {rc_err}"
-        rc = None
-    elif not isinstance(rc, dict):
+        errors["resourceconfig.json"] = f"{path} is {rc_err}"
+        return None
+    if not isinstance(rc, dict):
         errors["resourceconfig.json"] = "resourceconfig.json is not a JSON object"
-        rc = None
-    hp_raw, hp_err = _read_json_file(os.path.join(cfg, "hyperparameters.json"))
-    hyperparameters = None
-    if hp_err and hp_err != "missing":
-        errors["hyperparameters.json"] = f"{os.path.join(cfg, 'hyperparameters.json')} is {hp_err}"
-    elif isinstance(hp_raw, dict):
-        hp_problems: list[str] = []
-        hyperparameters = _decode_hyperparameters(hp_raw, hp_problems)
-        if hp_problems:
-            errors["hyperparameters.json"] = (f"{os.path.join(cfg, 'hyperparameters.json')}: "
-                                              + "; ".join(hp_problems[:3])
-                                              + (f" (+{len(hp_problems) - 3} more)" if len(hp_problems) > 3 else ""))
-        for k, v in hyperparameters.items():  # toolkit: sagemaker_* hyperparameters are framework params
-            if k.startswith("sagemaker_"):
-                framework_params.setdefault(k, v)
+        return None
+    return rc
 
-    distribution = "none"
+
+def _read_hyperparameters(cfg: str, errors: dict[str, str]) -> dict[str, Any] | None:
+    """hyperparameters.json with its values decoded, or None when missing or not an object: an
+    unreadable file, or values too large or deep to decode, are noted in `errors` (a missing file is not:
+    a job may have no hyperparameters)."""
+    path = os.path.join(cfg, "hyperparameters.json")
+    hp_raw, hp_err = _read_json_file(path)
+    if hp_err and hp_err != "missing":
+        errors["hyperparameters.json"] = f"{path} is {hp_err}"
+        return None
+    if not isinstance(hp_raw, dict):
+        return None
+    problems: list[str] = []
+    hyperparameters = _decode_hyperparameters(hp_raw, problems)
+    if problems:
+        errors["hyperparameters.json"] = (f"{path}: " + "; ".join(problems[:3])
+                                          + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
+    return hyperparameters
+
+
+def _distribution(framework_params: Mapping[str, Any]) -> str:
+    """The distribution the toolkit would launch ("none" without one): the first flag set, in the order
+    the PyTorch toolkit tests them."""
     for flag, dist_name in DISTRIBUTION_FLAGS:
         if framework_params.get(flag) in (True, "true", "True", 1):
-            distribution = dist_name
-            break
+            return dist_name
+    return "none"
 
-    is_hetero = str(env.get("SM_IS_HETERO", "false")).lower() == "true"
-    dgroups_raw = env_json(env, "SM_DISTRIBUTION_INSTANCE_GROUPS")
-    dgroups = _str_list(dgroups_raw)
 
-    # distribution_hosts: hosts of the (distribution) instance groups in file order (TK).
+def _distribution_hosts(rc: dict[str, Any] | None, is_hetero: bool, dgroups: list[str] | None,
+                        training_env: Mapping[str, Any], hosts: list[str] | None) -> list[str]:
+    """The hosts that take part in the distribution, in the order that makes the first the master: those
+    of the (distribution) instance groups in file order as the toolkit reads them, else the first host
+    list found in SM_TRAINING_ENV, resourceconfig.json or SM_HOSTS."""
     distribution_hosts: list[str] = []
     groups = (rc or {}).get("instance_groups")
     if isinstance(groups, list) and groups:
@@ -205,8 +221,13 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
     if not distribution_hosts:
         distribution_hosts = (_str_list(training_env.get("distribution_hosts"))
                               or _str_list((rc or {}).get("hosts")) or hosts or [])
-    master = distribution_hosts[0] if distribution_hosts else None
+    return distribution_hosts
 
+
+def _processes_per_host(env: Mapping[str, str], framework_params: Mapping[str, Any],
+                        num_gpus: int | Invalid | None, errors: dict[str, str]) -> int:
+    """How many processes the launcher starts per host: the MPI setting when it is positive (a value
+    below 1 is noted in `errors`), else one per GPU, else one per Neuron device, else 1."""
     ppn = as_int(framework_params.get("sagemaker_mpi_num_of_processes_per_host"))
     if ppn is not None and ppn < 1:
         errors["SM_FRAMEWORK_PARAMS"] = (f"sagemaker_mpi_num_of_processes_per_host={ppn} is not a positive "
@@ -214,6 +235,30 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
         ppn = None
     if ppn is None:
         ppn = as_int(num_gpus) or as_int(env_int(env, "SM_NUM_NEURONS")) or 1
+    return ppn
+
+
+def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None:
+    """The SageMaker view, or None when this is not a SageMaker container."""
+    root = root or config_root(env)
+    if not present(env, root):
+        return None
+    errors: dict[str, str] = {}
+    hosts = _read_hosts(env, errors)
+    num_gpus = _read_num_gpus(env, errors)
+    framework_params = _dict_var(env, "SM_FRAMEWORK_PARAMS", errors)
+    training_env = _dict_var(env, "SM_TRAINING_ENV", errors)
+
+    cfg = os.path.join(root, "input", "config")
+    rc = _read_resource_config(cfg, errors)
+    hyperparameters = _read_hyperparameters(cfg, errors)
+    for k, v in (hyperparameters or {}).items():  # toolkit: sagemaker_* hyperparameters are framework params
+        if k.startswith("sagemaker_"):
+            framework_params.setdefault(k, v)
+
+    is_hetero = str(env.get("SM_IS_HETERO", "false")).lower() == "true"
+    dgroups = _str_list(env_json(env, "SM_DISTRIBUTION_INSTANCE_GROUPS"))
+    distribution_hosts = _distribution_hosts(rc, is_hetero, dgroups, training_env, hosts)
 
     return SageMakerEnv(
         root=root, hosts=hosts, current_host=env.get("SM_CURRENT_HOST") or None,
@@ -222,7 +267,8 @@ def read(env: Mapping[str, str], root: str | None = None) -> SageMakerEnv | None
         or framework_params.get("sagemaker_instance_type"),
         network_interface=env.get("SM_NETWORK_INTERFACE_NAME") or (rc or {}).get("network_interface_name"),
         framework_params=framework_params, training_env=training_env, resource_config=rc,
-        hyperparameters=hyperparameters, distribution=distribution,
-        distribution_hosts=distribution_hosts, master_hostname=master, processes_per_host=ppn,
+        hyperparameters=hyperparameters, distribution=_distribution(framework_params),
+        distribution_hosts=distribution_hosts, master_hostname=distribution_hosts[0] if distribution_hosts else None,
+        processes_per_host=_processes_per_host(env, framework_params, num_gpus, errors),
         is_hetero=is_hetero, distribution_groups=dgroups, errors=errors,
     )

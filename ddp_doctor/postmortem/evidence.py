@@ -15,13 +15,13 @@ from __future__ import annotations
 import bisect
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ddp_doctor.checks import post_mortem
 from ddp_doctor.checks.efa import nccl_network_finding
 from ddp_doctor.checks.job import JobEvidence
 from ddp_doctor.checks.wrapped_errors import parse_traceback
-from ddp_doctor.facts.efa import nccl_network
+from ddp_doctor.facts.efa import NcclNetwork, nccl_network
 from ddp_doctor.facts.launchers import MAX_RANKS
 from ddp_doctor.findings import Finding
 from ddp_doctor.postmortem.artifacts import Artifacts
@@ -178,19 +178,16 @@ def _watchdog_ledgers(texts: dict[int, RankText], ranks: list[int], when: Any, *
     return out
 
 
-def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
-    """The evidence of the job in `art`; `platform`: what the platform knows of it (the SageMaker
-    job's instance type and count, or --instance-type), for the rules that need the hardware."""
-    doubted = _believed(art)
-    unplaced, one_node = _resolve_local(art)
-    exits: dict[int, RankExit] = dict(art.launcher.exits)
-    texts = art.texts
+def _known_ranks(art: Artifacts, exits: dict[int, RankExit]) -> tuple[dict[int, str], int, int]:
+    """(rank -> what tells of it, the world size, the ranks implied but too many to list): every rank
+    the artifacts name or their world size implies, with its source, so each can be judged and a rank
+    of which nothing is here is still named (counted instead past MAX_LISTED_ABSENT)."""
     known_from: dict[int, str] = {}
     for r in exits:
         known_from[r] = "the launcher's summary"
     for r in art.ledgers:
         known_from.setdefault(r, "a flight-recorder dump")
-    for r in texts:
+    for r in art.texts:
         known_from.setdefault(r, "its output")
     world = max([*known_from, *[n - 1 for n in art.launcher.world_sizes]], default=-1) + 1
     absent = world - sum(1 for r in known_from if r < world)  # ranks the world implies, of which nothing is here
@@ -198,17 +195,14 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
     if not unlisted:
         for r in range(world):
             known_from.setdefault(r, f"the world size ({world})")
-    ranks = sorted(known_from)
-    for r in ranks:
-        if (r not in texts or not texts[r].lines) and art.printed_in_scanned(r):
-            art.rank_text(r).lines += 1  # it printed, in the middle of a large console
-    base = min([e.time for e in exits.values() if e.time is not None], default=None)
-    if base is None:
-        base = min(art.mtimes.values(), default=0.0)
+    return known_from, world, unlisted
 
-    # positions (a line's place in its source) order the ranks' endings; on the clock they are
-    # ORDER_STEP apart, in that order
-    order = sorted({p for t in texts.values() for p in (t.ending_position(), t.dump and t.dump[1], t.last_seq)
+
+def _ending_clock(art: Artifacts, base: float) -> Callable[[int, int | None], float]:
+    """when(rank, position): the time a rank's line at `position` is taken to have come, for the order
+    of the ranks' endings: the error file's time when torchelastic wrote one, else `base` plus
+    ORDER_STEP per line position (a line's place in its source) that comes before it."""
+    order = sorted({p for t in art.texts.values() for p in (t.ending_position(), t.dump and t.dump[1], t.last_seq)
                     if p is not None})
 
     def when(rank: int, seq: int | None) -> float:
@@ -217,80 +211,100 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
             return ef.time
         return base + bisect.bisect_left(order, seq or 0) * ORDER_STEP
 
-    ev = JobEvidence(ranks=ranks, world_size=world or None, started=bool(texts), ledgers=dict(art.ledgers))
-    per_rank: dict[int, dict[str, Any]] = {}
+    return when
+
+
+def _exception_of(art: Artifacts, r: int, text: RankText | None, ex: RankExit | None) -> dict[str, Any] | None:
+    """The Python error rank `r` raised ({type, message, traceback}), or None: from its output, else
+    from torchelastic's error file or the launcher's summary that quotes it (the first that parses)."""
+    exc = text.exception() if text is not None else None
+    quoted = [art.error_files[r].text] if r in art.error_files else []
+    quoted += [ex.traceback] if ex is not None and ex.traceback else []
+    for given in quoted:
+        if exc is None:  # the error file, or the summary that quotes it
+            err = parse_traceback(given)
+            exc = {"type": err.type, "message": err.message, "traceback": given} if err is not None else None
+    return exc
+
+
+def _aborted_at_exit(text: RankText, ex: RankExit) -> bool:
+    """Whether the rank aborted while its interpreter exited: no Python error, then "terminate called
+    without an active exception" and SIGABRT (torch's gloo aborts in its static destructors), so its
+    script had ended itself; the status it asked for is lost to the abort."""
+    return (ex.exit_code in (-signal.SIGABRT, 128 + signal.SIGABRT) and text.abort_at_exit is not None
+            and (text.dump is None or text.dump[2] == -signal.SIGABRT))
+
+
+def _read_ending(ev: JobEvidence, art: Artifacts, r: int, ex: RankExit | None,
+                 when: Callable[[int, int | None], float], one_node: bool) -> dict[str, Any]:
+    """How rank `r` ended, from what (measurements.post_mortem.ranks); what a live run would have
+    recorded of it goes into `ev` as it would have (an outcome record, an exit status, a crash), so
+    the checks judge a post-mortem as they judge `ddp-doctor run`."""
+    text = art.texts.get(r)
+    exc = _exception_of(art, r, text, ex)
+    host = (ex.host if ex else None) or (sorted(text.hosts)[0] if text is not None and text.hosts else None)
+    record = {"host": host, "local_rank": ex.local_rank if ex else None, "phase": "training"}
+    last_line = text.tail[-1] if text is not None and text.tail else None
+    if exc is not None:
+        t = when(r, text.ending_position() if text is not None else None)
+        code = ex.exit_code if ex is not None and ex.exit_code and ex.exit_code > 0 else 1
+        ev.outcomes[r] = {"exit_code": code, "exception": {**exc, "time": t}, "time": t, **record}
+        ending: dict[str, Any] = {"ended": "raised", "error": f"{exc['type']}: {str(exc['message'])[:200]}"}
+    elif ex is not None and text is not None and _aborted_at_exit(text, ex):
+        t = when(r, text.last_seq)
+        ev.outcomes[r] = {"exit_code": 128 + signal.SIGABRT, "exception": None, "time": t, **record,
+                          "exited": {"time": t, "from_output": True, "aborted_at_exit": True, "last_line": last_line}}
+        ending = {"ended": "exited", "exit_status": ex.exit_code, "aborted_at_exit": True}
+    elif text is not None and text.dump is not None:
+        dump, dseq, status = text.dump
+        code = ex.exit_code if ex is not None and ex.exit_code is not None else status
+        ev.exits[r] = code
+        ev.crashes[r] = (dump, when(r, dseq))
+        ending = {"ended": "crashed", "exit_status": code}
+    elif ex is not None and ex.exit_code is not None and 0 < ex.exit_code < 128 and text is not None \
+            and text.lines:
+        # a status of its own (not 128 + a signal) and no Python error in the rank's output:
+        # its script ended itself, as run's probe would have recorded it (DDP814)
+        t = when(r, text.last_seq)
+        ev.outcomes[r] = {"exit_code": ex.exit_code, "exception": None, "time": t, **record,
+                          "exited": {"time": t, "from_output": True, "last_line": last_line}}
+        ending = {"ended": "exited", "exit_status": ex.exit_code}
+    elif ex is not None and ex.exit_code is not None:
+        ev.exits[r] = ex.exit_code
+        ending = {"ended": "killed" if ex.exit_code < 0 else "exited", "exit_status": ex.exit_code}
+    elif one_node and art.launcher.summaries and (text is not None or r in art.ledgers):
+        # torchrun's summary lists every rank of its node that did not exit 0, the ones it
+        # stopped included: a rank of that node absent from it ended well, before the others
+        ev.outcomes[r] = {"exit_code": 0, "exception": None, "time": when(r, text.last_seq if text else None),
+                          **record}
+        ending = {"ended": "exited", "exit_status": 0, "from": "absent from the launcher's summary"}
+    else:
+        ending = {"ended": "unknown"}
+    ending.update(host=host, lines=text.lines if text is not None else 0, last_line=last_line)
+    return ending
+
+
+def _note_interruption(ev: JobEvidence, art: Artifacts, stopped: tuple[int, int | None], ranks: list[int],
+                       per_rank: dict[int, dict[str, Any]], base: float) -> None:
+    """Record in `ev` that the launcher was stopped by a signal (a stopped SageMaker job, a time limit,
+    Ctrl-C) and stopped the ranks: the job was interrupted, as run reports it (DDP808), each rank where
+    its output last left it."""
+    from ddp_doctor.processes.stop_signals import Interrupt
+    signo, pid = stopped
+    agent = f"{art.launcher.launcher or 'the launcher'}'s agent" + (f" (pid {pid})" if pid else "")
+    ev.interrupted = Interrupt(signo=signo, to=agent, at=max(art.mtimes.values(), default=base))
     for r in ranks:
-        text = texts.get(r)
-        ex = exits.get(r)
-        exc = text.exception() if text is not None else None
-        seq = text.ending_position() if text is not None else None
-        quoted = [art.error_files[r].text] if r in art.error_files else []
-        quoted += [ex.traceback] if ex is not None and ex.traceback else []
-        for given in quoted:
-            if exc is None:  # the error file, or the summary that quotes it
-                err = parse_traceback(given)
-                exc = {"type": err.type, "message": err.message, "traceback": given} if err is not None else None
-        host = (ex.host if ex else None) or (sorted(text.hosts)[0] if text is not None and text.hosts else None)
-        local = ex.local_rank if ex else None
-        if exc is not None:
-            t = when(r, seq)
-            code = ex.exit_code if ex is not None and ex.exit_code and ex.exit_code > 0 else 1
-            ev.outcomes[r] = {"exit_code": code, "exception": {**exc, "time": t}, "time": t, "host": host,
-                              "local_rank": local, "phase": "training"}
-            per_rank[r] = {"ended": "raised", "error": f"{exc['type']}: {str(exc['message'])[:200]}"}
-        elif ex is not None and ex.exit_code in (-signal.SIGABRT, 128 + signal.SIGABRT) and text is not None \
-                and text.abort_at_exit is not None and (text.dump is None or text.dump[2] == -signal.SIGABRT):
-            # no Python error, then "terminate called without an active exception" and SIGABRT: the
-            # interpreter was exiting (torch's gloo aborts in its static destructors), so its script
-            # had ended itself; the status it asked for is lost to the abort
-            t = when(r, text.last_seq)
-            ev.outcomes[r] = {"exit_code": 128 + signal.SIGABRT, "exception": None, "time": t, "host": host,
-                              "local_rank": local, "phase": "training",
-                              "exited": {"time": t, "from_output": True, "aborted_at_exit": True,
-                                         "last_line": text.tail[-1] if text.tail else None}}
-            per_rank[r] = {"ended": "exited", "exit_status": ex.exit_code, "aborted_at_exit": True}
-        elif text is not None and text.dump is not None:
-            dump, dseq, status = text.dump
-            code = ex.exit_code if ex is not None and ex.exit_code is not None else status
-            ev.exits[r] = code
-            ev.crashes[r] = (dump, when(r, dseq))
-            per_rank[r] = {"ended": "crashed", "exit_status": code}
-        elif ex is not None and ex.exit_code is not None and 0 < ex.exit_code < 128 and text is not None \
-                and text.lines:
-            # a status of its own (not 128 + a signal) and no Python error in the rank's output:
-            # its script ended itself, as run's probe would have recorded it (DDP814)
-            t = when(r, text.last_seq)
-            ev.outcomes[r] = {"exit_code": ex.exit_code, "exception": None, "time": t, "host": host,
-                              "local_rank": local, "phase": "training",
-                              "exited": {"time": t, "from_output": True,
-                                         "last_line": text.tail[-1] if text.tail else None}}
-            per_rank[r] = {"ended": "exited", "exit_status": ex.exit_code}
-        elif ex is not None and ex.exit_code is not None:
-            ev.exits[r] = ex.exit_code
-            per_rank[r] = {"ended": "killed" if ex.exit_code < 0 else "exited", "exit_status": ex.exit_code}
-        elif one_node and art.launcher.summaries and (text is not None or r in art.ledgers):
-            # torchrun's summary lists every rank of its node that did not exit 0, the ones it
-            # stopped included: a rank of that node absent from it ended well, before the others
-            ev.outcomes[r] = {"exit_code": 0, "exception": None, "time": when(r, text.last_seq if text else None),
-                              "host": host, "local_rank": local, "phase": "training"}
-            per_rank[r] = {"ended": "exited", "exit_status": 0, "from": "absent from the launcher's summary"}
-        else:
-            per_rank[r] = {"ended": "unknown"}
-        per_rank[r].update(host=host, lines=text.lines if text is not None else 0,
-                           last_line=(text.tail[-1] if text is not None and text.tail else None))
-    if art.launcher.stopped is not None:
-        # the launcher was stopped by a signal (a stopped SageMaker job, a time limit, Ctrl-C) and
-        # stopped the ranks: the job was interrupted, as run reports it (DDP808), each rank where
-        # its output last left it
-        from ddp_doctor.processes.stop_signals import Interrupt
-        signo, pid = art.launcher.stopped
-        agent = f"{art.launcher.launcher or 'the launcher'}'s agent" + (f" (pid {pid})" if pid else "")
-        ev.interrupted = Interrupt(signo=signo, to=agent, at=max(art.mtimes.values(), default=base))
-        for r in ranks:
-            last = per_rank[r].get("last_line")
-            ev.stopped_at[r] = {"where": f"its output's last line {str(last).strip()[:160]!r}" if last and
-                                str(last).strip() else "no output"}
-    for r, led in _watchdog_ledgers(texts, ranks, when, have=set(ev.ledgers)).items():
+        last = per_rank[r].get("last_line")
+        ev.stopped_at[r] = {"where": f"its output's last line {str(last).strip()[:160]!r}" if last and
+                            str(last).strip() else "no output"}
+
+
+def _place_ledgers(ev: JobEvidence, art: Artifacts, ranks: list[int], per_rank: dict[int, dict[str, Any]],
+                   when: Callable[[int, int | None], float]) -> None:
+    """Complete `ev`'s ledgers as a live run's: add those NCCL's watchdog lines give for ranks without
+    a dump, and give each dump the rank's position (failed, finished, hung), where its output left it,
+    and the entry a failed rank's error came from, which a dump alone does not say."""
+    for r, led in _watchdog_ledgers(art.texts, ranks, when, have=set(ev.ledgers)).items():
         ev.ledgers[r] = led
     for r, led in ev.ledgers.items():
         if led.get("source") == "nccl_log":
@@ -303,14 +317,19 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
             from ddp_doctor.training.run.ledger import from_exception
             if from_exception(ev.outcomes[r].get("exception"))[0] and led.get("entries"):
                 max(led["entries"], key=lambda e: int(e.get("time_created_ns") or 0))["failed_here"] = True
-    ev.unlogged = {r for r in ranks if texts.get(r) is None or not texts[r].lines}
-    # what the ranks' init waits are judged against (checks/init_waits.py)
-    ev.launched_known = "stated" if art.launcher.world_sizes else "one node" if one_node and not ev.unlogged else ""
+
+
+def _post_mortem_findings(art: Artifacts, ev: JobEvidence, ranks: list[int], per_rank: dict[int, dict[str, Any]],
+                          known_from: dict[int, str], when: Callable[[int, int | None], float], world: int,
+                          unlisted: int) -> list[Finding]:
+    """The post-mortem's own findings (checks/post_mortem.py), on what the artifacts lack: ranks
+    without output, ranks with no ending while others failed, no failure or nothing read at all,
+    inputs left unread, several jobs or consoles of which one was read."""
     found: list[Finding] = []
     failed = bool(ev.outcomes or any(c for c in ev.exits.values()) or ev.crashes)
     missing = sorted(ev.unlogged)
     if missing or unlisted:
-        empty = [r for r in missing if texts.get(r) is not None]
+        empty = [r for r in missing if art.texts.get(r) is not None]
         # a rank that printed nothing but whose ending the launcher gives (killed, crashed without
         # faulthandler, or ended well) is said so, but its ending is known: no warning
         unknown = [r for r in missing if per_rank[r]["ended"] not in ("killed", "crashed")
@@ -322,7 +341,7 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
     elif failed:
         for r in ranks:
             if per_rank[r]["ended"] == "unknown" and r not in ev.unlogged:
-                text = texts[r]
+                text = art.texts[r]
                 found.append(post_mortem.still_running_finding(r, per_rank[r]["last_line"],
                                                                when(r, text.last_seq)))
     elif ranks or art.read:
@@ -335,15 +354,51 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
         found.append(post_mortem.several_jobs_finding(art.job, art.jobs_left))
     if art.consoles_left:
         found.append(post_mortem.several_consoles_finding(art.consoles_read, art.consoles_left))
+    return found
+
+
+def _network_finding(art: Artifacts, platform: dict[str, Any] | None, hosts: list[str],
+                     net: NcclNetwork | None) -> Finding | None:
+    """The finding on the network NCCL chose (sockets where the instance type has EFA), or None: it
+    needs the job's NCCL INFO lines and the instance type the platform or --instance-type gives."""
+    itype = (platform or {}).get("instance_type")
+    if net is None or not itype:
+        return None
+    nodes = max(int((platform or {}).get("instance_count") or 0), len(hosts))
+    given_by = (platform or {}).get("instance_type_from") or "the platform"
+    return nccl_network_finding(art.nccl_lines, itype, "the job's NCCL INFO lines", nodes=nodes, given_by=given_by)
+
+
+def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
+    """The evidence of the job in `art`; `platform`: what the platform knows of it (the SageMaker
+    job's instance type and count, or --instance-type), for the rules that need the hardware."""
+    doubted = _believed(art)
+    unplaced, one_node = _resolve_local(art)
+    exits: dict[int, RankExit] = dict(art.launcher.exits)
+    texts = art.texts
+    known_from, world, unlisted = _known_ranks(art, exits)
+    ranks = sorted(known_from)
+    for r in ranks:
+        if (r not in texts or not texts[r].lines) and art.printed_in_scanned(r):
+            art.rank_text(r).lines += 1  # it printed, in the middle of a large console
+    base = min([e.time for e in exits.values() if e.time is not None], default=None)
+    if base is None:
+        base = min(art.mtimes.values(), default=0.0)
+    when = _ending_clock(art, base)
+
+    ev = JobEvidence(ranks=ranks, world_size=world or None, started=bool(texts), ledgers=dict(art.ledgers))
+    per_rank = {r: _read_ending(ev, art, r, exits.get(r), when, one_node) for r in ranks}
+    if art.launcher.stopped is not None:
+        _note_interruption(ev, art, art.launcher.stopped, ranks, per_rank, base)
+    _place_ledgers(ev, art, ranks, per_rank, when)
+    ev.unlogged = {r for r in ranks if texts.get(r) is None or not texts[r].lines}
+    # what the ranks' init waits are judged against (checks/init_waits.py)
+    ev.launched_known = "stated" if art.launcher.world_sizes else "one node" if one_node and not ev.unlogged else ""
+    found = _post_mortem_findings(art, ev, ranks, per_rank, known_from, when, world, unlisted)
     hosts = sorted({h for r in per_rank.values() for h in [r.get("host")] if h})
     net = nccl_network(art.nccl_lines) if art.nccl_lines else None
-    itype = (platform or {}).get("instance_type")
-    if net is not None and itype:
-        nodes = max(int((platform or {}).get("instance_count") or 0), len(hosts))
-        given_by = (platform or {}).get("instance_type_from") or "the platform"
-        sockets = nccl_network_finding(art.nccl_lines, itype, "the job's NCCL INFO lines", nodes=nodes,
-                                       given_by=given_by)
-        found += [sockets] if sockets is not None else []
+    sockets = _network_finding(art, platform, hosts, net)
+    found += [sockets] if sockets is not None else []
     world_info = {"launcher": art.launcher.launcher or ("torchrun" if art.local_texts else None),
                   "backend": art.backend(),
                   **({"nccl_network": net.name} if net is not None and net.name else {}),
@@ -352,4 +407,3 @@ def build(art: Artifacts, platform: dict[str, Any] | None = None) -> PostMortem:
                   **({"run_id": art.job, "attempts": art.attempts} if art.job is not None else {})}
     return PostMortem(evidence=ev, findings=found, world=world_info, ranks=per_rank,
                       unplaced=[{"output": node, "local_rank": local} for node, local in unplaced] + doubted)
-

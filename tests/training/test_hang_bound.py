@@ -136,14 +136,14 @@ def test_the_watchdog_wakes_at_once_for_a_stop_signal_and_not_for_a_scripts_othe
     try:
         watch.watch_stop_signals(lambda w, sig: None)
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert watch._tick() is False and watch._stop_seen is None
+        assert watch.tick() is False and watch.stop_signal() is None
         # the script's signal woke the wait, which went on until the interval ran out (a wait that
         # ends with nothing to read is one that reached its timeout): the whole interval
         assert waits[0] is True and waits[-1] is False, waits
         waits.clear()
         watch.interval = 60.0
         os.kill(os.getpid(), signal.SIGTERM)
-        assert watch._tick() is False and watch._stop_seen == signal.SIGTERM
+        assert watch.tick() is False and watch.stop_signal() == signal.SIGTERM
         assert waits == [True]  # at once: one wait, ended by the signal, not by the 60 s interval
     finally:
         for s, h in saved.items():

@@ -1,6 +1,6 @@
 """Every rank's ending in the job's store (training/run/endings.py), against a real TCPStore: the
 verdict of a job on several nodes needs every rank's ending, and a rank seen gone on its node is
-named on the others (issue 19, item 1)."""
+named on the others."""
 from __future__ import annotations
 
 import json
@@ -241,7 +241,7 @@ def test_a_failed_rank_stopped_before_it_shared_its_ending_shares_it_and_its_van
     import time
     from types import SimpleNamespace
 
-    from ddp_doctor.training.run import watched_rank
+    from ddp_doctor.training.run import stopped_rank
     for k, v in store_env.items():
         monkeypatch.setenv(k, v)
     started = time.time()
@@ -264,11 +264,11 @@ def test_a_failed_rank_stopped_before_it_shared_its_ending_shares_it_and_its_van
     node0 = _node(tmp_path, "node0", [0, 1], {0: 1, 1: 1})
     for r in (0, 1):  # node 0's ranks failed with a lost peer and shared that
         endings.exchange(node0, r, failed=False, env=store_env)
-    monkeypatch.setattr(watched_rank, "_finish_outside", lambda *a, **k: reported.append(a[:2]))
-    monkeypatch.setattr(watched_rank.os, "_exit", _exit)
+    monkeypatch.setattr(stopped_rank, "write_outside_report", lambda *a, **k: reported.append(a[:2]))
+    monkeypatch.setattr(stopped_rank.os, "_exit", _exit)
     watch = SimpleNamespace(run_dir=node1, rank=2, job_since=started - 60, claim_stop=lambda: True)
     with pytest.raises(Exited):
-        watched_rank._end_stopped_rank(watch, signal.SIGTERM, started, SimpleNamespace())
+        stopped_rank.end_stopped_rank(watch, signal.SIGTERM, started, SimpleNamespace())
     assert exits == [1] and reported == [(2, node1)]
     assert set(records.read_outcomes(node1)) == {0, 1, 2}  # node 0's endings copied for its report
     seen = endings.exchange(node0, 0, failed=True, env=store_env)

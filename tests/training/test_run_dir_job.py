@@ -1,4 +1,4 @@
-"""One job, one run directory (issue 19, item 3), without launching jobs: which directory a rank
+"""One job, one run directory, without launching jobs: which directory a rank
 under an outside launcher takes (run_dir.job_id), and the job token that keeps another job's
 records out of this job's verdict (records.join_job)."""
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_a_request_for_stacks_that_lands_at_exit_never_ends_the_process(tmp_path
         "import faulthandler, os, signal, types\n"
         "from ddp_doctor.training.run.watchdog import STACK_SIGNAL, ProgressWatch\n"
         f"w = types.SimpleNamespace(run_dir={str(tmp_path)!r}, rank=0, _stack_file=None)\n"
-        "ProgressWatch._open_stack_file(w)\n"
+        "ProgressWatch.open_stack_file(w)\n"
         "faulthandler.unregister(STACK_SIGNAL)  # what the interpreter's exit does\n"
         "os.kill(os.getpid(), STACK_SIGNAL)\n"
         "print('still here')\n")

@@ -171,12 +171,13 @@ class ProgressWatch:
         except Exception:  # noqa: BLE001 - older torch: stack sampling alone still tells progress
             pass
         keep_dir(self.run_dir)  # removed while the job runs (the script, a /tmp cleaner): made again
-        self._open_stack_file()
+        self.open_stack_file()
         threading.Thread(target=self._loop, name="ddp-doctor-watchdog", daemon=True).start()
         return self
 
-    def _open_stack_file(self) -> None:
-        """faulthandler writes every thread's stack to stack-RANK.txt on STACK_SIGNAL."""
+    def open_stack_file(self) -> None:
+        """faulthandler writes every thread's stack to stack-RANK.txt on STACK_SIGNAL (opened by
+        start(), again by the watchdog thread when the run directory was removed)."""
         try:
             self._stack_file = records.open_private(records.stack_path(self.run_dir, self.rank))
             if threading.current_thread() is threading.main_thread():
@@ -208,7 +209,7 @@ class ProgressWatch:
         last_sig: Any = None
         last_steps = -1
         fired = False
-        while not self._tick():
+        while not self.tick():
             phase = self.phase
             stack = stack_of(self._main)
             sig = tuple(stack)
@@ -221,14 +222,14 @@ class ProgressWatch:
             if self.phase == "training" and self.steps and not self.in_collective:
                 # from the first optimizer step on: start-up (imports, the group, DDP's own
                 # broadcast, which no torch.distributed frame shows) is not the training's pace
-                self._sample(where["where"] or where["innermost"] or "?", activity(stack))
+                self.sample(where["where"] or where["innermost"] or "?", activity(stack))
             if phase == self.phase:  # a stack taken before the phase changed is not where it is now
-                self._beat(now, where)
+                self.beat(now, where)
             if self._stack_file is None or self._stack_file_gone():
                 # removed (or not made: the directory was gone a moment before this tick's
                 # heartbeat made it again): opened again, tick after tick until it is there
                 old, self._stack_file = self._stack_file, None
-                self._open_stack_file()
+                self.open_stack_file()
                 try:
                     if old is not None:
                         old.close()
@@ -262,13 +263,15 @@ class ProgressWatch:
             if stop is not None and self.on_stop is not None:
                 self.on_stop(self, stop)
 
-    def _sample(self, place: str, doing: str = "script") -> None:
+    def sample(self, place: str, doing: str = "script") -> None:
+        """Count one sample of where the main thread is (`place`) and what it does (activity())."""
         self.samples_total += 1
         self.doing[doing] += 1
         if place in self.samples or len(self.samples) < SAMPLE_PLACES:
             self.samples[place] += 1
 
-    def _beat(self, now: float, where: dict[str, Any]) -> None:
+    def beat(self, now: float, where: dict[str, Any]) -> None:
+        """Write the rank's heartbeat: its progress, and `where` (describe()) the main thread is."""
         records.write_heartbeat(self.run_dir, self.rank, {
             "time": now, "last_progress": self.last_progress, "steps": self.steps,
             "step_times": list(self.step_times), "slowest_step": self.slowest_step, "phase": self.phase,
@@ -280,7 +283,7 @@ class ProgressWatch:
         self.load_since = host_load.read_cpu_times()  # how busy the host was while it trained
         self.phase = "training"
         self.last_progress = time.time()
-        self._beat(self.last_progress, {"where": None, "innermost": None, "in_collective": False})
+        self.beat(self.last_progress, {"where": None, "innermost": None, "in_collective": False})
 
     def claim_stop(self) -> bool:
         """Whether the calling thread reports the stop: once per process. One signal reaches both
@@ -291,7 +294,7 @@ class ProgressWatch:
             self.stopping = True
             return True
 
-    def _tick(self) -> bool:
+    def tick(self) -> bool:
         """Wait one interval, less when a stop signal arrives on the wakeup pipe (every rank of a
         stopped job then acts at once, before a peer's exit makes its collective fail); other
         signals a script handles (a profiler's timer) do not shorten it. True once stopped."""
@@ -392,6 +395,17 @@ class ProgressWatch:
         return ledger.write(self.run_dir, self.rank, position, since_ns=self.script_started_ns,
                             steps=self.steps, where=(where or None) if where is not None else self.where,
                             failed_in_collective=failed_in_collective, samples=samples, host_load=load)
+
+    def save_stacks(self, text: str | None = None) -> None:
+        """Every thread's stack, or `text` (a traceback), into the rank's stack file, where the
+        report reads it; nothing when that file could not be opened."""
+        if self._stack_file is None:
+            return
+        if text is None:
+            self.dump_stacks(self._stack_file)
+        else:
+            self._stack_file.write(text)
+            self._stack_file.flush()
 
     def dump_stacks(self, stream: Any) -> None:
         """Every thread's stack to `stream`; a closed or broken stream (stderr closed by the
