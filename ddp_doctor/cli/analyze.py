@@ -1,7 +1,9 @@
 """`ddp-doctor analyze PATH...`: the post-mortem of a job that ran without ddp-doctor, from the
 artifacts it left (logs, torchrun's log tree, error files, flight-recorder dumps): the report of
-`ddp-doctor run`, made afterwards. `--sagemaker-job NAME` adds what AWS kept of a SageMaker
-training job (its description, its hosts' CloudWatch streams: ddp_doctor.sagemaker.job_logs).
+`ddp-doctor run`, made afterwards. `ddp-doctor analyze X.evidence.json` judges again the evidence a
+report was judged from (written beside it: training/evidence_file.py). `--sagemaker-job NAME`
+adds what AWS kept of a SageMaker training job (its description, its hosts' CloudWatch streams:
+ddp_doctor.sagemaker.job_logs).
 Exit status: 0 no error found, 3 errors found, 2 usage error, 1 the job's logs could not be read,
 128 + N a stop signal N (SIGTERM, SIGINT, SIGHUP).
 
@@ -25,7 +27,8 @@ HELP = "diagnose a job that already ended from the artifacts it left (logs, torc
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", metavar="PATH", nargs="*",
-                   help="files or directories (walked) holding the job's artifacts, found by content; - is stdin")
+                   help="files or directories (walked) holding the job's artifacts, found by content; - is stdin; "
+                        "or one evidence file (X.evidence.json, written beside a report) to judge again")
     p.add_argument("--sagemaker-job", metavar="NAME",
                    help="a SageMaker training job: read its description and its hosts' CloudWatch logs "
                         "(needs boto3: the aws extra); PATHs may add more artifacts")
@@ -56,6 +59,10 @@ def command(args: argparse.Namespace) -> int:
                          "files and directories (- for stdin)")
     if args.paths.count("-") > 1:
         raise UsageError("stdin (-) can be read once")
+    from ddp_doctor.training.evidence_file import is_evidence_file
+    replayed = [p for p in args.paths if p != "-" and is_evidence_file(p)]
+    if replayed and (len(args.paths) > 1 or args.sagemaker_job):
+        raise UsageError(f"{replayed[0]} is an evidence file: it is judged alone (give it as the only PATH)")
     from ddp_doctor.postmortem.artifacts import Artifacts
     from ddp_doctor.processes.stop_signals import SignalCatcher, Stopped, note_later
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="analyze")
@@ -63,7 +70,9 @@ def command(args: argparse.Namespace) -> int:
     with SignalCatcher(hold=True) as stop:
         art = Artifacts()  # how far the reading got, if a stop ends it
         try:
-            if args.sagemaker_job:
+            if replayed:
+                made = _replay(replayed[0])
+            elif args.sagemaker_job:
                 made = _sagemaker_job(args, analyze, stop, art)
             else:
                 with stop.interrupting():
@@ -90,6 +99,30 @@ def command(args: argparse.Namespace) -> int:
             _say(f"ddp-doctor analyze: no trace written to {args.trace}: the analysis was stopped before its end")
     first = stop.first()  # the exit status a stop signal asks for, whenever it came
     return first.exit_code if first is not None else reportlib.exit_code(rep)
+
+
+def _replay(path: str) -> tuple[dict[str, Any], Any] | int:
+    """The verdict judged again from an evidence file, or the exit status when it cannot be read.
+    A verdict other than the one the file recorded (a ddp-doctor whose rules changed) is said."""
+    from ddp_doctor.exit_codes import EXIT_INTERNAL
+    from ddp_doctor.postmortem.analyze import replay
+    from ddp_doctor.training.evidence_file import NotEvidence
+    try:
+        rep, pm, recorded = replay(path)
+    except NotEvidence as e:
+        _say(f"ddp-doctor analyze: error: {e}")
+        return EXIT_INTERNAL
+    now, then = _verdict_line(rep.get("status"), rep.get("root_cause")), _verdict_line(
+        recorded.get("status"), recorded.get("root_cause"))
+    if recorded and now != then:
+        _say(f"ddp-doctor analyze: {path} was judged {then} when it was written; this ddp-doctor judges it {now}")
+    return rep, pm
+
+
+def _verdict_line(status: Any, root: Any) -> str:
+    root = root if isinstance(root, dict) else {}
+    ranks = ",".join(str(r) for r in root.get("ranks") or [])
+    return f"{status}" + (f" ({root.get('id')} on rank(s) {ranks})" if root.get("id") else "")
 
 
 def _interrupted(args: argparse.Namespace, art: Any, stop: Any) -> tuple[dict[str, Any], None]:

@@ -27,6 +27,18 @@ def analyze(paths: Iterable[str], *, world: dict[str, Any] | None = None,
     return rep, pm
 
 
+def replay(path: str) -> tuple[dict[str, Any], PostMortem, dict[str, Any]]:
+    """(the report judged again from the evidence file at `path`, the evidence as a post-mortem's for
+    the trace, the verdict the file recorded when it was written). evidence_file.NotEvidence says
+    why the file cannot be judged."""
+    from ddp_doctor.training import evidence_file
+    from ddp_doctor.training.job_report import replay as judge_again
+    doc = evidence_file.read(path)
+    judged = judge_again(doc)
+    recorded = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else {}
+    return judged.report, PostMortem(evidence=judged.job, world=judged.report.get("world") or {}), recorded
+
+
 def trace(pm: PostMortem, rep: dict[str, Any]) -> dict[str, Any]:
     """The job as a Chrome trace, drawn as `ddp-doctor run --trace` draws it, from what the
     artifacts hold: each rank's collectives (its flight-recorder dump), how it ended, the findings."""

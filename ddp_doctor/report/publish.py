@@ -103,7 +103,8 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
 def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,
             write: bool = True, suffix: str = "", stream: Any = None, prefix: str = "",
             stop: Callable[[float], Any] | None = None,
-            stopped: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> str | None:
+            stopped: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None,
+            evidence: dict[str, Any] | None = None) -> str | None:
     """The one way a finished report leaves ddp-doctor: write it to its file (`path`, else --report,
     DDP_DOCTOR_REPORT or the default; `write=False` writes only a path that was asked for), warn
     when that failed, show it as `out` asks, and upload it when S3 is asked for. The file is written
@@ -111,7 +112,8 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
     `stop` (a wait for the next one: SignalCatcher.wait_new) and `stopped` (the report a stop makes
     of this one): a stop during the upload of a report not already "interrupted" cuts it short and
     the file is written again, "interrupted"; a stop during the history's write (last, and only an
-    aid) cuts that short whatever the report says.
+    aid) cuts that short whatever the report says. `evidence`: what the verdict was judged from
+    (training/evidence_file.py), written beside a report file written to a plain path.
     Returns the path written, None when none was."""
     env = os.environ if env is None else env
     path = path or (out.path(env) if write else out.report_path or env.get(REPORT_ENV))
@@ -124,6 +126,8 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
         if err:
             warn(err)
             path = None
+        else:  # an evidence file left by an earlier report at this path would be taken for this one's
+            write_evidence_beside(evidence, path) if evidence is not None else sinks.remove_evidence_file(path)
     show(rep, out, path, stream=stream, prefix=prefix)
     # a stop cuts short the upload of a report it changes; one that says "interrupted" already is
     # uploaded whole (the stop is noted by the caller afterwards)
@@ -139,10 +143,17 @@ def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | No
         _say(sys.stderr, f"ddp-doctor: {came.describe()} during the report's upload: the upload was cut short{said}\n")
     if not suffix:  # a rank's own partial report (suffix ".rankN") is not the job's
         from ddp_doctor.history.from_report import record
-        said = record(rep, env, stop=stop)
-        if said:
-            warn(said)
+        why_not = record(rep, env, stop=stop)
+        if why_not:
+            warn(why_not)
     return path
+
+
+def write_evidence_beside(evidence: dict[str, Any], report_path: str) -> None:
+    """The evidence file beside the report at `report_path` (a plain path: not /dev/stdout, not a pipe)."""
+    err = sinks.write_evidence_file(evidence, report_path)
+    if err:
+        warn(err)
 
 
 def apply_fail_on(code: int, rep: dict[str, Any], fail_on: FailOn | None) -> int:

@@ -195,6 +195,45 @@ def write_report_file(report: dict[str, Any], path: str, *, private: bool = Fals
         return _error("report", path, e)
 
 
+EVIDENCE_SUFFIX = ".evidence.json"
+
+
+def evidence_path(report_path: str) -> str:
+    """Where the evidence file of the report at `report_path` goes: `X.json` -> `X.evidence.json`."""
+    root, ext = os.path.splitext(report_path)
+    return (root if ext == ".json" else report_path) + EVIDENCE_SUFFIX
+
+
+def write_evidence_file(evidence: dict[str, Any], report_path: str) -> str | None:
+    """Write what a verdict was judged from (training/evidence_file.py) beside the report at
+    `report_path`, redacted and atomically; nothing beside a report written to a device or a pipe
+    (/dev/stdout). Returns None on success or when nothing is written, else the error text."""
+    if _not_a_file(report_path):
+        return None
+    path = evidence_path(report_path)
+    try:
+        _atomic_write(path, json.dumps(redact_obj(evidence), default=str, separators=(",", ":")) + "\n")
+        return None
+    except Exception as e:  # noqa: BLE001 - a sink never raises: the caller says the error text
+        return _error("evidence file", path, e)
+
+
+def remove_evidence_file(report_path: str) -> None:
+    """Remove the evidence file beside the report at `report_path`, if there is one ddp-doctor wrote
+    (it names its schema early): a report written without evidence must not be paired with an
+    earlier report's."""
+    path = evidence_path(report_path)
+    try:
+        if _not_a_file(report_path) or not os.path.isfile(path) or os.path.islink(path):
+            return
+        with open(path, "rb") as f:
+            if b'"ddp-doctor.evidence"' not in f.read(256):
+                return
+        os.unlink(path)
+    except OSError:
+        return  # another writer's file, or gone: nothing of ours to remove
+
+
 def write_trace_file(trace: dict[str, Any], path: str, *, private: bool = False) -> str | None:
     """Write a Chrome trace (report/chrome_trace.py; redacted, since it carries exception messages and
     call sites) atomically, creating parent directories; `private`: 0600 (the copy in a kept run

@@ -4,6 +4,7 @@ rank under an outside launcher, or a Trainer/Lightning callback. It runs the job
 report that is still written, and builds the report from the findings."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ddp_doctor import check_runner
@@ -14,14 +15,34 @@ from ddp_doctor.findings import Finding
 from ddp_doctor.report import build as reportlib
 
 
-def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, Any]] | None = None,
-               earlier: Iterable[Finding] = (), more: Iterable[Finding] = (),
-               measurements: dict[str, Any] | None = None, history_env: Any = None) -> tuple[dict[str, Any], int]:
-    """(the report, the job's exit code). `earlier`: findings made before training (the
+@dataclass
+class Judged:
+    """A job's report, its exit code, the evidence file's content (training/evidence_file.py) that
+    lets `ddp-doctor analyze` judge it again, and the evidence judged."""
+
+    report: dict[str, Any]
+    code: int
+    evidence: dict[str, Any]
+    job: JobEvidence
+
+
+def job_report(ev: JobEvidence, **kwargs: Any) -> tuple[dict[str, Any], int]:
+    """(the report, the job's exit code): :func:`judge` for a caller that writes no evidence file."""
+    judged = judge(ev, **kwargs)
+    return judged.report, judged.code
+
+
+def judge(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, Any]] | None = None,
+          earlier: Iterable[Finding] = (), more: Iterable[Finding] = (),
+          measurements: dict[str, Any] | None = None, history_env: Any = None,
+          history: Iterable[Finding] = ()) -> Judged:
+    """The job's report, exit code and evidence. `earlier`: findings made before training (the
     preflight's); `more`: findings the caller made itself (a probe record that never arrived);
     `history_env`: the environment naming the history this report will be recorded in, for a
-    job that ran here (`run`): its step time is then compared with the hosts' own past (DDP409)."""
-    earlier = list(earlier)
+    job that ran here (`run`): its step time is then compared with the hosts' own past (DDP409);
+    `history`: those comparisons as judged before (a replay: the history is not in its file)."""
+    from ddp_doctor.training import evidence_file
+    earlier, more, given = list(earlier), list(more), dict(measurements or {})
     if not ev.rank_branches:
         ev.rank_branches = rank_branches_of(ev)
     value, problems = check_runner.run_rule("the job's verdict", job_findings, ev, earlier)
@@ -29,7 +50,7 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
         found, code = problems, exit_code_without_rules(ev)
     else:
         found, code = value
-    measurements = dict(measurements or {})
+    measurements = dict(given)
     steps = step_figures(ev.probes)
     if steps:
         measurements["training"] = steps
@@ -39,18 +60,34 @@ def job_report(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, 
     load = host_busy.of_ledgers(ev.ledgers)
     if load is not None:  # whether the hosts were busy while it trained: the history compares quiet runs
         measurements["host_load"] = load.summary()
-    findings = earlier + found + list(more)
+    findings = earlier + found + more
     rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings,
                                  measurements=measurements, phase="training")
+    slower = list(history)
     if history_env is not None and steps and rep["status"] in ("pass", "warn"):
         from ddp_doctor.checks.history_rules import STEP_TIME, against_history
         slower = against_history(rep, history_env, STEP_TIME)
-        if slower:
-            rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings + slower,
-                                         measurements=measurements, phase="training")
+    if slower:
+        rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings + slower,
+                                     measurements=measurements, phase="training")
     if ev.interrupted is not None:
         rep = reportlib.mark_interrupted(rep, ev.interrupted.to_dict())
-    return rep, code
+    doc = evidence_file.document(ev, world=world, ranks=list(ranks or []), earlier=earlier, more=more,
+                                 history=slower, measurements=given, report=rep, code=code)
+    return Judged(rep, code, doc, ev)
+
+
+def replay(doc: dict[str, Any]) -> Judged:
+    """The verdict judged again from an evidence file's content (evidence_file.read): the same
+    rules over the same evidence; NotEvidence when a part of it cannot be read."""
+    from ddp_doctor.training import evidence_file
+    ev = evidence_file.evidence_from_dict(doc.get("evidence"))
+    world, ranks, measured = doc.get("world") or {}, doc.get("ranks") or [], doc.get("measurements") or {}
+    if not isinstance(world, dict) or not isinstance(ranks, list) or not isinstance(measured, dict):
+        raise evidence_file.NotEvidence("its 'world', 'ranks' or 'measurements' is not of the kind written")
+    return judge(ev, world=world, ranks=ranks, earlier=evidence_file.findings(doc, "earlier"),
+                 more=evidence_file.findings(doc, "more"), history=evidence_file.findings(doc, "history"),
+                 measurements=measured)
 
 
 MAX_SITES = 64  # call sites whose source is read for rank-conditional branches: the distinct lines

@@ -9,7 +9,10 @@ under pytest-xdist the controller walks every worker's) is walked once, and each
 - ends in `.json`, is a regular file of at most SIZE_LIMIT bytes and holds `"ddp-doctor.report"`,
 - parses as a JSON object whose `schema` is "ddp-doctor.report",
 is validated by the package's own validator; one that breaks the schema fails the session (exit
-status 1, a section of pytest's summary with the path and what is wrong). Inputs that are not
+status 1, a section of pytest's summary with the path and what is wrong). Each evidence file there
+(X.evidence.json, beside a training report) is judged again as `ddp-doctor analyze` judges it: a
+verdict other than the one it recorded fails the session too, so every scenario a test launches
+checks that its evidence replays to its verdict. Inputs that are not
 JSON, or not a report, are left alone: a corrupt file given to `analyze` or `diff` on purpose
 does not parse or names no schema. A test that writes a report that breaks the schema on
 purpose is marked `@pytest.mark.invalid_reports_expected`: the temporary directories made while
@@ -37,6 +40,7 @@ EXCLUDED_LIST = "invalid-reports-expected.txt"  # at a base temporary directory:
 ERRORS_SHOWN = 5  # per file
 MARKER = "invalid_reports_expected"
 _FOUND = pytest.StashKey[list]()
+_REPLAYS = pytest.StashKey[list]()
 
 
 def report_violations(root: str | os.PathLike[str]) -> list[tuple[str, list[str]]]:
@@ -59,6 +63,37 @@ def report_violations(root: str | os.PathLike[str]) -> list[tuple[str, list[str]
                         errors = ["$: nested too deeply to validate"]
                     if errors:
                         found.append((os.path.join(dirpath, name), errors[:ERRORS_SHOWN]))
+    return [(path, errors) for path, errors in found
+            if not any(path.startswith(d.rstrip(os.sep) + os.sep) for d in excluded)]
+
+
+def evidence_mismatches(root: str | os.PathLike[str]) -> list[tuple[str, list[str]]]:
+    """(path, how its replay differs) for each evidence file under `root` (X.evidence.json, written
+    beside a training report) whose verdict, judged again as `ddp-doctor analyze X.evidence.json`
+    judges it, is not the verdict it recorded: status, exit code, root cause, each finding's ID,
+    severity and ranks. Directories listed in an EXCLUDED_LIST file are left out."""
+    from ddp_doctor.training import evidence_file
+    from ddp_doctor.training.job_report import replay
+    excluded: list[str] = []
+    found: list[tuple[str, list[str]]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        if EXCLUDED_LIST in filenames:
+            excluded += _listed(os.path.join(dirpath, EXCLUDED_LIST))
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            if not name.endswith(".evidence.json") or not evidence_file.is_evidence_file(path):
+                continue
+            try:
+                doc = evidence_file.read(path)
+                judged = replay(doc)
+            except Exception as e:  # noqa: BLE001 - a file the replay cannot read is a finding here
+                found.append((path, [f"cannot be judged again: {type(e).__name__}: {e}"]))
+                continue
+            was, now = doc.get("verdict") or {}, evidence_file.verdict(judged.report, judged.code)
+            diffs = [f"{k}: recorded {was.get(k)!r}, replayed {now.get(k)!r}" for k in now if was.get(k) != now[k]]
+            if diffs:
+                found.append((path, diffs[:ERRORS_SHOWN]))
     return [(path, errors) for path, errors in found
             if not any(path.startswith(d.rstrip(os.sep) + os.sep) for d in excluded)]
 
@@ -124,20 +159,37 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     base = _basetemp(config)
     found = report_violations(base) if base is not None else []
     config.stash[_FOUND] = found
-    if not found:
+    replays = evidence_mismatches(base) if base is not None else []
+    config.stash[_REPLAYS] = replays
+    if not found and not replays:
         return
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if config.pluginmanager.get_plugin("terminalreporter") is None:  # no summary to say it in
-        sys.stderr.write("\n".join(_lines(found)) + "\n")
+        sys.stderr.write("\n".join((_lines(found) if found else []) + (_replay_lines(replays) if replays else []))
+                         + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    replays = config.stash.get(_REPLAYS, [])
+    if replays:
+        terminalreporter.section("evidence files whose verdict a replay does not reproduce", red=True, bold=True)
+        for line in _replay_lines(replays):
+            terminalreporter.line(line, red=True)
     found = config.stash.get(_FOUND, [])
     if found:
         terminalreporter.section("reports that break the report schema", red=True, bold=True)
         for line in _lines(found):
             terminalreporter.line(line, red=True)
+
+
+def _replay_lines(found: list[tuple[str, list[str]]]) -> list[str]:
+    out = [f"{len(found)} evidence file(s) written during the session are judged differently by "
+           "`ddp-doctor analyze FILE.evidence.json` than when they were written:"]
+    for path, diffs in found:
+        out.append(f"{path}:")
+        out += [f"    {d}" for d in diffs]
+    return out
 
 
 def _lines(found: list[tuple[str, list[str]]]) -> list[str]:

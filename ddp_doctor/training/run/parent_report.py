@@ -26,16 +26,12 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     the stop (or, after the job's own end, are noted: DDP811). `launcher_pid`: the launcher's pid;
     `ended_here`: this parent ended it. When it ended on its own, a stop it was sent (agent.py's
     record) is the job's stop, and a launcher killed or failed before its ranks ended is DDP810."""
-    from ddp_doctor.checks.arrivals import clock_offsets_of
-    from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.checks.stops import late_stop_finding
     from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.processes.launch_dir import merge_launch_dir
     from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, platform_sinks, publish
     from ddp_doctor.training import records
-    from ddp_doctor.training.job_report import job_report
-    from ddp_doctor.training.run.endings import remote_hung
     from ddp_doctor.training.run.run_dir import read_run
 
     out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True)
@@ -63,44 +59,27 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     nproc = len(heartbeats) or 1
     pf = (merge_launch_dir(pf_dir, nproc, agent_code, False, 0.0, expected=sorted(heartbeats) or None)
           if os.path.isdir(pf_dir) else None)
+    noted = late_stop_finding(late[0]) if late and interrupted is None else None  # the job had ended
+    evidence = None
     if pf is not None and pf["status"] == "fail" and not run.outcomes:
         rep, code = pf, EXIT_FAILED
         if ended is not None:
             rep = _with_findings(rep, ended)
+        if noted is not None:  # its verdict stands, the signal is noted
+            rep = _with_findings(rep, noted)
         if interrupted is not None:
             from ddp_doctor.checks.stalls import interrupted_finding
             rep = _with_findings(rep, interrupted_finding(interrupted, hang or {}, run.stacks(hang or {})))
             rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
     else:
-        try:
-            with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
-                exits = {int(k): int(v) for k, v in json.load(f).items()}
-        except (OSError, ValueError):
-            exits = {}
-        ranks = sorted(set(heartbeats) | set(run.outcomes) | set(exits))
-        stopped_at = dict(hang or {})
-        if hang is not None and interrupted is None:
-            stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
-        ranks = sorted(set(ranks) | set(stopped_at))
-        ev = JobEvidence(
-            ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
-            crashes=run.crashes, last_calls=run.last_calls, ledgers=run.ledgers, init_calls=run.init_calls,
-            probes=run.probes,
-            stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
-            hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
-            slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
-            world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True, heartbeats=heartbeats,
-            clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
-        rep, code = job_report(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"},
-                               ranks=(pf or {}).get("ranks") or [],
-                               earlier=[*(reportlib.findings_of(pf) if pf else []), *([ended] if ended else [])],
-                               measurements=(pf or {}).get("measurements") or {}, history_env=os.environ)
+        judged = _judge(run_dir, run, opts, pf, hang=hang, interrupted=interrupted, earlier=[ended] if ended else [],
+                        more=[noted] if noted is not None else [], slow=slow, stuck_in_init=stuck_in_init,
+                        agent_code=agent_code)
+        rep, code, evidence = judged.report, judged.code, judged.evidence
     if interrupted is not None:
         code = interrupted.exit_code
     elif ended is not None:
         code = 128 - agent_code if agent_code is not None and agent_code < 0 else (agent_code or EXIT_FAILED)
-    if late and interrupted is None:  # the job had ended: its verdict stands, the signal is noted
-        rep = _with_findings(rep, late_stop_finding(late[0]))
     from ddp_doctor.training.run.trace_file import write_trace_if_asked
     write_trace_if_asked(opts, run_dir, rep)
     if signals is not None:  # the file first; a stop during the (bounded) upload makes it "interrupted"
@@ -111,17 +90,52 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
             rep_out[0] = stopped_during_upload(done, caught, "training")
             return rep_out[0]
 
-        publish(rep, out, stop=signals.wait_new, stopped=stopped_upload)
+        publish(rep, out, stop=signals.wait_new, stopped=stopped_upload, evidence=evidence)
         if rep_out[0] is not rep:
             rep = rep_out[0]
             code = signals.first().exit_code
     else:
-        publish(rep, out)
+        publish(rep, out, evidence=evidence)
     if rep.get("status") in ("fail", "interrupted"):
         from ddp_doctor.context import current_context
         platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
     from ddp_doctor.report.publish import apply_fail_on
     return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
+
+
+def _judge(run_dir: str, run: Any, opts: Any, pf: dict[str, Any] | None, *, hang: dict[int, dict[str, Any]] | None,
+           interrupted: Any, earlier: list[Any], more: list[Any], slow: dict[str, Any] | None,
+           stuck_in_init: bool, agent_code: int | None) -> Any:
+    """The job judged (training/job_report.judge) from what its ranks, its launcher (agent.json:
+    each rank's exit status) and the preflight (`pf`, its merged report) left."""
+    from ddp_doctor.checks.arrivals import clock_offsets_of
+    from ddp_doctor.checks.job import JobEvidence
+    from ddp_doctor.report import build as reportlib
+    from ddp_doctor.training import records
+    from ddp_doctor.training.job_report import judge
+    from ddp_doctor.training.run.endings import remote_hung
+    try:
+        with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
+            exits = {int(k): int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError):
+        exits = {}
+    heartbeats = run.heartbeats
+    stopped_at = dict(hang or {})
+    if hang is not None and interrupted is None:
+        stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
+    ranks = sorted(set(heartbeats) | set(run.outcomes) | set(exits) | set(stopped_at))
+    ev = JobEvidence(
+        ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
+        crashes=run.crashes, last_calls=run.last_calls, ledgers=run.ledgers, init_calls=run.init_calls,
+        probes=run.probes,
+        stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
+        hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
+        slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
+        world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True, heartbeats=heartbeats,
+        clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
+    return judge(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"}, ranks=(pf or {}).get("ranks") or [],
+                 earlier=[*(reportlib.findings_of(pf) if pf else []), *earlier], more=more,
+                 measurements=(pf or {}).get("measurements") or {}, history_env=os.environ)
 
 
 def preflight_positions(pf_dir: str, beats: dict[int, dict[str, Any]],
