@@ -2,7 +2,7 @@
 (detections), on a quiet host and on a busy one (a busy loop on every core, started by this
 script), side by side in one invocation.
 
-    python bench/false_alarms.py [--runs 20] [--slow-runs 10] [--modes quiet,busy] [--only CASE ...]
+    python bench/false_alarms.py [--runs 20] [--slow-runs 10] [--quiet-runs N] [--modes quiet,busy] [--only CASE ...]
 
 Cases (2 gloo ranks each):
 - correct ones, where any warning is a false alarm:
@@ -140,6 +140,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20, help="runs of each correct case per mode")
     ap.add_argument("--slow-runs", type=int, default=10, help="runs of each slow case per mode")
+    ap.add_argument("--quiet-runs", type=int, default=None,
+                    help="runs of each correct case on the quiet host (they fill the history); default --runs")
     ap.add_argument("--modes", default="quiet,busy")
     ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="these cases only")
     args = ap.parse_args()
@@ -152,7 +154,8 @@ def main() -> int:
             for name, (kind, wanted, go) in CASES.items():
                 if args.only and name not in args.only:
                     continue
-                n = args.runs if kind == "correct" else args.slow_runs
+                quiet = args.quiet_runs if mode == "quiet" and args.quiet_runs is not None else args.runs
+                n = quiet if kind == "correct" else args.slow_runs
                 hits, seen = 0, Counter()
                 for i in range(n):
                     where = os.path.join(base, mode, name, str(i))
