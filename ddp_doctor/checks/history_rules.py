@@ -51,7 +51,9 @@ BELOW_HISTORY = declare(
     a past that repeats to the digit does not make a 2% drop a finding). The finding names the
     host, the figure, this run's value, the median, the MAD and the band it fell outside, how many
     runs and whose (the host's, or its instance type's), and lists those runs in its evidence
-    (when, job, script, value).
+    (when, job, script, value). A bandwidth is named only when at least half of the message sizes
+    compared fell below their bands (consistent across the run: a slow link is slow at every large
+    size; a burst of other work on the host slows one or two).
     Why: Fixed thresholds cannot tell a slow link from a slow instance type; a host's own past
     can. A drop against it points at that host now: a degraded NIC or link, an EFA device not used,
     a throttled GPU, a noisy neighbour, a changed setting or data path.
@@ -225,10 +227,13 @@ def history_findings(current: list[RunRecord], past: list[RunRecord],
     for now in current:
         drops: list[dict[str, Any]] = []
         compared: dict[str, Baseline] = {}
+        judged: dict[str, int] = {}  # a bandwidth series (before "@") -> its sizes compared
         for name, value in sorted(now.figures.items()):
             if not watched(name, figures):
                 continue
             base = indexed.baseline(now, name)
+            if base is not None:
+                judged[_series(name)] = judged.get(_series(name), 0) + 1
             if base is None or not base.worse(value):
                 continue
             z = base.robust_z(value)
@@ -238,6 +243,7 @@ def history_findings(current: list[RunRecord], past: list[RunRecord],
                           "band": [round(low, 6), round(high, 6)], "runs": len(base.runs),
                           "robust_z": None if z is None else round(z, 2), "below": round(base.below(value), 4),
                           "against": base.against})
+        drops = consistent(drops, judged)
         if not drops:
             continue
         worst = max(drops, key=lambda d: d["below"])
@@ -256,6 +262,22 @@ def history_findings(current: list[RunRecord], past: list[RunRecord],
         out.append(event_finding(BELOW_HISTORY, message, rank=None, evidence=evidence,
                                  severity="info" if busy else "warning"))
     return out
+
+
+def _series(figure: str) -> str:
+    return figure.rsplit("@", 1)[0]
+
+
+def consistent(drops: list[dict[str, Any]], judged: dict[str, int]) -> list[dict[str, Any]]:
+    """The drops of the series that fell across the run, not in one burst: a slow link or device
+    is slow at every large message size, a moment of other work at one or two. A bandwidth series
+    keeps its drops when at least half of its sizes compared fell below their bands; a step time
+    (one figure, a median over the run's steps already) keeps its own."""
+    fell: dict[str, int] = {}
+    for d in drops:
+        fell[_series(d["figure"])] = fell.get(_series(d["figure"]), 0) + 1
+    return [d for d in drops if not d["figure"].startswith(BANDWIDTH)
+            or 2 * fell[_series(d["figure"])] >= judged.get(_series(d["figure"]), 0)]
 
 
 def _said(now: RunRecord, d: dict[str, Any]) -> str:
