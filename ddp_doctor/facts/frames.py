@@ -35,8 +35,11 @@ def not_user_code_dirs() -> tuple[str, ...]:
 
 
 # Path parts of an installed library's file on any host: a recorded frame (NCCL's flight recorder,
-# a peer's ledger) may come from another machine, whose directories not_user_code_dirs cannot know.
-LIBRARY_PATH_PARTS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/")
+# a peer's ledger, an evidence file judged again on another machine) may come from another machine,
+# whose directories not_user_code_dirs cannot know: its libraries, its Python's standard library
+# (.../lib/python3.X/), and ddp-doctor's own package wherever it was installed or checked out.
+LIBRARY_PATH_PARTS = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", "/torch/", "/ddp_doctor/",
+                      "/lib/python3.")
 
 
 def is_user_file(filename: str) -> bool:
