@@ -57,7 +57,6 @@ def load_catalogue() -> dict[str, Check]:
         stalls,
         stops,
         teardown,
-        training_failures,
         training_probes,
         training_scale,
         wrapped_errors,

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.collectives import ledger_findings
 from ddp_doctor.checks.crash_ledgers import INFERRED
-from ddp_doctor.checks.stalls import hang_explained
+from ddp_doctor.checks.rank_endings import ABORT_AT_EXIT, NATIVE_CRASH, RANK_KILLED, STUCK_AT_EXIT
+from ddp_doctor.checks.stalls import RANK_HUNG, hang_explained
 from ddp_doctor.findings import Finding
 
 # What a rank's own failure or the hang looks like; the ledger may show it was only waiting.
-_SYMPTOMS_NOT = {failures.NATIVE_CRASH.id, failures.RANK_KILLED.id, failures.ABORT_AT_EXIT.id,
-                 failures.STUCK_AT_EXIT.id}
+_SYMPTOMS_NOT = {NATIVE_CRASH.id, RANK_KILLED.id, ABORT_AT_EXIT.id,
+                 STUCK_AT_EXIT.id}
 
 
 def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
@@ -49,16 +49,16 @@ def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
     for f in findings:
         if f.phase != "training" or f.severity != "error":
             continue
-        if f.id == failures.NATIVE_CRASH.id and f.ranks and set(f.ranks) <= crashed_in:
+        if f.id == NATIVE_CRASH.id and f.ranks and set(f.ranks) <= crashed_in:
             f.caused_by = cause
             continue
         if f.id in _SYMPTOMS_NOT and not _watchdog_abort(f, waited):
             continue
-        if f.id == failures.RANK_HUNG.id:
+        if f.id == RANK_HUNG.id:
             hang_explained(f, found[0])
         elif f.ranks and set(f.ranks) <= waited:
             f.caused_by = cause
-            if f.id == failures.NATIVE_CRASH.id and f.ranks and f.ranks[0] in dumps:
+            if f.id == NATIVE_CRASH.id and f.ranks and f.ranks[0] in dumps:
                 f.evidence["nccl_dump"] = dumps[f.ranks[0]]
     return findings + found
 
@@ -66,5 +66,5 @@ def with_ledgers(findings: list[Finding], ledgers: dict[int, dict[str, Any]],
 def _watchdog_abort(f: Finding, waited: set[int]) -> bool:
     """A rank aborted (SIGABRT) while its ledger shows it waiting in the collective at fault:
     NCCL's watchdog ended it when that collective timed out, a consequence of the cause."""
-    return (f.id == failures.NATIVE_CRASH.id and f.evidence.get("signal") == "SIGABRT"
+    return (f.id == NATIVE_CRASH.id and f.evidence.get("signal") == "SIGABRT"
             and bool(f.ranks) and set(f.ranks) <= waited)

@@ -147,3 +147,24 @@ def checked_in_rank_lost(rank: int, waited_s: float) -> Finding:
     """DDP003: a rank checked in at the rendezvous, then sent no final findings within `waited_s`."""
     return event_finding(RANK_LOST, f"rank {rank} checked in but sent no final findings within {waited_s:g} s",
                          rank=rank)
+
+
+RECORDS_DEGRADED = declare(
+    "DDP813", category="internal", severity="warning", title="ddp-doctor's records could not be kept where asked",
+    doc="""
+    What: The run directory where `ddp-doctor run` keeps its records (heartbeats, endings, ledgers,
+    stacks: `$TMPDIR/ddp-doctor-run-*`, `DDP_DOCTOR_RUN_DIR`, `--run-dir`) could not be made or has
+    no room (its file system is full: less than 8 MiB or 256 inodes free, read-only, permission
+    denied). The records went to another place (/dev/shm, /var/tmp), named in the message; when no
+    place could take them, ddp-doctor's records of the run are incomplete.
+    Why: A record that cannot be written reads as a rank that never reported; ddp-doctor moves
+    them rather than let its own storage change the job's verdict or exit status, which stay the
+    job's own.
+    Fix: Free space in (or point TMPDIR / DDP_DOCTOR_RUN_DIR / --run-dir at) a writable directory
+    with room; `df -h $TMPDIR` and `df -i $TMPDIR` show what is left.
+    """)
+
+
+def records_moved_finding(note: str, rank: int | None, run_dir: str) -> Finding:
+    """DDP813: the records went to `run_dir` rather than where asked; `note` says why (run_dir.py)."""
+    return event_finding(RECORDS_DEGRADED, note, rank=rank, evidence={"run_dir": run_dir})

@@ -12,13 +12,134 @@ import re
 import signal
 from typing import Any
 
-from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.checks.signatures import Signature, classify
 from ddp_doctor.checks.teardown import exit_holders
 from ddp_doctor.checks.wrapped_errors import RealError, real_error, user_frame
 from ddp_doctor.facts.frames import dumped_threads, is_library_file, not_user_code_dirs, thread_in_collective
 from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks
+from ddp_doctor.registry import declare
+
+RANK_RAISED = declare(
+    "DDP800", category="training_failure", severity="error", title="A rank raised an exception",
+    doc="""
+    What: The training script raised an exception on this rank that matches no known signature;
+    the finding carries the exception and its traceback. An error that reached the script wrapped
+    in another (a DataLoader worker's "Caught ValueError in DataLoader worker process 0", a
+    torch.multiprocessing.spawn child's, a chained cause, a torchelastic child's) is shown as the
+    innermost error, with the line of your code that raised it; the wrapper stays in the evidence
+    (wrapped_by).
+    Why: The first rank to fail is the root cause; the other ranks usually fail or time out after
+    it, waiting in a collective for the rank that is gone.
+    Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that
+    failed after it) and fix that error first.
+    """)
+
+
+PEER_FAILED = declare(
+    "DDP802", category="training_failure", severity="error", title="A rank failed after a peer failed",
+    doc="""
+    What: This rank failed after another rank had already failed; its error is a consequence (for
+    example gloo's "Connection closed by peer", a collective timeout, a store that went away), or
+    its launcher stopped it (SIGTERM) once that rank had failed or vanished.
+    Why: When one rank dies, its peers blocked in a collective with it fail too; their errors hide
+    the real cause if read first.
+    Fix: Fix the root-cause rank's error; this rank's failure should then disappear.
+    """)
+
+
+RANK_KILLED = declare(
+    "DDP803", category="training_failure", severity="error", title="A rank ended without a Python error",
+    doc="""
+    What: A rank process ended without a Python exception: killed by a signal that no handler can
+    see (SIGKILL, or SIGTERM from outside), or exited with a non-zero status through os._exit().
+    A crash in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) is DDP807, with its stack.
+    Why: SIGKILL usually means the kernel's out-of-memory killer or a cancelled job.
+    Fix: Check the host's memory (dmesg for "Out of memory: Killed process"; lower the batch size or
+    the DataLoader's num_workers / prefetch_factor), and whether something outside ended the job.
+    """)
+
+
+SCRIPT_EXITED = declare(
+    "DDP814", category="training_failure", severity="error", title="A rank's script exited with a failure status",
+    doc="""
+    What: The script of the rank named ended itself with a non-zero status, `sys.exit(N)` (or
+    `exit(N)`, `raise SystemExit(N)`, a library that calls it) without an exception, while the
+    job's other ranks had not ended (they then fail or wait in a collective it never issued:
+    consequences). The finding names the line that called it and the status; the job exits with
+    that status, as the script asked.
+    Why: A rank that leaves on its own (a check that fails on one rank's data or configuration, a
+    script's `if loss is nan: sys.exit(1)`, an argument parser that rejects a rank's arguments)
+    takes its collectives with it: the others block until the collective timeout or fail with
+    "Connection closed by peer", and their errors hide the one that matters.
+    Fix: Go to the line named: make the condition the same on every rank (all_reduce a flag and
+    exit together), or raise an exception with a message instead, so the report quotes it.
+    """)
+
+
+ABORT_AT_EXIT = declare(
+    "DDP804", category="teardown", severity="info", title="Abort at interpreter exit after the script ended",
+    doc="""
+    What: The script finished (its exit status was recorded) and the process then aborted while the
+    interpreter shut down (SIGABRT, "terminate called without an active exception").
+    Why: torch 2.13 on gloo sometimes aborts in static destructors after a correct
+    destroy_process_group. It happens after your code ran; it is not a bug in your script.
+    Fix: Nothing to fix in the script. ddp-doctor reports the script's own exit status; call
+    dist.destroy_process_group() at the end of training and upgrade torch when a fix is released.
+    """)
+
+
+SPAWN_CHILD_FAILED = declare(
+    "DDP805", category="training_failure", severity="error", title="A spawned process failed",
+    doc="""
+    What: A process started by torch.multiprocessing.spawn failed; torch re-raised its error in
+    the parent. The finding names the process index (usually the rank) and its traceback.
+    Why: spawn-based scripts run their ranks as children of one process; the parent's traceback
+    only says a child failed.
+    Fix: Read the child's traceback in the finding, and fix the error of the first failing process.
+    """)
+
+
+STUCK_AT_EXIT = declare(
+    "DDP806", category="teardown", severity="error", title="Process did not exit after the script ended",
+    severities=("error", "warning", "info"),
+    doc="""
+    What: The script ended (its exit status was recorded) but the process was still alive past the
+    teardown bound (60 s); ddp-doctor ended it. The finding names what kept it alive, from what the
+    process held, never from the script's text: each thread alive and not a daemon (its name, where
+    it is blocked: its innermost frame and the script's line, and the line that started it) and
+    each child process still running (pid, command line with secrets redacted, the line that
+    started it). The training's exit status stays the script's (3 with --fail-on error).
+    Why: Python's exit waits for every non-daemon thread (a metrics uploader blocked on
+    queue.get(), a thread waiting on an Event nobody sets) and joins multiprocessing's non-daemon
+    children, so a finished rank never exits: under torchrun the job never completes, and on
+    SageMaker it is billed until its max_run. A process group never destroyed or torch 2.13's gloo
+    teardown can hang the exit too.
+    Fix: Stop and join what the script starts (put a sentinel on the queue, set the Event, then
+    thread.join(); close() and join() a Pool; wait() for a child), or make background threads
+    daemons; call dist.destroy_process_group() at the end of training.
+    Severity: error when the process held a thread or a child process the script started (the
+    finding names it); warning when it held none (interpreter or torch teardown: not the script's
+    doing, nothing named); info when another rank had failed first (raised, or died before its
+    script ended): this rank was then blocked with it in a collective or its teardown, a
+    consequence of that failure, not a problem of its own.
+    """)
+
+
+NATIVE_CRASH = declare(
+    "DDP807", category="training_failure", severity="error", title="A rank crashed in native code",
+    doc="""
+    What: A rank died of a fatal signal raised in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, or
+    SIGABRT while its script was running). faulthandler wrote the Python stack of the crashing
+    thread to the run directory; the finding names the Python line that called into native code.
+    Why: There is no Python traceback for these: the process is gone, its peers then fail with
+    "Connection closed by peer" or time out, and those symptoms are what a log shows first.
+    Fix: Start from the line named. SIGSEGV: an extension or library built for another torch or
+    CUDA version, or memory used after it was freed; SIGBUS: /dev/shm too small for DataLoader
+    workers (docker --shm-size) or a memory-mapped file that shrank; SIGILL: a wheel built for a
+    newer CPU or GPU; SIGABRT: an uncaught C++ exception or NCCL's watchdog ending a timed-out
+    collective (the stderr lines just before the crash say which).
+    """)
 
 MESSAGE_LIMIT = 600
 # Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.
@@ -157,7 +278,7 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
     if consequence_of is not None or (sig is not None and sig.consequence):
         evidence["signature"] = sig.entry.id if sig else None
         first = f"after rank {consequence_of} failed" if consequence_of is not None else "after a peer failed"
-        return event_finding(failures.PEER_FAILED, f"rank {rank} failed {first}: {summary}{where}", rank=rank,
+        return event_finding(PEER_FAILED, f"rank {rank} failed {first}: {summary}{where}", rank=rank,
                              evidence=evidence, phase="training", time=time, caused_by=ROOT_CAUSE)
     ranks = [rank]
     who = f"spawned process {rank}" if child is not None else f"rank {rank}"
@@ -172,9 +293,9 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
         return event_finding(sig.entry, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
                              evidence=evidence, phase="training", time=time)
     if child is not None:
-        return event_finding(failures.SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
+        return event_finding(SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
                              f"{summary}{where}", rank=rank, evidence=evidence, phase="training", time=time)
-    return event_finding(failures.RANK_RAISED, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
+    return event_finding(RANK_RAISED, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
                          evidence=evidence, phase="training", time=time)
 
 
@@ -207,7 +328,7 @@ def native_crash_finding(rank: int, code: int, dump: str, when: float | None = N
                   else f" (inside torch.distributed.{inside[1]})")
     stack = "\n".join(f"  {f}:{ln} in {fn}" for f, ln, fn in frames)
     return event_finding(
-        failures.NATIVE_CRASH, f"rank {rank} crashed with {sig.name} ({NATIVE_SIGNALS[sig]}) in native "
+        NATIVE_CRASH, f"rank {rank} crashed with {sig.name} ({NATIVE_SIGNALS[sig]}) in native "
         f"code{where}", rank=rank, hint=NATIVE_HINTS[sig], phase="training", time=when,
         evidence={"exit_status": code, "signal": sig.name, "python_stack": stack, "faulthandler": dump[-4000:]})
 
@@ -291,25 +412,25 @@ def _exit_status_finding(r: int, code: int, outcomes: dict[int, dict[str, Any]],
     o = outcomes.get(r)
     if o is not None and o.get("exit_code") == 0 and code == -signal.SIGABRT:
         return event_finding(
-            failures.ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
+            ABORT_AT_EXIT, f"rank {r}: the script ended with status 0, then the process "
             f"aborted (SIGABRT) during interpreter shutdown", rank=r, phase="teardown")
     if o is not None and code in (-signal.SIGKILL, -signal.SIGTERM):
         return _stuck_at_exit_finding(r, code, o, outcomes, exits)
     if o is None and code == -signal.SIGTERM and _others_failed(r, outcomes, exits):
         # the launcher stops the survivors once a rank has failed: a consequence, said so
         return event_finding(
-            failures.PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
+            PEER_FAILED, f"rank {r} was stopped by the launcher (SIGTERM) after another "
             f"rank failed", rank=r, evidence={"exit_status": code}, phase="training", caused_by=ROOT_CAUSE)
     if o is None and -code in NATIVE_SIGNALS:
         dump, when = crashes.get(r, ("", None))
         return native_crash_finding(r, code, dump, when)
     if o is None and code < 0:
         return event_finding(
-            failures.RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
+            RANK_KILLED, f"rank {r} was ended by {_signal_name(code)} without a Python "
             f"error", rank=r, evidence={"exit_status": code}, phase="training")
     if o is None and r in unlogged:
         return event_finding(
-            failures.RANK_KILLED, f"rank {r} exited with status {code}; its output is not among the "
+            RANK_KILLED, f"rank {r} exited with status {code}; its output is not among the "
             f"evidence, so whether it raised, and what, is unknown", rank=r,
             hint="Add this rank's output (its log file, its host's stream) and analyze again: its "
                  "error is the likely cause.", evidence={"exit_status": code, "output": "missing"},
@@ -324,7 +445,7 @@ def _exit_status_finding(r: int, code: int, outcomes: dict[int, dict[str, Any]],
             f"or mpirun reports a process ended by that signal), with no Python error" if sig else
             f"rank {r} exited with status {code} before its script ended (no Python error was "
             f"recorded: os._exit() or a crash in native code)")
-    return event_finding(failures.RANK_KILLED, said, rank=r, hint=native,
+    return event_finding(RANK_KILLED, said, rank=r, hint=native,
                          evidence={"exit_status": code}, phase="training")
 
 
@@ -338,7 +459,7 @@ def _stuck_at_exit_finding(r: int, code: int, o: dict[str, Any], outcomes: dict[
     # what the process held past the bound (non-daemon threads, children): the script's, an error
     held = exit_holders(o.get("held_by"))
     return event_finding(
-        failures.STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
+        STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
         f"but the process did not exit and was ended ({_signal_name(code)})"
         + (f"; what kept it alive: {held}" if held else "")
         + (f", after rank {after} failed (a consequence)" if after is not None else ""),
@@ -419,7 +540,7 @@ def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -
             how = f"rank {r}'s script ended itself with status {n} (sys.exit({n}), no exception)" + (
                 f" at {where}" if where else "") + others
         out.append(event_finding(
-            failures.SCRIPT_EXITED, how,
+            SCRIPT_EXITED, how,
             rank=r, phase="training", time=site.get("time") or o.get("time"),
             evidence={"exit_code": n, "where": where,
                       **({"aborted_at_exit": True} if site.get("aborted_at_exit") else {}),
@@ -456,7 +577,7 @@ def stopped_after_failure_findings(outcomes: dict[int, dict[str, Any]], findings
             continue  # not stopped, or judged by its own error; or nobody failed: the job's own stop
         others = sorted(failing)
         out.append(event_finding(
-            failures.PEER_FAILED, f"rank {r} was stopped by its launcher ({stop.get('signal') or 'a signal'}) after "
+            PEER_FAILED, f"rank {r} was stopped by its launcher ({stop.get('signal') or 'a signal'}) after "
             f"rank{'s' if len(others) > 1 else ''} {brief_ranks(others)} failed", rank=r, phase="training",
             caused_by=ROOT_CAUSE,
             evidence={"signal": stop.get("signal"), "exit_status": o.get("exit_code"), "after_ranks": others}))
@@ -485,7 +606,7 @@ def vanished_finding(rank: int, heartbeat: dict[str, Any]) -> Finding:
     at = ((f" after {int(steps)} steps" if isinstance(steps, int) and steps else "")
           + (f" (last seen at {where})" if where else ""))
     return event_finding(
-        failures.RANK_KILLED, f"rank {rank} (pid {heartbeat.get('pid', '?')}) was killed without an ending{at}: "
+        RANK_KILLED, f"rank {rank} (pid {heartbeat.get('pid', '?')}) was killed without an ending{at}: "
         f"its process is gone and it recorded no exit (SIGKILL: the OOM killer?)", rank=rank, phase="training",
         time=float(heartbeat.get("time") or 0) or None,
         evidence={"pid": heartbeat.get("pid"), "last_heartbeat": heartbeat.get("time"), "where": where,

@@ -6,9 +6,54 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.checks import training_failures as failures
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.findings import Finding, format_ranks
+from ddp_doctor.registry import declare
+
+RANK_HUNG = declare(
+    "DDP801", category="training_failure", severity="error", title="Training made no progress",
+    doc="""
+    What: A rank made no progress (its Python stack did not move and no optimizer step ran) for
+    --hang-timeout seconds. The finding names the rank(s) that are not where the others are and
+    carries every rank's Python stack; then the job is ended.
+    Why: One rank stuck outside a collective (a data-loading stall, a rank-dependent branch, a
+    rank that skipped a collective) leaves every other rank blocked in the collective until the
+    30-minute default timeout.
+    Fix: Look at the odd rank's stack: make every rank call the same collectives in the same order
+    (no rank-dependent early exit or extra all_reduce), and bound data loading.
+    """)
+
+
+INTERRUPTED = declare(
+    "DDP808", category="training_failure", severity="error", title="The job was stopped by a signal",
+    doc="""
+    What: ddp-doctor's parent received SIGTERM, SIGINT or SIGHUP (a stopped SageMaker training job,
+    a spot interruption, a cancelled CI job, Kubernetes ending the pod, Ctrl-C) and stopped the
+    ranks. The finding names the signal, its sender when known, and where each rank was then; the
+    report's status is "interrupted" and the exit status 128 + the signal number.
+    Why: A stopped job is neither a pass nor a failure of the script: what matters is where the
+    ranks were (a rank stuck in a collective is the reason many jobs get stopped by hand), which
+    the ranks' stacks and ledgers taken before they were ended show.
+    Fix: If the stop was expected (a planned stop, a spot reclaim), resume from the last
+    checkpoint. If the job was stopped because it looked stuck, read where each rank was and the
+    ledger findings next to this one: they name the collective the ranks disagreed on.
+    """)
+
+
+SLOW_RANK = declare(
+    "DDP809", category="training_failure", severity="warning", title="Ranks waited long for a slow rank",
+    doc="""
+    What: During training, some ranks waited in a collective past the hang bound while another
+    rank was still working (its stack moving): one rank saving a checkpoint, evaluating or loading
+    data while the others waited at a barrier or in the next step's all_reduce. The job went on,
+    so it was not a hang; the finding names who waited, how long, and where the working rank was.
+    Why: Every rank pays for the slowest one at each collective: the waiting ranks' GPUs sit idle
+    for that time, and a wait that grows past the collective timeout (30 minutes by default) kills
+    the job.
+    Fix: Make the slow work shorter or share it: save checkpoints asynchronously or from every rank
+    (torch.distributed.checkpoint), evaluate on every rank over a shard, or raise the process
+    group's timeout for that step if the wait is expected.
+    """)
 
 
 def _whereabouts(heartbeats: dict[int, dict[str, Any]]) -> tuple[dict[int, Any], set[int]]:
@@ -23,7 +68,7 @@ def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], s
                       + (f", {int(heartbeats[r].get('steps') or 0)} steps" if "steps" in heartbeats[r] else "")
                       for r in sorted(where))
     message = f"stopped by {interrupt.describe()}" + (f". {parts}" if parts else " before any rank started its script")
-    return event_finding(failures.INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
+    return event_finding(INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
                          evidence={**interrupt.to_dict(), "where": {str(r): w for r, w in where.items()},
                                    "stacks": {str(r): s for r, s in stacks.items()}}, phase="training")
 
@@ -31,7 +76,7 @@ def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], s
 def preflight_interrupted_finding(interrupt: Any) -> Finding:
     """The preflight's local launch stopped by a signal (DDP808), dated when the signal came: before
     the ranks it ended went missing."""
-    return event_finding(failures.INTERRUPTED, f"stopped by {interrupt.describe()} during the preflight",
+    return event_finding(INTERRUPTED, f"stopped by {interrupt.describe()} during the preflight",
                          rank=None, evidence=interrupt.to_dict(), time=interrupt.at)
 
 
@@ -57,7 +102,7 @@ def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], 
         head = f"no progress for {timeout:g} s; rank(s) {', '.join(map(str, odd))} not where the others are"
     else:
         head = f"no progress on any rank for {timeout:g} s" + ("; the ranks are in different places" if split else "")
-    return event_finding(failures.RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
+    return event_finding(RANK_HUNG, f"{head}. {parts}", rank=None, ranks=odd or sorted(heartbeats),
                        evidence={"where": {str(r): w for r, w in where.items()},
                                  "in_collective": sorted(in_coll), "timeout": timeout,
                                  "stacks": {str(r): s for r, s in stacks.items()}},
@@ -92,5 +137,5 @@ def slow_rank_finding(slow: dict[str, Any]) -> Finding:
     them = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {format_ranks(waiting)}"
     message = (f"{who} kept {them} waiting in a collective for {float(slow.get('waited') or 0):g} s"
                + (f" ({at})" if at else ""))
-    return event_finding(failures.SLOW_RANK, message, rank=None, ranks=working, phase="training",
+    return event_finding(SLOW_RANK, message, rank=None, ranks=working, phase="training",
                          evidence={**slow, "waiting": waiting, "working": working})

@@ -102,7 +102,8 @@ def test_an_exception_out_of_a_collective_is_told_apart():
 def test_the_ledger_names_the_cause_and_the_waiting_ranks_errors_become_consequences():
     from ddp_doctor.checks.causes import with_ledgers
     from ddp_doctor.checks.internal import event_finding
-    from ddp_doctor.checks.training_failures import RANK_HUNG, RANK_RAISED
+    from ddp_doctor.checks.rank_endings import RANK_RAISED
+    from ddp_doctor.checks.stalls import RANK_HUNG
 
     def e(seq, op, n, t, **kw):
         return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": [[n]],

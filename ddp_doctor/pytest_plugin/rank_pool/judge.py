@@ -70,7 +70,7 @@ def judge(inputs: dict[str, Any], ledgers: dict[int, dict[str, Any]]) -> dict[st
     """The judgement of `ddp-doctor run` on a test's ranks: {"findings": [...] (merged, as the
     report has them), "root_cause": {...} or None, "cause_ranks": [...], "waiting": {rank: the
     ledger entry it waits in}, "consequence": {rank: the id of the finding that says so}}."""
-    from ddp_doctor.checks import training_failures as failures
+    from ddp_doctor.checks.stalls import RANK_HUNG
     report = _job_report(inputs, ledgers)
     findings = [f for f in report.get("findings") or [] if isinstance(f, dict)]
     cause = report.get("root_cause")
@@ -85,7 +85,7 @@ def judge(inputs: dict[str, Any], ledgers: dict[int, dict[str, Any]]) -> dict[st
                 if isinstance(ev, dict) and (ev.get("waiting") or ev.get("consequence")) \
                         and int(r) not in cause_ranks:
                     waiting.setdefault(int(r), ev.get("entry") or {})
-        if f.get("caused_by") and f.get("id") != failures.RANK_HUNG.id:
+        if f.get("caused_by") and f.get("id") != RANK_HUNG.id:
             for r in f.get("ranks") or []:
                 if int(r) not in cause_ranks:
                     consequence.setdefault(int(r), str(f.get("id")))

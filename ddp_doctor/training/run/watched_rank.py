@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ddp_doctor.checks.internal import records_moved_finding
 from ddp_doctor.checks.launcher_env import script_env_exports
-from ddp_doctor.checks.training_failures import records_moved_finding
 from ddp_doctor.context import current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL
 from ddp_doctor.facts.launchers import detect
