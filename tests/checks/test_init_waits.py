@@ -1,6 +1,6 @@
 """init_waits.py: what the ranks' init_process_group timeouts say about init's arguments when no
 record of the calls exists (a post-mortem). Pure: outcome records as analyze builds them from
-the ranks' tracebacks (tests/postmortem/test_analyze_e2e.py makes them with real torchrun jobs)."""
+the ranks' tracebacks (tests/postmortem/test_analyze_recorded.py reads those real torchrun jobs left)."""
 from __future__ import annotations
 
 from ddp_doctor.checks.init_waits import init_wait_findings, init_wait_verdict

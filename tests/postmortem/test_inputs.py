@@ -1,7 +1,7 @@
 """What analyze reads, found by content (postmortem/inputs.py): several jobs' trees in one
 directory, a job's restarts, per-rank files, stdin, dumps of another torch version. Built from
-small artifacts shaped as torchrun and torch write them (tests/postmortem/test_analyze_e2e.py runs
-the real launchers)."""
+small artifacts shaped as torchrun and torch write them (tests/postmortem/test_analyze_recorded.py
+reads what the real launchers left, test_analyze_e2e.py runs them)."""
 from __future__ import annotations
 
 import json
