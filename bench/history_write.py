@@ -54,8 +54,8 @@ def main() -> int:
         print(f"report: {report} ({rep['status']}, {sum(1 for k in rep['measurements'] if k != 'check_seconds')} "
               f"measurement groups)")
         full = os.path.join(tmp, "full.sqlite")
+        from ddp_doctor.history.database import History
         from ddp_doctor.history.from_report import records_of
-        from ddp_doctor.history.store import History
         History(full).add(records_of(rep) * 5000)
         files = (("new file", lambda i: os.path.join(tmp, f"new{i}.sqlite")), ("5,000 records", lambda i: full))
         for label, make in files:

@@ -4,7 +4,7 @@ as rank 0's process hosts it), against a baseline of the same clients doing a pl
 (each adds one to a counter; the last sets a key the others wait for) in the same run.
 
 The preflight's part runs the project's own code (preflight_ranks/bounded_rendezvous.meet and
-processes/store.read_json_keys, through the same bounded store calls), in the order a preflight
+processes/tcp_store.read_json_keys, through the same bounded store calls), in the order a preflight
 does: every rank has made its view and its text as sent (view_text) before the start, as a rank
 has before it checks in (the CPU time this takes a rank is printed: on a cluster each rank spends
 it on its own host, at once); then every rank meets (checks in, publishes its view, waits for
@@ -72,7 +72,7 @@ from ddp_doctor.preflight_ranks.bounded_rendezvous import (  # noqa: E402
     read_views,
     view_text,
 )
-from ddp_doctor.processes.store import connect_store, op_bound, read_json_keys, store_call  # noqa: E402
+from ddp_doctor.processes.tcp_store import connect_store, op_bound, read_json_keys, store_call  # noqa: E402
 
 VIEW = {"hostname": "algo-1", "pid": 1, "launcher": "torchrun", "backend": "nccl",
         "versions": {k: "2.13.0" for k in ("python", "torch", "cuda", "nccl", "transformers", "accelerate", "numpy")},

@@ -40,7 +40,7 @@ def load_catalogue() -> dict[str, Check]:
         internal,
         job,
         launcher_env,
-        leftovers,
+        leftover_rules,
         nccl_versions,
         network,
         post_mortem,

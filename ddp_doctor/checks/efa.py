@@ -18,9 +18,10 @@ import os
 import socket
 from typing import Any, Iterator
 
-from ddp_doctor.checks.sagemaker_config import multi_host, takes_part
+from ddp_doctor.checks.sagemaker_config import takes_part
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts import efa as efa_facts
+from ddp_doctor.facts import launchers
 from ddp_doctor.facts.efa import InstanceTypeSeen
 from ddp_doctor.facts.instances import InstanceType, lookup
 from ddp_doctor.findings import Finding, Problem
@@ -50,16 +51,12 @@ def is_efa(row: InstanceType | None) -> bool:
     return row is not None and (row.efa or row.efa_devices is not None)
 
 
-def multi_node(ctx: RankContext) -> bool:
-    """The job spans more than one node (SageMaker hosts, the launcher's node count, or a world
-    larger than this node's ranks)."""
+def _multi_node(ctx: RankContext) -> bool:
+    """The job spans more than one node (facts.launchers.multi_node over SageMaker's hosts, when
+    this host takes part, the launcher's node count and the world and local world sizes)."""
     sm = ctx.sagemaker
-    if sm is not None and multi_host(sm) and takes_part(sm):
-        return True
-    if ctx.nnodes is not None and ctx.nnodes > 1:
-        return True
-    ws, lws = ctx.world_size, ctx.local_world_size
-    return ws is not None and lws is not None and 0 < lws < ws
+    hosts = len(sm.distribution_hosts) if sm is not None and takes_part(sm) else None
+    return launchers.multi_node(ctx.world_size, ctx.local_world_size, nnodes=ctx.nnodes, hosts=hosts)
 
 
 def _nccl(ctx: RankContext) -> bool:
@@ -68,7 +65,7 @@ def _nccl(ctx: RankContext) -> bool:
 
 def efa_job(ctx: RankContext) -> tuple[InstanceType, InstanceTypeSeen] | None:
     """(row, seen) when this rank runs a multi-node NCCL job on an EFA instance type, else None."""
-    if not _nccl(ctx) or not multi_node(ctx):
+    if not _nccl(ctx) or not _multi_node(ctx):
         return None
     row, seen = instance(ctx)
     if not is_efa(row) or seen is None or row is None:
@@ -336,7 +333,7 @@ def nccl_costly_settings(ctx: RankContext) -> Iterator[Problem]:
     net = (env.get("NCCL_NET") or "").strip()
     ev = {"instance_type": seen.name, "instance_type_source": seen.source, "NCCL_NET": env.get("NCCL_NET"),
           "NCCL_P2P_DISABLE": env.get("NCCL_P2P_DISABLE")}
-    if net and multi_node(ctx) and efa_facts.network_kind(net) != "OFI":
+    if net and _multi_node(ctx) and efa_facts.network_kind(net) != "OFI":
         cost = ("forces NCCL's TCP socket transport: inter-node collectives run at a fraction of EFA's bandwidth"
                 if net.lower().startswith("socket") else
                 "names a network that does not drive EFA: NCCL fails to initialise it or falls back to sockets")

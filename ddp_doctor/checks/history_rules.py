@@ -1,16 +1,16 @@
 """A host against its own history (DDP409): a preflight's bus bandwidth per collective and message
 size, and a run's median training step time, compared with the same host's own quiet, comparable
-past runs in the history (ddp_doctor/history/store.py), by a robust test of the median and the
+past runs in the history (ddp_doctor/history/database.py), by a robust test of the median and the
 run-to-run spread.
 
 Like with like: the same host (or, for a host new to the job, its instance type), the same series
-(kind, layout, backend, torch, NCCL, CUDA: store.series_of) and the same figure: the same message
+(kind, layout, backend, torch, NCCL, CUDA: database.series_of) and the same figure: the same message
 size, or the same script and arguments (the step time's figure names them by a digest:
 history/from_report.py). Another job's figures (another script's step time, another world size's
 bandwidth) never enter. Only quiet runs count (`quiet`): a run the report says was timed on a busy
 machine is left out, and one whose load is not known counts only when it is older than the first
 run of the same comparison whose load is known (see `quiet`). Nothing is judged before MIN_RUNS
-such runs exist; figures that cannot be real were never kept (store.possible_figure).
+such runs exist; figures that cannot be real were never kept (database.possible_figure).
 
 `history_findings` is pure (the run's records and the past in, findings out); `baseline` is the
 comparison itself (what `ddp-doctor history` shows too); `against_history` reads the past from the
@@ -25,9 +25,9 @@ from typing import Any
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.comm.stragglers import median
 from ddp_doctor.findings import Finding
+from ddp_doctor.history.database import RunRecord, default_path, series_of
 from ddp_doctor.history.from_report import BUSY, records_of
 from ddp_doctor.history.opened import open_history
-from ddp_doctor.history.store import RunRecord, default_path, series_of
 from ddp_doctor.registry import declare
 
 BELOW_HISTORY = declare(
@@ -78,7 +78,7 @@ STEP_TIME = ("training.median_step_s@",)  # lower is better
 MIN_BYTES = 1 << 20  # small messages measure latency, noisy: not compared
 
 
-def watched(name: str, figures: tuple[str, ...] = BANDWIDTH + STEP_TIME) -> bool:
+def tracked(name: str, figures: tuple[str, ...] = BANDWIDTH + STEP_TIME) -> bool:
     """Whether DDP409 judges the figure `name` (of those in `figures`)."""
     if not name.startswith(figures):
         return False
@@ -229,7 +229,7 @@ def history_findings(current: list[RunRecord], past: list[RunRecord],
         compared: dict[str, Baseline] = {}
         judged: dict[str, int] = {}  # a bandwidth series (before "@") -> its sizes compared
         for name, value in sorted(now.figures.items()):
-            if not watched(name, figures):
+            if not tracked(name, figures):
                 continue
             base = indexed.baseline(now, name)
             if base is not None:

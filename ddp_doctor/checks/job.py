@@ -23,7 +23,7 @@ from ddp_doctor.checks.ddp_parameters import with_parameter_names
 from ddp_doctor.checks.init_arguments import init_verdict, no_process_group_finding
 from ddp_doctor.checks.init_late import LATE_TO_INIT, late_init_verdict
 from ddp_doctor.checks.init_waits import init_wait_verdict
-from ddp_doctor.checks.leftovers import leftover_findings
+from ddp_doctor.checks.leftover_rules import leftover_findings
 from ddp_doctor.checks.probe_records import by_rank
 from ddp_doctor.checks.rank_endings import (
     launcher_failed_finding,

@@ -9,6 +9,7 @@ import socket
 from typing import Any, Callable, Iterator
 
 from ddp_doctor.context import RankContext
+from ddp_doctor.facts import launchers
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 from ddp_doctor.time_limit import call_all_with_time_limit
@@ -242,17 +243,12 @@ def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
                     f"({', '.join(present)}); NCCL will find no socket interface.",
             severity="error", evidence={"value": nccl, "interfaces": list(present), "left": left})
         return
-    if _single_node(ctx):
+    if not launchers.multi_node(ctx.world_size, ctx.local_world_size, nnodes=ctx.nnodes, unknown=True):
         return  # loopback is enough when every rank is on this host
     yield Problem(
         message=f"NCCL_SOCKET_IFNAME={nccl!r} leaves only the loopback interface 'lo' of "
                 f"{', '.join(present)}; ranks on other nodes cannot reach this one through it.",
         evidence={"value": nccl, "interfaces": list(present), "left": left})
-
-
-def _single_node(ctx: RankContext) -> bool:
-    ws, lws = ctx.world_size, ctx.local_world_size
-    return ctx.nnodes == 1 or ws == 1 or (ws is not None and ws == lws)
 
 
 @check("DDP303", category="network", severity="warning",

@@ -2,7 +2,7 @@
 step time, wrong results) judged against each pair's noise band, its verdict (status, root cause,
 findings), then what else differs that could be why (versions, NCCL/FI and launcher variables, world
 layout, instance, hosts), most likely culprit first; the comparison itself is
-ddp_doctor.postmortem.run_diff. Exit status: 0 nothing got worse (identical, within noise, better,
+ddp_doctor.postmortem.report_diff. Exit status: 0 nothing got worse (identical, within noise, better,
 or only settings differ), 3 something got worse, 2 a file that is not a report. Does not import
 torch."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def read_report(path: str) -> dict[str, Any]:
     """A ddp-doctor report from `path`; UsageError, one line naming the file, for anything else."""
     from ddp_doctor.facts.env_values import NotRegularFile, read_bytes
-    from ddp_doctor.postmortem.run_diff import report_problem
+    from ddp_doctor.postmortem.report_diff import report_problem
     try:
         data = read_bytes(path, MAX_REPORT_BYTES)  # a regular file only: a FIFO or a device is never opened
     except OSError as e:
@@ -64,7 +64,7 @@ def read_report(path: str) -> dict[str, Any]:
 
 
 def command(args: argparse.Namespace) -> int:
-    from ddp_doctor.postmortem.run_diff import diff_reports, render_text, to_json
+    from ddp_doctor.postmortem.report_diff import diff_reports, render_text, to_json
     good, bad = read_report(args.good), read_report(args.bad)
     result = diff_reports(good, bad, bw_tolerance=args.bw_tolerance)
     if args.json:

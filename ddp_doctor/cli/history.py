@@ -1,4 +1,4 @@
-"""`ddp-doctor history`: the runs the local history holds (ddp_doctor/history/store.py), for a host
+"""`ddp-doctor history`: the runs the local history holds (ddp_doctor/history/database.py), for a host
 or an instance type, as a table (readable column names: when, job, kind, script, host, layout,
 versions, status, load, a figure per column), as JSON, or as a plot of each figure per run. With
 `--host` and one `--figure` that DDP409 judges, it also shows the judgement of the newest run
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Iterable
 
-from ddp_doctor.checks.history_rules import BANDWIDTH, MIN_RUNS, PAST, STEP_TIME, Baseline, baseline, load_of, watched
+from ddp_doctor.checks.history_rules import BANDWIDTH, MIN_RUNS, PAST, STEP_TIME, Baseline, baseline, load_of, tracked
 from ddp_doctor.cli.options import UsageError
 from ddp_doctor.history.from_report import BUSY
 
@@ -93,8 +93,8 @@ def command(args: argparse.Namespace) -> int:
 
     from ddp_doctor.exit_codes import EXIT_INTERNAL
     from ddp_doctor.facts.env_values import not_regular
+    from ddp_doctor.history.database import History, HistoryUnreadable, default_path
     from ddp_doctor.history.opened import open_history
-    from ddp_doctor.history.store import History, HistoryUnreadable, default_path
     path = args.history or default_path()
     if path is None:
         raise UsageError("the history is off (DDP_DOCTOR_HISTORY=off): give --history PATH")
@@ -132,7 +132,7 @@ def command(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"no record holds {', '.join(unknown)} (`--figure list` lists the figures)")
     judged = None
-    if args.host and args.figure and len(args.figure) == 1 and watched(args.figure[0]):
+    if args.host and args.figure and len(args.figure) == 1 and tracked(args.figure[0]):
         judged = _judgement(history, args.host, args.figure[0])
     if args.json:
         out: dict[str, Any] = {"history": path, "records": [r.to_dict() for r in recs], "skipped_rows": skipped,
@@ -179,7 +179,7 @@ def _judgement(history: Any, host: str, figure: str) -> tuple[Any, str, Baseline
     comparable past it chose from); None when the host has no such record. Reads as DDP409 does
     (checks/history_rules.read_past)."""
     from ddp_doctor.checks.history_rules import read_past, unique
-    from ddp_doctor.history.store import series_of
+    from ddp_doctor.history.database import series_of
     mine = [r for r in history.records(host=host, limit=PAST) if figure in r.figures]
     if not mine:
         return None

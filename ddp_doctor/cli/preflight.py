@@ -106,7 +106,7 @@ def command(args: argparse.Namespace) -> int:
                          f"(see `ddp-doctor list-checks`)")
     check_options(args)  # a bad --threshold is a usage error before any rank starts
     fail_on = fail_on_option(args)
-    from ddp_doctor.history.store import choose
+    from ddp_doctor.history.database import choose
     choose(args.history, args.no_history)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
     if launcher_name(os.environ) == "none":

@@ -341,7 +341,7 @@ def run_options(doctor: list[str], target: Target) -> Any:
     bad = catalogue.unknown_selectors(select + skip)
     if bad:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
-    from ddp_doctor.history.store import choose
+    from ddp_doctor.history.database import choose
     choose(ns.history, ns.no_history)
     from ddp_doctor.exit_codes import fail_on_setting
     try:

@@ -150,6 +150,32 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
     )
 
 
+def multi_node(world_size: int | None, local_world_size: int | None, *, nnodes: int | None = None,
+               hosts: int | None = None, unknown: bool = False) -> bool:
+    """Whether the job spans more than one node: the one rule for every part that asks.
+
+    Several nodes: more than one host the job runs on (`hosts`: SageMaker's distribution hosts,
+    when this host is one of them), a launcher's node count above 1, or a world larger than this
+    node's ranks (0 < local_world_size < world_size). One node: one host, a node count of 1, one
+    rank, or a world of exactly this node's ranks. Evidence of several nodes wins over evidence of
+    one (a layout that says both is not one node's). `unknown` is the answer when nothing says
+    either: False where a multi-node step must be sure (a check that fires only across nodes, an
+    exchange through the job's store), True where a one-node shortcut must be sure."""
+    if (hosts or 0) > 1 or (nnodes or 0) > 1:
+        return True
+    if world_size is not None and local_world_size is not None and 0 < local_world_size < world_size:
+        return True
+    if hosts == 1 or nnodes == 1 or world_size == 1 or (world_size is not None and world_size == local_world_size):
+        return False
+    return unknown
+
+
+def world_sizes(env: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """WORLD_SIZE and LOCAL_WORLD_SIZE as torch's `env://` reads them (torchrun sets both; ddp-doctor
+    exports them for mpirun, MPICH and srun), None where unset or not a whole number."""
+    return as_int(env_int(env, "WORLD_SIZE")), as_int(env_int(env, "LOCAL_WORLD_SIZE"))
+
+
 def _bounded_int(env: Mapping[str, str], name: str) -> int | None | Invalid:
     """env_int, and Invalid past MAX_RANKS either way (a node count or node rank is no larger)."""
     v = env_int(env, name)

@@ -1,4 +1,4 @@
-"""A finished report as history records (store.py): one per host the report's ranks ran on, with
+"""A finished report as history records (database.py): one per host the report's ranks ran on, with
 the figures a host is later compared on. Written by report/publish.py for the reports of jobs that
 ran here (a preflight, a run); never for a post-mortem (`analyze`), a planned job (`sagemaker-check`)
 or a report still "running".
@@ -13,8 +13,8 @@ import socket
 import time
 from typing import Any, Callable
 
+from ddp_doctor.history.database import RunRecord, default_path, group_size, possible_figure
 from ddp_doctor.history.opened import open_history
-from ddp_doctor.history.store import RunRecord, default_path, group_size, possible_figure
 from ddp_doctor.registry import REGISTRY
 
 COLLECTIVES = ("all_reduce", "all_reduce_intra", "all_reduce_inter", "broadcast", "all_gather")
@@ -32,7 +32,7 @@ def figures_of(rep: dict[str, Any]) -> dict[str, float]:
     or more), the preflight's stage times, a run's median step time (per script and arguments), the
     straggler's lag and share when DDP877 named one, and whether a host of the job was busy while
     it was timed (BUSY, from measurements.host_load). A figure that cannot be real (not finite,
-    negative, a busbw of a 1-rank group: store.possible_figure) is left out.
+    negative, a busbw of a 1-rank group: database.possible_figure) is left out.
 
     The straggler's figures come from the findings whose ID is declared `kept_in_history` in the
     catalogue as loaded: a report with such a finding was judged in this process, by the checks
@@ -102,7 +102,7 @@ def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunReco
 def record(rep: dict[str, Any], env: Any, stop: Callable[[float], Any] | None = None) -> str | None:
     """Append the report's records to the history $DDP_DOCTOR_HISTORY names (default: the user's
     cache); None when written or not asked for, else one line saying why not. `stop(s)` (a wait for
-    a stop signal) cuts an S3 history's write short (history/s3_store.py)."""
+    a stop signal) cuts an S3 history's write short (history/s3_bucket.py)."""
     if not recordable(rep):
         return None
     path = default_path(dict(env))

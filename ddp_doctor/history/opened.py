@@ -1,11 +1,11 @@
-"""The history a path names: a SQLite file (store.History) or an s3:// prefix (s3_store.S3History),
+"""The history a path names: a SQLite file (database.History) or an s3:// prefix (s3_bucket.S3History),
 both with add(records) -> None or why not, and records(host=, instance_type=, limit=)."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ddp_doctor.history.s3_store import S3History
-from ddp_doctor.history.store import History
+from ddp_doctor.history.database import History
+from ddp_doctor.history.s3_bucket import S3History
 
 
 def open_history(where: str, stop: Callable[[float], Any] | None = None) -> Any:

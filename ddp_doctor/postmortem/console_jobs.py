@@ -9,7 +9,7 @@ is read with those that agree with it; the others are left out and named (DDP954
 of one job's nodes hold different ranks (global prefixes), or the same local ranks on hosts
 their lines or summaries name apart: they agree. A console copied twice agrees with itself.
 
-The view of a console is bounded: its first HEAD bytes (each rank's first lines) and its last
+A console's digest is read from two bounded parts: its first HEAD bytes (each rank's first lines) and its last
 TAIL bytes (torchrun's summary), so a large console costs two short reads."""
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ _SUMMARY = re.compile(r"^\s+host\s*:\s*(?P<host>\S+)\s*\n\s+rank\s*:\s*(?P<rank>
 
 
 @dataclass
-class ConsoleView:
+class ConsoleDigest:
+    """What a console says of whose output it holds, in digests of each rank's first lines."""
+
     path: str
     mtime: float
     lines: dict[tuple, str] = field(default_factory=dict)  # ("rank", R) / ("local", L) -> digest of its first lines
@@ -37,7 +39,7 @@ class ConsoleView:
     hosts: set[str] = field(default_factory=set)  # hosts its lines or its summary name
 
 
-def view(path: str) -> ConsoleView | None:
+def digest(path: str) -> ConsoleDigest | None:
     """What a console says of whose output it holds; None when it cannot be read."""
     try:
         with open(path, "rb") as f:
@@ -50,7 +52,7 @@ def view(path: str) -> ConsoleView | None:
             mtime = os.fstat(f.fileno()).st_mtime
     except OSError:
         return None
-    out = ConsoleView(path, mtime)
+    out = ConsoleDigest(path, mtime)
     text = head.decode("utf-8", errors="replace")
     lines = text.splitlines()
     if size > HEAD and lines:
@@ -76,7 +78,7 @@ def view(path: str) -> ConsoleView | None:
     return out
 
 
-def _differ(a: ConsoleView, b: ConsoleView) -> bool:
+def _differ(a: ConsoleDigest, b: ConsoleDigest) -> bool:
     """Whether the two consoles hold different processes' output for one rank."""
     apart = bool(a.hosts) and bool(b.hosts) and not (a.hosts & b.hosts)  # two nodes of one job
     for key in (set(a.lines) & set(b.lines)) | (set(a.pids) & set(b.pids)):
@@ -89,13 +91,13 @@ def _differ(a: ConsoleView, b: ConsoleView) -> bool:
     return False
 
 
-def one_job(views: list[ConsoleView]) -> tuple[list[str], list[str], dict[str, str]]:
+def one_job(digests: list[ConsoleDigest]) -> tuple[list[str], list[str], dict[str, str]]:
     """(the consoles read: the newest and those that agree with it; the consoles of other jobs,
     left out; copies of a console read, path -> the console it copies: read once)."""
-    kept: list[ConsoleView] = []
+    kept: list[ConsoleDigest] = []
     left: list[str] = []
     copies: dict[str, str] = {}
-    for v in sorted(views, key=lambda v: (-v.mtime, v.path)):
+    for v in sorted(digests, key=lambda v: (-v.mtime, v.path)):
         same = next((k for k in kept if v.lines and v.lines == k.lines and v.pids == k.pids), None)
         if same is not None:
             copies[v.path] = same.path

@@ -92,10 +92,10 @@ def one_console_job(art: Artifacts, files: list[str]) -> list[str]:
     """The files without the consoles of other jobs (postmortem/console_jobs.py: named in
     art.consoles_left) and without second copies of a console (skipped, and said so)."""
     from ddp_doctor.postmortem import console_jobs
-    views = [v for p in files if _console(p) and (v := console_jobs.view(p)) is not None]
-    if len(views) < 2:
+    digests = [d for p in files if _console(p) and (d := console_jobs.digest(p)) is not None]
+    if len(digests) < 2:
         return files
-    kept, left, copies = console_jobs.one_job(views)
+    kept, left, copies = console_jobs.one_job(digests)
     if left:
         art.consoles_read, art.consoles_left = kept, left
     for path, of in copies.items():

@@ -8,7 +8,7 @@ ddp-doctor's own; the store, unlike a collective, tells which ranks did arrive.
 What is seen here is gathered as facts (checks/rendezvous.py: Reach, Missing, Crowd); the findings
 are worded there.
 Every wait here ends at a deadline: the store is reached and used through the bounded client
-(processes/store.py), and torch's own handshake, which has no bound, runs through
+(processes/tcp_store.py), and torch's own handshake, which has no bound, runs through
 call_with_time_limit here too.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.rendezvous import MAX_NAMED, Crowd, Reach  # the facts gathered here
 from ddp_doctor.findings import Finding
-from ddp_doctor.processes.store import (
+from ddp_doctor.processes.tcp_store import (
     connect_store,
     op_bound,
     prefixed,

@@ -32,7 +32,7 @@ from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
 from ddp_doctor.preflight_ranks.group_plan import group_plan, plans_differ
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
-from ddp_doctor.processes.store import connect_store, op_bound, prefixed, read_json_keys, store_call, wait_keys
+from ddp_doctor.processes.tcp_store import connect_store, op_bound, prefixed, read_json_keys, store_call, wait_keys
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, apply_fail_on, deliver

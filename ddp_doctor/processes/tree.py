@@ -58,28 +58,37 @@ def launcher_preexec() -> None:
     own_session_dying_with_parent()
 
 
-def end_descendants(grace: float = 2.0) -> int:
-    """SIGTERM to every descendant of this process, SIGKILL to those alive `grace` seconds later
-    (bounded): when a one-process run is stopped, the processes its script started (the ranks of
-    torch.multiprocessing.spawn) must not train on. Returns how many there were."""
+def end_descendants(grace: float | None = 2.0) -> list[int]:
+    """End every descendant of this process and return their pids (none when psutil is missing or
+    /proc unreadable). With `grace`: SIGTERM, then SIGKILL to those alive `grace` seconds later
+    (bounded), when a one-process run is stopped: the processes its script started (the ranks of
+    torch.multiprocessing.spawn) must not train on. With grace=None: SIGKILL at once and no wait,
+    for processes stuck inside init_process_group with nothing to write, so that the script's own
+    thread, which joins them, says nothing after the report."""
     try:
         import psutil
         procs = psutil.Process().children(recursive=True)
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=1.0)
-        return len(procs)
-    except Exception:  # noqa: BLE001 - psutil missing, or /proc unreadable: the stop is still reported
-        return 0
+    except Exception:  # noqa: BLE001 - psutil missing, or /proc unreadable: the caller's report stands
+        return []
+    _signal_each(procs, kill=grace is None)
+    if grace is not None:
+        try:
+            _, alive = psutil.wait_procs(procs, timeout=grace)
+            _signal_each(alive, kill=True)
+            psutil.wait_procs(alive, timeout=1.0)
+        except Exception:  # noqa: BLE001 - /proc unreadable while waiting: every one was signalled
+            pass
+    return [p.pid for p in procs]
+
+
+def _signal_each(procs: list[Any], *, kill: bool) -> None:
+    """SIGKILL (kill) or SIGTERM to each; psutil checks that the pid is still the process seen."""
+    import psutil
+    for p in procs:
+        try:
+            p.kill() if kill else p.terminate()
+        except psutil.Error:  # gone already, or not ours to signal
+            pass
 
 
 def _descendants(pid: int) -> list[Any]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from ddp_doctor.checks.history_rules import BANDWIDTH, FLOOR, LAST_RUNS, MIN_RUNS, history_findings
+from ddp_doctor.history.database import RunRecord
 from ddp_doctor.history.from_report import BUSY
-from ddp_doctor.history.store import RunRecord
 
 BIG = "all_reduce.busbw_gbps@268435456"
 

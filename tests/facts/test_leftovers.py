@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers.procs import wait_for
 
-from ddp_doctor.facts import leftovers as lo
-from ddp_doctor.facts.leftovers import CHILD, DESCENDANT, GROUP, MARKED, SESSION, Proc
+from ddp_doctor.facts import process_table as lo
+from ddp_doctor.facts.process_table import CHILD, DESCENDANT, GROUP, MARKED, SESSION, Proc
 
 ROOT = 100
 

@@ -5,8 +5,8 @@ import dataclasses
 import json
 
 from ddp_doctor.checks import load_catalogue
+from ddp_doctor.history.database import History
 from ddp_doctor.history.from_report import BUSY, figures_of, record, recordable, records_of
-from ddp_doctor.history.store import History
 
 # The figures a finding gives come from its ID's `kept_in_history` flag in the loaded catalogue, as
 # in the process that judged the report.

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.procs import DDP, clean_env, load_json, run
 
+from ddp_doctor.history.database import History
 from ddp_doctor.history.from_report import BUSY
-from ddp_doctor.history.store import History
 
 pytestmark = pytest.mark.slow
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -20,9 +20,9 @@ moto_server = pytest.importorskip("moto.server")
 from helpers.moto_endpoint import moto_endpoint  # noqa: E402
 
 from ddp_doctor.checks.history_rules import history_findings  # noqa: E402
+from ddp_doctor.history.database import RunRecord  # noqa: E402
 from ddp_doctor.history.from_report import record  # noqa: E402
-from ddp_doctor.history.s3_store import S3History  # noqa: E402
-from ddp_doctor.history.store import RunRecord  # noqa: E402
+from ddp_doctor.history.s3_bucket import S3History  # noqa: E402
 
 BUCKET = "fleet-history"
 BIG = "all_reduce.busbw_gbps@268435456"
@@ -91,8 +91,8 @@ def test_a_new_sagemaker_host_is_judged_against_its_instance_types_runs_in_the_f
 
 WRITER = textwrap.dedent("""
     import sys
-    from ddp_doctor.history.s3_store import S3History
-    from ddp_doctor.history.store import RunRecord
+    from ddp_doctor.history.database import RunRecord
+    from ddp_doctor.history.s3_bucket import S3History
     uri, job, rank, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     h = S3History(uri)
     for i in range(n):

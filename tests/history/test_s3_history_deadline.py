@@ -14,9 +14,9 @@ boto3 = pytest.importorskip("boto3")
 
 from helpers.trickle_endpoint import TrickleEndpoint, in_thread  # noqa: E402
 
-from ddp_doctor.history import s3_store  # noqa: E402
-from ddp_doctor.history.s3_store import S3History  # noqa: E402
-from ddp_doctor.history.store import RunRecord  # noqa: E402
+from ddp_doctor.history import s3_bucket as s3_store  # noqa: E402
+from ddp_doctor.history.database import RunRecord  # noqa: E402
+from ddp_doctor.history.s3_bucket import S3History  # noqa: E402
 
 BOUND = 60.0  # far past the 2 s deadlines set here, far short of a trickled answer's minutes
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import textwrap
 
-from ddp_doctor.history import store
-from ddp_doctor.history.store import History, RunRecord, default_path, iter_series, series_of
+from ddp_doctor.history import database as store
+from ddp_doctor.history.database import History, RunRecord, default_path, iter_series, series_of
 
 
 def _rec(host: str = "algo-1", t: float = 1.0, busbw: float = 10.0, torch: str = "2.13.0", **kw) -> RunRecord:
@@ -67,7 +67,7 @@ def test_where_it_lives(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from ddp_doctor.history.store import History, RunRecord
+    from ddp_doctor.history.database import History, RunRecord
     path, job, rank, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     h = History(path)
     for i in range(n):

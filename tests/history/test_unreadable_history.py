@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers.procs import DDP, Result, assert_clean_output, clean_env, run
 
-from ddp_doctor.history.store import History, HistoryUnreadable, RunRecord
+from ddp_doctor.history.database import History, HistoryUnreadable, RunRecord
 
 BOUND = 60.0
 

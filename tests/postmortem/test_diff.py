@@ -13,7 +13,7 @@ import pytest
 
 from ddp_doctor import cli
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from ddp_doctor.postmortem.run_diff import (
+from ddp_doctor.postmortem.report_diff import (
     KINDS,
     diff_reports,
     render_text,

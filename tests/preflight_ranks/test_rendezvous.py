@@ -22,7 +22,7 @@ import pytest
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks.bounded_rendezvous import Meeting, Reach
-from ddp_doctor.processes.store import prefixed, read_json_keys
+from ddp_doctor.processes.tcp_store import prefixed, read_json_keys
 from ddp_doctor.version import __version__
 
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ddp_doctor.processes.store import StoreGuard, StoreTimeout, connect_store, store_call, wait_keys
+from ddp_doctor.processes.tcp_store import StoreGuard, StoreTimeout, connect_store, store_call, wait_keys
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -95,7 +95,7 @@ def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
     down: StoreTimeout within the bound, and the later calls fail at once."""
     from helpers.procs import free_port
 
-    from ddp_doctor.processes import store as st
+    from ddp_doctor.processes import tcp_store as st
     port = free_port()
     host = _stopped_host(port)
     try:
@@ -126,7 +126,7 @@ def test_a_rank_that_meets_at_a_stopped_store_host_ends_at_the_meetings_bound(ra
     from helpers.procs import free_port, wait_for
 
     from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
-    from ddp_doctor.processes import store as st
+    from ddp_doctor.processes import tcp_store as st
     port = free_port()
     host = _stopped_host(port)
     try:
@@ -162,7 +162,7 @@ def test_the_watchdog_never_shuts_a_socket_whose_number_was_given_to_another(tmp
     its /proc link is the one it noted."""
     import socket as so
 
-    from ddp_doctor.processes.store import _shut_down, _socket_links
+    from ddp_doctor.processes.tcp_store import _shut_down, _socket_links
     a, b = so.socketpair()
     try:
         link = _socket_links()[a.fileno()]
@@ -183,7 +183,7 @@ def test_only_the_stores_own_connections_are_noted():
 
     from helpers.procs import free_port
 
-    from ddp_doctor.processes import store as st
+    from ddp_doctor.processes import tcp_store as st
     port = free_port()
     other = so.socket()
     other.bind(("127.0.0.1", 0))
@@ -211,7 +211,7 @@ def test_a_forked_child_starts_with_a_watchdog_of_its_own():
     worker, a forked rank): the child's calls run, unwatched until it connects."""
     import socket as so
 
-    from ddp_doctor.processes import store as st
+    from ddp_doctor.processes import tcp_store as st
     a, b = so.socketpair()
     st._WATCHDOG._sockets[a.fileno()] = st._socket_links()[a.fileno()]  # the parent watches one
     try:
@@ -247,7 +247,7 @@ def test_a_watchdog_whose_thread_ended_idle_watches_the_next_call_again():
 
     from helpers.procs import wait_for
 
-    from ddp_doctor.processes.store import StoreWatchdog, _socket_links
+    from ddp_doctor.processes.tcp_store import StoreWatchdog, _socket_links
     dog = StoreWatchdog()
     dog.IDLE_S = 0.2
     a, b = so.socketpair()
@@ -278,7 +278,7 @@ def test_calls_from_many_threads_at_once_are_noted_and_taken_back_without_a_lock
     """Hundreds of threads of one process call at once (a rank's threads, the scale bench's
     simulated ranks): each gets its own value, and every note is taken back by its call (none is
     left for the watch to find late, none raises)."""
-    from ddp_doctor.processes.store import StoreWatchdog
+    from ddp_doctor.processes.tcp_store import StoreWatchdog
     dog = StoreWatchdog()
     start, inside = threading.Barrier(200), threading.Barrier(200)  # every call open at once
     got: dict[int, object] = {}
@@ -303,7 +303,7 @@ def test_a_call_the_watch_took_past_its_deadline_is_a_timeout_even_if_it_then_re
     StoreTimeout, even when what it ran returns a value afterwards."""
     from helpers.procs import wait_for
 
-    from ddp_doctor.processes.store import StoreWatchdog
+    from ddp_doctor.processes.tcp_store import StoreWatchdog
     dog = StoreWatchdog()
     dog.TICK_S = 0.05
     taken = threading.Event()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from ddp_doctor.checks.leftovers import rank_leftover_findings
+from ddp_doctor.checks.leftover_rules import rank_leftover_findings
 from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.checks.teardown import exit_holders
 from ddp_doctor.training.probes import exit_holders as probe

@@ -225,7 +225,7 @@ def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_
 
 
 def endings_store_timeout():
-    from ddp_doctor.processes.store import StoreTimeout
+    from ddp_doctor.processes.tcp_store import StoreTimeout
     return StoreTimeout("no store answered within 3 s (injected)")
 
 

@@ -87,7 +87,7 @@ def test_ranks_that_trained_alone_on_the_same_data_are_said_once(monkeypatch):
 def test_the_runs_pace_is_measured_and_compared_with_the_hosts_history_only_when_asked(tmp_path):
     import dataclasses
 
-    from ddp_doctor.history.store import History, RunRecord
+    from ddp_doctor.history.database import History, RunRecord
     from ddp_doctor.training.job_report import step_figures
     probes = [{"rank": r, "step_interval": s, "steps": 30, "script": {"name": "train.py", "key": "k1"}}
               for r, s in ((0, 0.30), (1, 0.32), (2, 0.31))] + [{"rank": 3, "step_interval": None, "steps": 1}]

@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from ddp_doctor.checks.job import JobEvidence, job_findings
-from ddp_doctor.checks.leftovers import COMMAND_CHARS, leftover_findings, rank_leftover_findings
+from ddp_doctor.checks.leftover_rules import COMMAND_CHARS, leftover_findings, rank_leftover_findings
 from ddp_doctor.report.publish import Output, publish
 from ddp_doctor.report.redact import redact_obj
 from ddp_doctor.training.job_report import job_report
-from ddp_doctor.training.run import leftovers
+from ddp_doctor.training.run import child_watch as leftovers
 from ddp_doctor.training.run.ledger import process_gone
 
 # says "ready" once its SIGTERM handling is in place; STUBBORN ignores SIGTERM

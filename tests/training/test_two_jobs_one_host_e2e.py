@@ -93,7 +93,7 @@ def _host_checked_in(port: int) -> bool:
     """Rank 0 hosts the store on `port` and has checked in there (its view is in the store)."""
     import torch.distributed as dist
 
-    from ddp_doctor.processes.store import prefixed
+    from ddp_doctor.processes.tcp_store import prefixed
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
         client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5), wait_for_workers=False)
@@ -106,7 +106,7 @@ def _in_store(port: int, key: str) -> bool:
     """The preflight's `key` is in the store on `port`."""
     import torch.distributed as dist
 
-    from ddp_doctor.processes.store import prefixed
+    from ddp_doctor.processes.tcp_store import prefixed
     try:
         client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5), wait_for_workers=False)
         return bool(prefixed(client, PREFIX).check([key]))

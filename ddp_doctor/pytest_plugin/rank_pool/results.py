@@ -70,9 +70,9 @@ class LeftoverProcessesWarning(UserWarning):
 
 
 def leftover_notes(res: RunResult) -> list[str]:
-    """What each rank's test left running and the rank ended (DDP816-DDP818, checks/leftovers.py), in
+    """What each rank's test left running and the rank ended (DDP816-DDP818, checks/leftover_rules.py), in
     words; the test's outcome stays its own."""
-    from ddp_doctor.checks.leftovers import rank_leftover_findings
+    from ddp_doctor.checks.leftover_rules import rank_leftover_findings
     return [f"{f.id} {f.severity}: {f.message}. Fix: {f.hint}"
             for r, e in sorted(res.ends.items())
             for f in rank_leftover_findings(r, (e.result or {}).get("leftovers"), started_by="test")]

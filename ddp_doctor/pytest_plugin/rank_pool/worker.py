@@ -54,7 +54,7 @@ def rank_main(spec: dict[str, Any], rank: int, pgid: int, server: int) -> None:
     except OSError:
         pass
     sys.path[:] = list(spec["sys_path"])
-    from ddp_doctor.training.run.leftovers import watch_children
+    from ddp_doctor.training.run.child_watch import watch_children
     children = watch_children(by_group=False)  # the test's ranks share one process group
     result = run_test(spec, rank)
     # what the test started and left running is ended here: os._exit below ends only this process

@@ -123,7 +123,7 @@ def children_holding() -> list[dict[str, Any]]:
     """This process's children still running (not zombies), with their command lines (redacted);
     not the helpers the interpreter and torch keep for themselves (multiprocessing's resource
     tracker and forkserver, torch's compile workers), which end with the process."""
-    from ddp_doctor.facts import leftovers as facts
+    from ddp_doctor.facts import process_table as facts
     from ddp_doctor.report.redact import redact_text
     me = os.getpid()
     helpers = facts.own_helpers(interpreter_exits=False)
@@ -157,8 +157,8 @@ def _watch(path: str) -> None:
     # every import before the first look, while the interpreter is not exiting yet: a daemon thread
     # frozen by the exit inside an import would hold the import lock the exit may need
     import ddp_doctor.facts.frames  # noqa: F401
-    import ddp_doctor.facts.leftovers  # noqa: F401
     import ddp_doctor.facts.ports  # noqa: F401
+    import ddp_doctor.facts.process_table  # noqa: F401
     import ddp_doctor.report.redact  # noqa: F401
     from ddp_doctor.training.records import write_json
     said: Any = {"threads": [], "children": []}  # a process that holds nothing leaves its ending as written

@@ -5,7 +5,7 @@ processes themselves, whose run directories hold only their own node's records.
 
 The store is the launcher's (torchrun's agent store at MASTER_ADDR:MASTER_PORT, which every node
 reaches; TORCHELASTIC_USE_AGENT_STORE), reached through a client of its own with a short bound
-(processes/store.py), under keys of the job's run (TORCHELASTIC_RUN_ID and restart): per rank
+(processes/tcp_store.py), under keys of the job's run (TORCHELASTIC_RUN_ID and restart): per rank
 claimed, `add` a counter (this claim's number n) and `set` the claim under `.../RANK/n`. A claim
 n > 1 reads the earlier claims of that rank (one wait, one read) and keeps them in its init
 record; the first claim looks for a second claim (a quick request at pauses doubling from
@@ -63,7 +63,7 @@ def claim_of(rec: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 def _connect(addr: tuple[str, int]) -> Any:
-    from ddp_doctor.processes.store import connect_store
+    from ddp_doctor.processes.tcp_store import connect_store
     return connect_store(addr[0], addr[1], hosting=False, timeout=CONNECT_S)
 
 
@@ -90,7 +90,7 @@ class RankClaim:
         return self.claims
 
     def _put(self, addr: tuple[str, int], key: str) -> None:
-        from ddp_doctor.processes.store import op_bound, read_json_keys, store_call
+        from ddp_doctor.processes.tcp_store import op_bound, read_json_keys, store_call
         store = _connect(addr)
         mine = json.dumps(claim_of(self.rec, self.rank), default=str)
         n = int(store_call(lambda: store.add(f"{key}/count", 1), "add(claim count)", op_bound(1.0)))

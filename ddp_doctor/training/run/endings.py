@@ -51,7 +51,7 @@ def _prefix(env: Any) -> str:
 
 
 def _connect(env: Any, timeout: float) -> Any:
-    from ddp_doctor.processes.store import connect_store
+    from ddp_doctor.processes.tcp_store import connect_store
     host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if not host or not port:
         return None
@@ -182,7 +182,7 @@ def _look(store: Any, prefix: str, job: JobEndings) -> JobEndings:
 
 def _await_all(store: Any, prefix: str, deadline: float) -> None:
     """Wait on the store's side, until `deadline`, for the job's last ending; never raises."""
-    from ddp_doctor.processes.store import wait_keys
+    from ddp_doctor.processes.tcp_store import wait_keys
     try:
         wait_keys(store, [f"{prefix}/all"], "the job's last ending", deadline)
     except Exception:  # noqa: BLE001 - a slow or gone store: what is listed then is what is known
@@ -278,15 +278,6 @@ HANG_SHARE_WAIT = 6.0  # seconds a rank waits for the other nodes' hang endings
 HANG_LOOK_AFTER = 3.0  # a rank stalled this long starts watching for another node's hang
 HANG_WATCH_S = 300.0  # one wait of the watch on the store's side (then it waits again)
 HANG_WATCH_RETRY_S = (2.0, 60.0)  # s: the pause after a failed connection or wait, doubled up to the last
-
-
-def multi_node(env: Any = None) -> bool:
-    """More ranks in the job than on this node: other nodes exist."""
-    env = os.environ if env is None else env
-    try:
-        return int(env.get("WORLD_SIZE") or 1) > int(env.get("LOCAL_WORLD_SIZE") or env.get("WORLD_SIZE") or 1)
-    except ValueError:
-        return False
 
 
 class HangExchange:

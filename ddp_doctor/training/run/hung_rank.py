@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from ddp_doctor.exit_codes import EXIT_HANG
+from ddp_doctor.facts.launchers import multi_node, world_sizes
 from ddp_doctor.training import records
-from ddp_doctor.training.run.endings import multi_node
 from ddp_doctor.training.run.options import RunOptions
 from ddp_doctor.training.run.outside_report import write_outside_report
 from ddp_doctor.training.run.stopped_rank import end_children
@@ -46,6 +46,6 @@ def _report_hang(watch: Any, started: float, opts: RunOptions) -> None:
     """The hang verdict, once the other ranks' stacks and ledgers (and other nodes') are in."""
     since = started - records.SAME_JOB
     peers = {r: hb for r, hb in records.read_heartbeats(watch.run_dir, since).items() if r != watch.rank}
-    collect_stacks(watch.run_dir, peers, reason="hang", across=multi_node())
+    collect_stacks(watch.run_dir, peers, reason="hang", across=multi_node(*world_sizes(os.environ)))
     beats = {r: {**hb, "bound": watch.hang_timeout} for r, hb in records.read_heartbeats(watch.run_dir, since).items()}
     write_outside_report(watch.rank, watch.run_dir, started, True, opts, hung=beats)

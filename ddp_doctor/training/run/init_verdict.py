@@ -50,23 +50,6 @@ def calls_since(run_dir: str, since: float) -> list[dict[str, Any]]:
     return [c for c in records.read_init_calls(run_dir) if float(c.get("time") or 0) >= since]
 
 
-def end_descendants() -> list[int]:
-    """SIGKILL every process this one started (and theirs): the processes the script spawned,
-    waiting inside init_process_group, with nothing to write. At once and without waiting for
-    them, so that the script's own thread, which joins them, says nothing after the report."""
-    import psutil
-    try:
-        procs = psutil.Process(os.getpid()).children(recursive=True)
-    except psutil.Error:
-        return []
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    return [p.pid for p in procs]
-
-
 class InitWatch:
     """One-process mode (`ddp-doctor run script.py`, no launcher): a daemon thread that reads the
     init records the script's own processes leave (its spawned children record through
@@ -124,6 +107,7 @@ class InitWatch:
 
     def _end(self) -> None:
         from ddp_doctor.exit_codes import EXIT_HANG
+        from ddp_doctor.processes.tree import end_descendants
         if not self.watch.claim_stop():
             return  # a stop signal is being reported
         if self._stop.is_set():  # the script ended meanwhile: its own ending is reported
@@ -136,7 +120,7 @@ class InitWatch:
         except Exception as e:  # noqa: BLE001 - the processes are ended below either way
             sys.stderr.write(f"ddp-doctor: the report could not be made ({e!r})\n")
         finally:
-            end_descendants()
+            end_descendants(grace=None)  # at once: they wait in init with nothing to write
             if self.own_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             sys.stdout.flush()

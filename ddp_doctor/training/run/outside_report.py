@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ddp_doctor.context import current_context
+from ddp_doctor.facts.launchers import multi_node, world_sizes
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report import sinks
 from ddp_doctor.report.publish import Output, platform_sinks, publish, show
@@ -21,7 +22,6 @@ from ddp_doctor.training import records
 from ddp_doctor.training.run.endings import (
     JOB_END_WAIT_ENV,
     job_end_wait,
-    multi_node,
     remote_gone,
     remote_hung,
     wait_for_job,
@@ -55,12 +55,13 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
     if rank == 0 and not failed and interrupted is None:
         _wait_for_local_ranks(run_dir, started)
     ended_well = not failed and interrupted is None and not stuck_in_init
-    if ended_well and multi_node() and not _job_ended(rank, run_dir, job):
+    several_nodes = multi_node(*world_sizes(os.environ))
+    if ended_well and several_nodes and not _job_ended(rank, run_dir, job):
         return None  # a rank still runs on another node: the last rank of the job writes the verdict
     run = read_run(run_dir, since=since)
     gone = {**remote_gone(run_dir), **vanished_ranks(run_dir, but=rank, since=since)} if interrupted is None else {}
     local = set(records.read_heartbeats(run_dir, since)) | {rank}
-    if ended_well and not multi_node() and not local <= set(run.outcomes) | set(gone):
+    if ended_well and not several_nodes and not local <= set(run.outcomes) | set(gone):
         return None  # ranks of this node still run: the last one to end writes the verdict
     beats: dict[int, dict[str, Any]] = {}
     if interrupted is not None:  # where it was; rank 0's report, where each rank of its node was

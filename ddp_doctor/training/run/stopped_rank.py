@@ -12,13 +12,14 @@ import time
 import traceback
 from typing import Any
 
+from ddp_doctor.facts.launchers import multi_node, world_sizes
 from ddp_doctor.processes.stop_signals import Interrupt
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report import sinks
 from ddp_doctor.report.publish import Output
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger
-from ddp_doctor.training.run.endings import exchange, multi_node, remote_gone
+from ddp_doctor.training.run.endings import exchange, remote_gone
 from ddp_doctor.training.run.options import RunOptions
 from ddp_doctor.training.run.outside_report import preflight_findings, write_outside_report
 
@@ -133,7 +134,7 @@ def _share_stopped_ending(watch: Any, started: float, failed: bool) -> None:
     stop or its own collective's error came first is a race). A failed rank also copies the other
     nodes' endings here for its report, as the main thread would. Bounded, never raises."""
     try:
-        if multi_node():
+        if multi_node(*world_sizes(os.environ)):
             gone = ledger.vanished_ranks(watch.run_dir, but=watch.rank, since=started - records.SAME_JOB)
             exchange(watch.run_dir, watch.rank, failed=failed, gone=gone)
     except Exception:  # noqa: BLE001 - the rank's own report is written next whatever this did
@@ -153,7 +154,7 @@ def stopped_for_fail_on(watch: Any) -> bool:
 
 def end_children(watch: Any) -> None:
     """Before a stopped or hung rank's os._exit: the processes its script started (DataLoader
-    workers, servers, daemons: training/run/leftovers.py finds them) end with it, never train on.
+    workers, servers, daemons: training/run/child_watch.py finds them) end with it, never train on.
     Not leftovers of a script that ended on its own, so said on stderr, not in the report."""
     children = getattr(watch, "children", None)
     if children is None:

@@ -94,7 +94,7 @@ class StopsAlone:
             if traceback is None:
                 w.dump_stacks(sys.stderr)
             w.save_stacks(traceback)
-            ended = end_descendants()
+            ended = len(end_descendants())
             if ended:
                 say(f"ddp-doctor: ended {ended} process(es) the script had started\n")
             records.write_outcome(w.run_dir, w.rank, {

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from ddp_doctor.facts import host_load
 from ddp_doctor.facts.frames import is_user_file
+from ddp_doctor.facts.launchers import multi_node, world_sizes
 from ddp_doctor.report.private_files import keep_dir, let_go
 from ddp_doctor.training import records
 from ddp_doctor.training.run import endings, ledger
@@ -146,7 +147,7 @@ class ProgressWatch:
         self.slowest_step = 0.0  # seconds between two optimizer steps, at most (the hang bound's unit)
         self.last_progress = time.time()
         self.job_since = self.last_progress - records.SAME_JOB  # older records are another job's
-        self.children: Any = None  # the script's processes (training/run/leftovers.ChildWatch), once it runs
+        self.children: Any = None  # the script's processes (training/run/child_watch.ChildWatch), once it runs
         self.phase = "preflight"
         self.where: str | None = None  # innermost user frame of the last sample
         # where the main thread was, sample by sample, while training outside a collective: where a
@@ -162,7 +163,7 @@ class ProgressWatch:
         self._stop = threading.Event()
         self._stack_file: Any = None
         # several nodes: a hang found on one node reaches the others through the job's store
-        self._across = endings.HangExchange(run_dir, rank) if endings.multi_node() else None
+        self._across = endings.HangExchange(run_dir, rank) if multi_node(*world_sizes(os.environ)) else None
 
     def start(self) -> "ProgressWatch":
         try:

@@ -24,7 +24,7 @@ from ddp_doctor.checks.internal import records_moved_finding
 from ddp_doctor.checks.launcher_env import script_env_exports
 from ddp_doctor.context import current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL
-from ddp_doctor.facts.launchers import detect
+from ddp_doctor.facts.launchers import detect, multi_node
 from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight
 from ddp_doctor.processes.progress import enabled
 from ddp_doctor.processes.stop_signals import release_early
@@ -40,11 +40,11 @@ from ddp_doctor.training.probes.init_calls import remember_launcher
 from ddp_doctor.training.probes.install import install
 from ddp_doctor.training.run import ledger
 from ddp_doctor.training.run.agent import AGENT_PID_ENV
+from ddp_doctor.training.run.child_watch import watch_children
 from ddp_doctor.training.run.endings import exchange
 from ddp_doctor.training.run.hang_lines import HangLines
 from ddp_doctor.training.run.hung_rank import end_hung_rank
 from ddp_doctor.training.run.init_verdict import InitWatch
-from ddp_doctor.training.run.leftovers import watch_children
 from ddp_doctor.training.run.options import PARENT_ENV, RECORDS_NOTE_ENV, RUN_DIR_ENV, RunOptions
 from ddp_doctor.training.run.outside_report import write_outside_report
 from ddp_doctor.training.run.stopped_rank import end_stopped_rank, wait_for_stop, warm_stop_report
@@ -235,14 +235,15 @@ def _record_ending(me: _Rank, watch: ProgressWatch, outcome: Outcome, probe: Any
     ending = {"exit_code": outcome.exit_code, "exception": outcome.exception,
               "exited": outcome.exited,  # sys.exit(N != 0): where
               "host": os.uname().nodename, "phase": "training",
-              "local_rank": os.environ.get("LOCAL_RANK"), "leftovers": children.end()}  # checks/leftovers.py
+              "local_rank": os.environ.get("LOCAL_RANK"), "leftovers": children.end()}  # checks/leftover_rules.py
     records.write_outcome(me.run_dir, me.rank, ending)
     if me.under_parent and probe is not None:  # what keeps the process alive past the teardown bound (DDP806)
         watch_exit(records.outcome_path(me.run_dir, me.rank))
     job = None  # several nodes: what the job's store says of every rank's ending
     if not me.own_dir:  # after the records the report needs: a peer's failure may end this rank soon
         _leave_ledger(watch, me.run_dir, me.rank, position, outcome)
-        if _other_nodes(me.info):  # other nodes' reports see this ending; a failure sees theirs
+        # several nodes: other nodes' reports see this ending; a failure sees theirs
+        if multi_node(me.info.world_size, me.info.local_world_size):
             failed = position == "failed"  # and the ranks of this node it saw vanish, for the other nodes
             gone = (ledger.vanished_ranks(me.run_dir, but=me.rank, since=me.started - records.SAME_JOB,
                                           settle=ledger.VANISH_SETTLE) if failed else {})
@@ -276,10 +277,6 @@ def _leave_ledger(watch: Any, run_dir: str, rank: int, position: str, outcome: A
         asked = time.time()
         ledger.request(run_dir, reason="peer failed")
         ledger.wait_for(run_dir, live, asked, PEER_LEDGER_WAIT)
-
-
-def _other_nodes(info: Any) -> bool:
-    return bool(info.world_size and info.local_world_size and info.world_size > info.local_world_size)
 
 
 def _ledger_position(outcome: Any) -> str:

@@ -1,9 +1,9 @@
 """The processes a rank's script leaves running, ended at the rank's end and recorded for the
-report (DDP816-DDP818, checks/leftovers.py).
+report (DDP816-DDP818, checks/leftover_rules.py).
 
     watch = watch_children()        # before the script: the mark in the environment, what exists
     ...the script...
-    record = watch.end()            # after it: find (facts/leftovers.py), describe, end, record
+    record = watch.end()            # after it: find (facts/process_table.py), describe, end, record
 
 Each leftover is described before it is touched (pid, command line redacted, the TCP ports it
 listens on, how it was found, the script's line that started it where the probes saw it), then
@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
-from ddp_doctor.facts import leftovers as facts
+from ddp_doctor.facts import process_table as facts
 from ddp_doctor.processes.tree import adopt_orphans
 
 GRACE = 2.0      # seconds a leftover gets to end after SIGTERM

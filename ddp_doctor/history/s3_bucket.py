@@ -1,6 +1,6 @@
 """A fleet's history in S3: SageMaker's and other clouds' instances are new for every job, so
 their own disk forgets; `--history s3://bucket/prefix` keeps the same records as the local file
-(store.py) in a bucket, one small object per host per run:
+(database.py) in a bucket, one small object per host per run:
 
     PREFIX/HOST/YYYY/MM/DD/<microseconds>-<random>.json   a JSON list of the host's records
 
@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Callable, TypeVar
 
-from ddp_doctor.history.store import RunRecord, record_from_dict
+from ddp_doctor.history.database import RunRecord, record_from_dict
 from ddp_doctor.report.redact import redact_text
 from ddp_doctor.report.s3 import PERMANENT, parse_s3_uri
 from ddp_doctor.time_limit import call_until

@@ -1,11 +1,11 @@
 """The processes a rank's script started that are still alive when the script has ended: found by
 the process tree, by the rank's session or process group, and by a mark in their environment
 (never by name). Pure readers of the process table (psutil, or /proc where psutil is missing);
-ending them is training/run/leftovers.py's job.
+ending them is training/run/child_watch.py's job.
 
 Why three ways: a plain child is in the tree; a child in its own session (`start_new_session=True`)
 is in the tree while its parent lives; a double-forked daemon is reparented to the rank, which is a
-child subreaper while its script runs (training/run/leftovers.py), so it is the rank's child; where
+child subreaper while its script runs (training/run/child_watch.py), so it is the rank's child; where
 that is not available it is reparented away from the tree (to init) and, after setsid, is in no
 session of ours, but it still carries the
 environment the rank gave it: `MARK_ENV` (a value unique to the rank) is put in the rank's

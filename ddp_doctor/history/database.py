@@ -1,7 +1,7 @@
 """The local history of runs: one SQLite file per machine, appended to by every preflight and
 run, read to compare a host with its own past.
 
-A record is one host's view of one job: when, which job, the host, its instance type and GPUs,
+A record is one host's entry for one job: when, which job, the host, its instance type and GPUs,
 the world's layout, the versions, the job's status, the script a run trained (its file name), and
 its figures (name -> value: the busbw of each collective and message size, the preflight's stage
 times, the median step time, the straggler's lag, whether a host of the job was busy). A host is
@@ -69,7 +69,7 @@ CREATE INDEX IF NOT EXISTS runs_by_type ON runs (instance_type, time);
 
 @dataclass
 class RunRecord:
-    """One host's view of one job (see the module's doc)."""
+    """One host's entry for one job (see the module's doc)."""
 
     time: float
     kind: str  # "preflight" or "run"

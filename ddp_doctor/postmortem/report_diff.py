@@ -1,7 +1,7 @@
 """`ddp-doctor diff GOOD BAD`: did the BAD run get worse than the GOOD one, and what differs
 between them that could be why, most likely culprit first.
 
-Pure functions: two report dicts in (as the CLI read them), a `RunDiff` out, and its text or JSON
+Pure functions: two report dicts in (as the CLI read them), a `ReportDiff` out, and its text or JSON
 form. Every difference found is judged (`Difference.change`, CHANGES):
 
 - "worse" or "better": a figure beyond its noise band in the direction that hurts (or helps), a
@@ -160,7 +160,7 @@ class Difference:
 
 
 @dataclass
-class RunDiff:
+class ReportDiff:
     """The differences, what fails the comparison first (CHANGES), then most likely culprit first
     (KINDS), and the parts that could not be compared because a report does not record them (so an
     empty list is never mistaken for "the same")."""
@@ -198,12 +198,12 @@ def report_problem(obj: Any) -> str | None:
 
 
 def diff_reports(good: Mapping[str, Any], bad: Mapping[str, Any], *,
-                 bw_tolerance: float | None = None) -> RunDiff:
+                 bw_tolerance: float | None = None) -> ReportDiff:
     """What differs between the GOOD and the BAD run's reports (both valid: `report_problem`), each
     judged (CHANGES), ordered by CHANGES then KINDS. `bw_tolerance` (relative, 0.2 = 20%), when
     given, replaces the floor of the bandwidth figures' noise band; each run's own spread still
     widens it."""
-    out = RunDiff()
+    out = ReportDiff()
     _versions(good, bad, out)
     _variables(good, bad, out)
     _world(good, bad, out)
@@ -219,7 +219,7 @@ def diff_reports(good: Mapping[str, Any], bad: Mapping[str, Any], *,
 
 # -- the parts ------------------------------------------------------------------------------------
 
-def _add(out: RunDiff, kind: str, what: str, good: Any, bad: Any, **extra: Any) -> None:
+def _add(out: ReportDiff, kind: str, what: str, good: Any, bad: Any, **extra: Any) -> None:
     """Record a difference when the display values differ (both already shown as text)."""
     g, b = _show(good), _show(bad)
     if g != b:
@@ -269,7 +269,7 @@ def _lacking(good: Any, bad: Any) -> str:
     return f"the {'GOOD' if good is None else 'BAD'} report does not record them"
 
 
-def _versions(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _versions(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     g, b = _rank_dicts(good, "versions"), _rank_dicts(bad, "versions")
     if g is None or b is None:
         out.not_compared.append(f"library versions (torch, NCCL, CUDA, python): {_lacking(g, b)}")
@@ -304,7 +304,7 @@ def _variable_value(env: Mapping[str, Any], name: str) -> str:
     return _show(env[name])
 
 
-def _variables(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _variables(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     g, b = _rank_dicts(good, "env"), _rank_dicts(bad, "env")
     if g is None or b is None:
         out.not_compared.append(f"environment variables (NCCL_*, FI_*, launchers'): {_lacking(g, b)}")
@@ -322,7 +322,7 @@ def _variables(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) ->
             out.differences.append(Difference(kind, name, gv, bv))
 
 
-def _world(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _world(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     gw, bw = good.get("world") or {}, bad.get("world") or {}
     for key, label in WORLD_FIELDS:
         _add(out, "world", label, gw.get(key), bw.get(key))
@@ -339,7 +339,7 @@ def _device_types(report: Mapping[str, Any]) -> str:
     return ", ".join(sorted(kinds))
 
 
-def _hosts(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _hosts(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     gh, bh = _host_set(good), _host_set(bad)
     if gh and bh:
         if gh != bh:
@@ -468,7 +468,7 @@ def _judged(kind: str, what: str, gv: float, bv: float, unit: str, *, higher_is_
 
 
 def _bandwidth(name: str, good: Mapping[str, Any], bad: Mapping[str, Any], tolerance: float | None,
-               out: RunDiff) -> None:
+               out: ReportDiff) -> None:
     """The sweep's busbw at the largest size both runs measured (nccl-tests' headline figure; higher
     is better), judged against this pair's noise band; a sweep one run has and the other lacks (a
     change, not a judgement: a failed run's verdict says it failed); wrong results (fewer is better)."""
@@ -520,7 +520,7 @@ def _training(report: Mapping[str, Any]) -> dict[str, Any] | None:
     return t if isinstance(t, dict) and _number(t.get("median_step_s")) else None
 
 
-def _step_time(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _step_time(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     """A `run`'s median training step time (lower is better), of the same script and arguments
     only. The report keeps one figure, not its spread: the band is the floor (FLOOR_NOISY on CPU
     ranks, FLOOR_STEADY on GPUs)."""
@@ -544,7 +544,7 @@ def _step_time(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) ->
         out.differences.append(d)
 
 
-def _verdict(good: Mapping[str, Any], bad: Mapping[str, Any], out: RunDiff) -> None:
+def _verdict(good: Mapping[str, Any], bad: Mapping[str, Any], out: ReportDiff) -> None:
     gs, bs = good.get("status"), bad.get("status")
     change = CHANGED
     if gs in STATUS_ORDER and bs in STATUS_ORDER:  # "running", "interrupted": not a judgement of the job
@@ -600,7 +600,7 @@ SECTIONS = (
 )
 
 
-def headline(result: RunDiff) -> str:
+def headline(result: ReportDiff) -> str:
     """"2 worse; 1 better, 1 within noise, 3 other difference(s)", "nothing worse; ..."."""
     n = result.counts()
     judged = f"{n[WORSE]} worse" if n[WORSE] else "nothing worse"
@@ -608,7 +608,7 @@ def headline(result: RunDiff) -> str:
             f"{n[CHANGED]} other difference(s)")
 
 
-def render_text(result: RunDiff, good_name: str, bad_name: str) -> str:
+def render_text(result: ReportDiff, good_name: str, bad_name: str) -> str:
     """The listing: a headline, then per change (SECTIONS: what got worse first) one line per
     difference under its kind's heading, then what could not be compared."""
     lines = [f"ddp-doctor diff: {headline(result)} - GOOD {good_name}, BAD {bad_name}"]
@@ -628,7 +628,7 @@ def render_text(result: RunDiff, good_name: str, bad_name: str) -> str:
     return "\n".join(lines)
 
 
-def to_json(result: RunDiff, good_name: str, bad_name: str) -> dict[str, Any]:
+def to_json(result: ReportDiff, good_name: str, bad_name: str) -> dict[str, Any]:
     """The machine-readable form: `worse` (whether anything got worse: the exit status 3), `counts`
     per change, and `differences` in the text's order, each {kind, what, good, bad, change, note?,
     ratio?, direction?, band?, band_from?}."""
@@ -637,6 +637,6 @@ def to_json(result: RunDiff, good_name: str, bad_name: str) -> dict[str, Any]:
             "not_compared": list(result.not_compared)}
 
 
-__all__ = ["BETTER", "CHANGED", "CHANGES", "Difference", "FLOOR_NOISY", "FLOOR_STEADY", "KINDS", "RunDiff",
+__all__ = ["BETTER", "CHANGED", "CHANGES", "Difference", "FLOOR_NOISY", "FLOOR_STEADY", "KINDS", "ReportDiff",
            "WITHIN_NOISE", "WORSE", "diff_reports", "headline", "render_text", "report_problem", "to_json",
            "variable_kind", "within_ratio"]

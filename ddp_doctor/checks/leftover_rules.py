@@ -1,5 +1,5 @@
 """Processes a rank's script left running after it ended (DDP816-DDP818), judged from the record
-each rank leaves in its outcome (training/run/leftovers.py ends them and says how). Warnings: the
+each rank leaves in its outcome (training/run/child_watch.py ends them and says how). Warnings: the
 job's exit status and verdict stay the script's.
 """
 from __future__ import annotations
