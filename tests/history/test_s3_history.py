@@ -1,4 +1,4 @@
-"""The fleet's history in S3 (history/s3_store.py) against moto's server on loopback (boto3
+"""The fleet's history in S3 (history/s3_bucket.py) against moto's server on loopback (boto3
 unpatched): two hosts, ten runs each; a host's own series read back in order; a drop judged
 against its own past only; 8 ranks of each of 2 jobs writing at once lose no record; the
 `history` command and publish() with an s3:// history."""

@@ -1,4 +1,4 @@
-"""The S3 history's whole-call deadlines (history/s3_store.py WRITE_DEADLINE_S, READ_DEADLINE_S)
+"""The S3 history's whole-call deadlines (history/s3_bucket.py WRITE_DEADLINE_S, READ_DEADLINE_S)
 against a loopback endpoint that answers a byte a second (botocore's read timeout never fires):
 a write ends in one line, a read in no records, a comparison against several hosts waits once,
 and a stop cuts a report's history write short. Every wait is bounded by a thread join."""

@@ -1,4 +1,4 @@
-"""`ddp-doctor diff` on report dicts (ddp_doctor.postmortem.run_diff) and its command on files: each
+"""`ddp-doctor diff` on report dicts (ddp_doctor.postmortem.report_diff) and its command on files: each
 kind of difference is found, judged (worse, better, within noise, or a setting that changed) and
 ordered, figures are judged against the pair's noise band in their own direction, only what got
 worse fails the command (exit 3), noise between two runs of one job is left out, secrets are never

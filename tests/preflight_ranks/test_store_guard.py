@@ -1,4 +1,4 @@
-"""processes/store.py: a store operation runs on its caller's thread, watched by the process's one
+"""processes/tcp_store.py: a store operation runs on its caller's thread, watched by the process's one
 watchdog, which ends one past its bound by shutting its connection down; where no connection is
 known, a thread's operations go through one long-lived worker (no thread per operation), and
 one that overruns leaves the worker blocked and the thread's later operations fail at once.

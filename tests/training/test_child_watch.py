@@ -1,5 +1,5 @@
-"""Ending what a rank's script left (training/run/leftovers.py) on real child processes, and the
-findings made of it (checks/leftovers.py, DDP816-DDP818) in the job's verdict."""
+"""Ending what a rank's script left (training/run/child_watch.py) on real child processes, and the
+findings made of it (checks/leftover_rules.py, DDP816-DDP818) in the job's verdict."""
 from __future__ import annotations
 
 import io

@@ -1,4 +1,4 @@
-"""facts/leftovers.py: which processes a rank's script left (tree, session, group, environment mark;
+"""facts/process_table.py: which processes a rank's script left (tree, session, group, environment mark;
 never the rank's own, what existed before the script, or the interpreter's and torch's helpers),
 and what each one listens on, read through psutil and through /proc alike."""
 from __future__ import annotations

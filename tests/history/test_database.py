@@ -1,4 +1,4 @@
-"""The local history (ddp_doctor/history/store.py): records in and out, series, the size cap,
+"""The local history (ddp_doctor/history/database.py): records in and out, series, the size cap,
 another schema, and concurrent writers: 8 ranks of each of 2 jobs, real processes, one file."""
 from __future__ import annotations
 
