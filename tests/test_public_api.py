@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import ddp_doctor
 
 
@@ -37,6 +39,7 @@ def test_preflight_stays_the_function_once_its_machinery_is_imported():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_old_entrypoint_paths_still_import():
     code = ("from ddp_doctor.training import DoctorCallback, DoctorLightningCallback; "
             "from ddp_doctor.training.callback import DoctorCallback as A; "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import textwrap
@@ -284,20 +285,31 @@ def _funcs(tree: ast.Module) -> dict[str, tuple[ast.FunctionDef, ast.Module]]:
     return out
 
 
+# scope -> name -> values: one walk per scope, not one per name looked up (the scan's cost)
+_ASSIGNMENTS: dict[int, tuple[ast.AST, dict[str, list[ast.expr]]]] = {}
+
+
+def _names(target: ast.AST) -> set[str]:
+    return {x.id for x in ast.walk(target) if isinstance(x, ast.Name)}
+
+
 def _assigned(scope: ast.AST, name: str) -> list[ast.expr]:
     """Values assigned to `name` in scope (for-loop targets give the iterated expression)."""
-    out: list[ast.expr] = []
-    for n in ast.walk(scope):
-        if isinstance(n, ast.Assign) and any(name in {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
-                                             for t in n.targets):
-            out.append(n.value)
-        elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and isinstance(n.target, ast.Name) \
-                and n.target.id == name and n.value is not None:
-            out.append(n.value)
-        elif isinstance(n, (ast.For, ast.comprehension)) and \
-                name in {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}:
-            out.append(n.iter)
-    return out
+    held = _ASSIGNMENTS.get(id(scope))
+    if held is None or held[0] is not scope:
+        index: dict[str, list[ast.expr]] = {}
+        for n in ast.walk(scope):
+            if isinstance(n, ast.Assign):
+                for target_name in set().union(*(_names(t) for t in n.targets)):
+                    index.setdefault(target_name, []).append(n.value)
+            elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and isinstance(n.target, ast.Name) \
+                    and n.value is not None:
+                index.setdefault(n.target.id, []).append(n.value)
+            elif isinstance(n, (ast.For, ast.comprehension)):
+                for target_name in _names(n.target):
+                    index.setdefault(target_name, []).append(n.iter)
+        held = _ASSIGNMENTS[id(scope)] = (scope, index)  # the scope kept: its id is not reused
+    return held[1].get(name, [])
 
 
 def _literals(expr: ast.AST, scopes: list[ast.AST], seen: set[str] | None = None) -> set[str]:
@@ -350,10 +362,16 @@ def _check_ids(func: ast.FunctionDef) -> list[str]:
 def severity_overrides() -> dict[str, set[str]]:
     """Every severity the package's source can give each ID: `Problem(severity=...)` in a check
     (and the helpers it calls), and `event_finding(EVENT, ..., severity=...)` anywhere."""
-    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+    return _severity_overrides(PACKAGE)
+
+
+@functools.lru_cache(maxsize=None)  # one scan of a package serves every test that reads it
+def _severity_overrides(package: Path) -> dict[str, set[str]]:
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(package.rglob("*.py"))}
     _TREES.clear()
+    _ASSIGNMENTS.clear()
     for p, tree in trees.items():
-        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        parts = p.relative_to(package.parent).with_suffix("").parts
         _TREES[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = tree
     events: dict[str, str] = {}  # module-level NAME = declare("DDPnnn", ...)
     for tree in trees.values():
@@ -366,11 +384,12 @@ def severity_overrides() -> dict[str, set[str]]:
                         events[t.id] = n.value.args[0].value
     found: dict[str, set[str]] = {}
     for tree in trees.values():
-        for func in ast.walk(tree):
+        nodes = list(ast.walk(tree))  # walked once, read twice
+        for func in nodes:
             if isinstance(func, ast.FunctionDef):
                 for cid in _check_ids(func):
                     found.setdefault(cid, set()).update(_severities_in(func, tree, {func.name}))
-        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        for call in (n for n in nodes if isinstance(n, ast.Call)):
             name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
             if name != "event_finding" or not call.args:
                 continue

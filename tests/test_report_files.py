@@ -77,6 +77,7 @@ def test_leaves_one_on_purpose_in_a_module_directory(shared):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.invalid_reports_expected  # the inner sessions' directories are in this test's own
 def test_a_session_that_leaves_a_broken_report_fails_naming_it_unless_its_test_is_marked(tmp_path: Path) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)

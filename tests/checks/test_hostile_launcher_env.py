@@ -49,6 +49,7 @@ def test_slurm_tasks_per_node_is_not_expanded():
     assert _slurm_tasks_per_node("8(x2),4", 5) == "8"
 
 
+@pytest.mark.slow
 def test_preflight_with_world_size_1e20_is_a_finding(tmp_path):
     p, rep = _preflight(tmp_path, RANK="0", WORLD_SIZE=str(10**20), MASTER_PORT=str(_free_port()))
     assert p.returncode == 3, p.stdout + p.stderr
@@ -68,6 +69,7 @@ def test_address_problem_accepts(addr):
     assert address_problem(addr) is None
 
 
+@pytest.mark.slow
 def test_preflight_with_a_path_for_master_addr_fails_at_once(tmp_path):
     p, rep = _preflight(tmp_path, MASTER_ADDR="127.0.0.1/../../EVIL", RANK="0", WORLD_SIZE="2",
                         MASTER_PORT=str(_free_port()))

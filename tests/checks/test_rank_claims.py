@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from ddp_doctor.checks.init_arguments import blocking, init_argument_findings, other_claims, waiting_in_init
 from ddp_doctor.training.probes.rank_claims import claim_of, claim_rank
 
@@ -102,6 +104,7 @@ def test_claims_through_the_store_find_the_other_process_both_ways(tmp_path):
     del host_store
 
 
+@pytest.mark.slow
 def test_no_store_is_said_in_the_record_and_nothing_is_claimed_without_an_agent_store():
     rec = record("algo-1", 0, rank_passed=0)
     assert claim_rank(rec, lambda c: None, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}) == {}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from helpers.context import make_ctx, sm_env, torchrun_env, write_sm_config
 from helpers.procs import DDP, clean_env, load_json, run
 
@@ -46,6 +47,7 @@ def test_smddp_available_passes():
                            backend="smddp")) == []
 
 
+@pytest.mark.slow
 def test_a_top_level_smdistributed_package_is_not_enough(tmp_path):
     # e.g. the model-parallel library, or a stub: `smdistributed` imports, torch_smddp does not
     (tmp_path / "smdistributed").mkdir()
@@ -71,6 +73,7 @@ def test_here_smddp_is_not_available():
     assert not smddp_available() and "smddp" not in available_backends()
 
 
+@pytest.mark.slow
 def test_preflight_backend_smddp_end_to_end(tmp_path):
     """A real self-launched 2-rank preflight: DDP106 once for both ranks, no DDP321, exit 3."""
     report = tmp_path / "r.json"

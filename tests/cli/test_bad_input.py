@@ -59,6 +59,7 @@ def findings(report: Path, cid: str) -> list[dict]:
 
 # ------------------------------------------------------------------ run --nproc-per-node
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value,why", [("0", "no process would start"), ("-3", "no process would start"),
                                        ("abc", "Unsupported nproc_per_node value")])
 def test_run_nproc_per_node_that_torchrun_cannot_take(tmp_path: Path, value: str, why: str) -> None:
@@ -69,6 +70,7 @@ def test_run_nproc_per_node_that_torchrun_cannot_take(tmp_path: Path, value: str
     assert "the script ran" not in res.output and "DDP003" not in res.output  # no launcher was started
 
 
+@pytest.mark.slow
 def test_run_nproc_per_node_gpu_without_cuda_is_torchs_answer(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
@@ -79,6 +81,7 @@ def test_run_nproc_per_node_gpu_without_cuda_is_torchs_answer(tmp_path: Path) ->
 
 # ------------------------------------------------------------------ --timeout / --hang-timeout
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["preflight", "--timeout", "1e308"], "'1e308' is more than 86400 seconds"),
     (["preflight", "--timeout", "nan"], "'nan' is no bound"),
@@ -143,6 +146,7 @@ def test_run_and_the_cli_accept_the_same_bounds(text: str) -> None:
 
 # ------------------------------------------------------------------ JSON nested 60,000 deep
 
+@pytest.mark.slow
 def test_sm_hosts_nested_60000_deep_is_a_finding(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     res = ddp(["preflight", "--select", "DDP2", "--report", str(report)], tmp_path,
@@ -156,6 +160,7 @@ def test_sm_hosts_nested_60000_deep_is_a_finding(tmp_path: Path) -> None:
     assert len(f["message"]) < 1000
 
 
+@pytest.mark.slow
 def test_resourceconfig_nested_60000_deep_is_a_finding(tmp_path: Path) -> None:
     cfg = tmp_path / "opt-ml" / "input" / "config"
     cfg.mkdir(parents=True)
@@ -172,6 +177,7 @@ def test_resourceconfig_nested_60000_deep_is_a_finding(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ 8,000 hosts
 
+@pytest.mark.slow
 def test_sm_hosts_of_8000_hosts_is_judged_on_a_sample(tmp_path: Path) -> None:
     hosts = [f"algo-{i}" for i in range(1, 8001)]
     report = tmp_path / "report.json"
@@ -200,6 +206,7 @@ def offline_aws(tmp_path: Path) -> dict[str, str]:
             "AWS_MAX_ATTEMPTS": "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be-bom", "utf-8-sig"])
 def test_sagemaker_check_reads_a_utf16_config(tmp_path: Path, encoding: str) -> None:
     pytest.importorskip("boto3")
@@ -212,6 +219,7 @@ def test_sagemaker_check_reads_a_utf16_config(tmp_path: Path, encoding: str) -> 
     usage_error(res, "--config job.yaml", "instance_count must be a whole number, not 'two'")
 
 
+@pytest.mark.slow
 def test_sagemaker_check_runs_with_a_utf16_config(tmp_path: Path) -> None:
     pytest.importorskip("boto3")
     (tmp_path / "job.json").write_bytes(json.dumps({"instance_type": "ml.p4d.24xlarge"}).encode("utf-16"))
@@ -221,6 +229,7 @@ def test_sagemaker_check_runs_with_a_utf16_config(tmp_path: Path) -> None:
     assert json.loads(res.stdout)["status"] in ("pass", "warn", "fail")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data,needle", [
     (b"\xff\xfe" + "instance_count: 2\n".encode("utf-16-le")[:-1], "not valid UTF-16 LE text"),
     ("instance_count: 2\n".encode("utf-16-le"), "holds NUL bytes and has no byte-order mark"),
@@ -233,6 +242,7 @@ def test_sagemaker_check_config_that_does_not_decode(tmp_path: Path, data: bytes
     usage_error(res, "cannot read --config job.yaml", needle)
 
 
+@pytest.mark.slow
 def test_sagemaker_check_distribution_nested_60000_deep(tmp_path: Path) -> None:
     pytest.importorskip("boto3")
     res = ddp(["sagemaker-check", "--instance-type", "ml.p4d.24xlarge", "--distribution", DEEP], tmp_path,
@@ -240,6 +250,7 @@ def test_sagemaker_check_distribution_nested_60000_deep(tmp_path: Path) -> None:
     usage_error(res, "distribution is nested 60000 levels deep")
 
 
+@pytest.mark.slow
 def test_sagemaker_check_config_nested_60000_deep(tmp_path: Path) -> None:
     pytest.importorskip("boto3")
     (tmp_path / "job.json").write_text('{"distribution": ' + DEEP + "}")

@@ -26,6 +26,7 @@ def ddp_doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
                           timeout=timeout, env=clean_env())
 
 
+@pytest.mark.slow
 def test_help() -> None:
     p = ddp_doctor("--help")
     assert p.returncode == 0
@@ -33,6 +34,7 @@ def test_help() -> None:
         assert word in p.stdout
 
 
+@pytest.mark.slow
 def test_preflight_help() -> None:
     p = ddp_doctor("preflight", "--help")
     assert p.returncode == 0
@@ -52,6 +54,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ddp-doctor 0.1.0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_importing_cli_does_not_import_torch() -> None:
     code = ("import sys, ddp_doctor.cli; "
             "p = ddp_doctor.cli.build_parser(); "
@@ -60,6 +63,7 @@ def test_importing_cli_does_not_import_torch() -> None:
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_catalogue_commands_do_not_import_torch() -> None:
     code = ("import sys, io, contextlib, ddp_doctor.cli as c\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -117,6 +121,7 @@ def test_schema_validate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot read the report" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_schema_command_does_not_import_torch() -> None:
     code = ("import sys, io, contextlib, ddp_doctor.cli as c\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
@@ -126,6 +131,7 @@ def test_schema_command_does_not_import_torch() -> None:
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_list_checks_json() -> None:
     p = ddp_doctor("list-checks", "--json")
     assert p.returncode == 0, p.stderr
@@ -162,12 +168,14 @@ def test_explain_shows_every_severity_and_when(capsys: pytest.CaptureFixture[str
     assert "severity: error " in out and "Severity:" not in out
 
 
+@pytest.mark.slow
 def test_explain_subprocess() -> None:
     p = ddp_doctor("explain", "DDP320")
     assert p.returncode == 0
     assert "What:" in p.stdout and "Why:" in p.stdout and "Fix:" in p.stdout
 
 
+@pytest.mark.slow
 def test_explain_unknown_id() -> None:
     p = ddp_doctor("explain", "DDP9999")
     assert p.returncode == 2
@@ -182,6 +190,7 @@ def test_explain_retired_id(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     assert "retired" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_preflight_unknown_selector_exits_2() -> None:
     p = ddp_doctor("preflight", "--select", "nonsense", "--timeout", "5")
     assert p.returncode == 2
@@ -194,6 +203,7 @@ def test_preflight_unknown_skip_in_process(capsys: pytest.CaptureFixture[str]) -
     assert "--select/--skip: bogus match no check" in err  # only the unknown one is named
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["-1", "0", "abc"])
 def test_preflight_bad_timeout_exits_2(value: str) -> None:
     p = ddp_doctor("preflight", f"--timeout={value}")
@@ -201,6 +211,7 @@ def test_preflight_bad_timeout_exits_2(value: str) -> None:
     assert "--timeout" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_preflight_timeout_separate_negative_value() -> None:
     p = ddp_doctor("preflight", "--timeout", "-1")
     assert p.returncode == 2
@@ -213,6 +224,7 @@ def test_preflight_bad_nproc_exits_2() -> None:
     assert e.value.code == 2
 
 
+@pytest.mark.slow
 def test_env_json() -> None:
     p = ddp_doctor("env", "--json")
     assert p.returncode == 0, p.stderr
@@ -220,6 +232,7 @@ def test_env_json() -> None:
     assert isinstance(data, dict) and data
 
 
+@pytest.mark.slow
 def test_env_text() -> None:
     p = ddp_doctor("env")
     assert p.returncode == 0, p.stderr

@@ -10,6 +10,8 @@ import pytest
 
 from ddp_doctor.cli import EXIT_BROKEN_PIPE
 
+pytestmark = pytest.mark.slow  # each test runs the CLI in a process of its own
+
 
 @pytest.mark.parametrize("argv", [["list-checks"], ["list-checks", "--json"], ["explain", "DDP851"]])
 def test_closed_stdout_is_not_a_traceback(argv):

@@ -8,8 +8,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.context import NO_SM_ROOT
 from helpers.procs import clean_env, run
+
+pytestmark = pytest.mark.slow  # each test runs the CLI in a process of its own
 
 AWS_KEY_ID = "AKIAABCDEFGHIJKLMNOP"
 AWS_SECRET = "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"

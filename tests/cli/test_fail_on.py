@@ -36,6 +36,7 @@ def usage_line(res: Result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,env,needle", [
     (["run", "--fail-on", "warn", "script.py"], {}, "argument --fail-on: invalid choice: 'warn'"),
     (["run", "--fail-on", "script.py"], {}, "no script or -m MODULE given"),  # the value took the script

@@ -96,6 +96,7 @@ def test_open_regular_never_waits_for_a_fifo(tmp_path: Path, fifo: Path) -> None
 
 # ------------------------------------------------------------------ analyze
 
+@pytest.mark.slow
 def test_analyze_skips_a_fifo_in_a_directory_and_says_so(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -111,6 +112,7 @@ def test_analyze_skips_a_fifo_in_a_directory_and_says_so(tmp_path: Path) -> None
     assert any(f["id"] == "DDP952" for f in rep["findings"])  # the log that was read is still judged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given,kind", [("pipe", "a FIFO"), ("/dev/zero", "a character device"),
                                         ("/dev/urandom", "a character device")])
 def test_analyze_of_a_fifo_or_a_device_is_a_usage_error(tmp_path: Path, fifo: Path, given: str, kind: str) -> None:
@@ -119,6 +121,7 @@ def test_analyze_of_a_fifo_or_a_device_is_a_usage_error(tmp_path: Path, fifo: Pa
 
 # ------------------------------------------------------------------ diff
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given,kind", [("pipe", "a FIFO"), (".", "a directory"), ("/dev/zero", "a character device")])
 def test_diff_of_something_else_than_a_file_is_a_usage_error(tmp_path: Path, fifo: Path, given: str,
                                                               kind: str) -> None:
@@ -129,6 +132,7 @@ def test_diff_of_something_else_than_a_file_is_a_usage_error(tmp_path: Path, fif
 
 # ------------------------------------------------------------------ sagemaker-check --config
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given,kind", [("pipe", "a FIFO"), (".", "a directory"), ("/dev/zero", "a character device")])
 def test_sagemaker_check_config_that_is_no_file_is_a_usage_error(tmp_path: Path, fifo: Path, given: str,
                                                                  kind: str) -> None:
@@ -141,6 +145,7 @@ def test_sagemaker_check_config_that_is_no_file_is_a_usage_error(tmp_path: Path,
 
 # ------------------------------------------------------------------ history --history
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given,kind", [("pipe", "a FIFO"), (".", "a directory"), ("/dev/zero", "a character device")])
 def test_history_that_is_no_file_is_a_usage_error(tmp_path: Path, fifo: Path, given: str, kind: str) -> None:
     usage_error(ddp(["history", "--history", given], tmp_path), f"{given} is {kind}, not a regular file")

@@ -35,6 +35,7 @@ def test_values_in_range_pass(argv):
     check_torchrun_ranges(argv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, option", [
     (["--nnodes", "0"], "--nnodes"),
     (["--master-port", "99999"], "--master-port"),

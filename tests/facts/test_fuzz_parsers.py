@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import Any
 
+import pytest
 from helpers.context import make_ctx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -102,12 +103,14 @@ def test_sagemaker_variables_never_raise(env):
         assert all(isinstance(h, str) for h in view.hosts or [])
 
 
+@pytest.mark.slow
 @FAST
 @given(launcher_env, sagemaker_env)
 def test_context_and_local_checks_never_crash(lenv, senv):
     _no_crash(make_ctx({**senv, **lenv}))
 
 
+@pytest.mark.slow
 @FAST
 @given(json_text, json_text, sagemaker_env)
 def test_config_files_never_raise(resourceconfig, hyperparameters, senv):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from ddp_doctor.history import database as store
 from ddp_doctor.history.database import History, RunRecord, default_path, iter_series, series_of
 
@@ -79,6 +81,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_of_two_jobs_lose_no_record(tmp_path):
     path = str(tmp_path / "history.sqlite")
     n = 25

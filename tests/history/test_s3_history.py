@@ -24,6 +24,8 @@ from ddp_doctor.history.database import RunRecord  # noqa: E402
 from ddp_doctor.history.from_report import record  # noqa: E402
 from ddp_doctor.history.s3_bucket import S3History  # noqa: E402
 
+pytestmark = pytest.mark.slow  # against moto's server, and the CLI and concurrent writers in processes of their own
+
 BUCKET = "fleet-history"
 BIG = "all_reduce.busbw_gbps@268435456"
 AWS = {"AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKE1234", "AWS_SECRET_ACCESS_KEY": "fake/secret/for/moto/only",

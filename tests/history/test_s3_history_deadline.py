@@ -47,6 +47,7 @@ REPORT = {"phase": "preflight", "status": "pass",
           "findings": []}
 
 
+@pytest.mark.slow
 def test_a_trickling_write_ends_at_its_deadline_in_one_line(trickle: TrickleEndpoint,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3_store, "WRITE_DEADLINE_S", 2.0)
@@ -60,6 +61,7 @@ def test_a_trickling_write_ends_at_its_deadline_in_one_line(trickle: TrickleEndp
     assert trickle.trickling.is_set() and trickle.requests[0][0] == "PUT"
 
 
+@pytest.mark.slow
 def test_a_trickling_read_is_no_records_and_one_wait_for_every_host(trickle: TrickleEndpoint,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A comparison reads each host's and the instance type's records: once the first read ran

@@ -10,9 +10,12 @@ import os
 import sqlite3
 from pathlib import Path
 
+import pytest
 from helpers.procs import DDP, Result, assert_clean_output, clean_env, run
 
 from ddp_doctor.history.database import History, HistoryUnreadable, RunRecord
+
+pytestmark = pytest.mark.slow  # each test runs the CLI in a process of its own
 
 BOUND = 60.0
 

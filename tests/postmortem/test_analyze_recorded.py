@@ -192,6 +192,7 @@ def test_binary_and_half_written_inputs_are_skipped_and_named(jobs, tmp_path):
     assert whys["core.bin"].startswith("binary") and "flight-recorder dump" in whys["nccl_trace_rank_0"], whys
 
 
+@pytest.mark.slow
 def test_the_command_judges_recorded_artifacts_as_the_function_does(jobs, tmp_path):
     """The CLI over one recorded job: its exit status, its report file, no traceback."""
     res = run([*DDP, "analyze", str(jobs["raises"]["console"]), str(jobs["raises"]["logs"]),
@@ -200,6 +201,7 @@ def test_the_command_judges_recorded_artifacts_as_the_function_does(jobs, tmp_pa
     assert cause(json.loads((tmp_path / "r.json").read_text())) == ("DDP800", [1])
 
 
+@pytest.mark.slow
 def test_bad_paths_are_a_usage_error(tmp_path):
     res = run([*DDP, "analyze", str(tmp_path / "nowhere")], clean_env(), str(tmp_path), timeout=60)
     assert res.rc == 2 and "no such file or directory" in res.stderr, res.output

@@ -8,6 +8,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from ddp_doctor.report.schema import validate_report
 from ddp_doctor.training.run.nccl_dumps import load_why
 
@@ -32,6 +34,7 @@ def _analyze(tmp_path, *paths) -> tuple[int, dict]:
 TB = b'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nRuntimeError: boom\n'
 
 
+@pytest.mark.slow
 def test_one_gib_line_then_a_traceback(tmp_path):
     big = tmp_path / "console.log"
     with open(big, "wb") as f:
@@ -66,6 +69,7 @@ Root Cause (first observed failure):
 """
 
 
+@pytest.mark.slow
 def test_torchrun_summary_with_absurd_fields(tmp_path):
     lines = "".join(f"[default0]:{line}\n" for line in TB.decode().splitlines())
     (tmp_path / "console.log").write_text(lines + SUMMARY.format(big=10**30))
@@ -76,6 +80,7 @@ def test_torchrun_summary_with_absurd_fields(tmp_path):
     assert all(v.get("exit_status") in (None, 0, 1) for v in ranks.values())  # 10**30 is not believed
 
 
+@pytest.mark.slow
 def test_files_named_for_rank_9999999(tmp_path):
     (tmp_path / "rank9999999.log").write_bytes(TB)
     tree = tmp_path / "run_x" / "attempt_0" / "9999999"
@@ -96,6 +101,7 @@ def _billion_laughs(levels: int = 40) -> bytes:
     return bytes(b) + b"."
 
 
+@pytest.mark.slow
 def test_billion_laughs_dump_is_refused_unexpanded(tmp_path):
     dump = tmp_path / "nccl_trace_rank_0"
     dump.write_bytes(_billion_laughs())
@@ -120,6 +126,7 @@ class _Run:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 def test_dump_that_would_run_a_command_does_not(tmp_path):
     marker = tmp_path / "ran"
     dump = tmp_path / "nccl_trace_rank_0"

@@ -52,6 +52,7 @@ def test_a_restarted_job_is_judged_by_its_last_attempt(tmp_path):
     assert not [f for f in rep["findings"] if f["id"] == "DDP954"]
 
 
+@pytest.mark.slow
 def test_per_rank_files_and_stdin(tmp_path):
     (tmp_path / "train_rank_0.log").write_text("\n".join(["step 1", *LOST]) + "\n")
     (tmp_path / "train_rank_1.log").write_text("\n".join(["step 1", *(ln.format(r=1) for ln in RAISED)]) + "\n")

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.procs import DDP, Result, clean_env, run
 
+pytestmark = pytest.mark.slow  # each test runs the CLI in a process of its own
+
 BOUND = 120.0
 
 

@@ -70,6 +70,7 @@ def test_versions_use_metadata_and_none_for_missing() -> None:
         assert v["nccl"] is None
 
 
+@pytest.mark.slow
 def test_collect_view_does_not_import_heavy_libraries() -> None:
     code = ("import sys; from ddp_doctor.preflight_ranks.rank_view import collect_view; "
             "from ddp_doctor.context import current_context; collect_view(current_context()); "

@@ -198,6 +198,7 @@ def test_probe_dropped_syn_is_timeout_within_bound() -> None:
     assert out["ranks"] == [1]
 
 
+@pytest.mark.slow
 def test_probe_network_unreachable_in_netns() -> None:
     # a fresh namespace with loopback down: even 127.0.0.1 has no route
     why = _netns_available()
@@ -371,6 +372,7 @@ def test_meet_costs_each_rank_the_round_trips_of_a_store_barrier(store: Any) -> 
     assert rendezvous.crowd(quiet, 4, 5.0) is None and quiet.requests == ["add", "check"]  # no crowd: two requests
 
 
+@pytest.mark.slow
 def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monkeypatch: Any) -> None:
     """Rank 0 waits for the views READ_CHUNK ranks at a time and reads each chunk once it is all
     there, while later ranks still come: once the last is in, only its chunk is left to read. A
@@ -400,6 +402,7 @@ def test_rank_0_reads_the_views_a_chunk_at_a_time_as_they_come(store: Any, monke
     assert bad.complete and sorted(bad.views) == [0, 1, 2] and u.check([rendezvous.ALL_HERE])
 
 
+@pytest.mark.slow
 def test_views_are_read_back_as_made_with_each_alike_long_value_parsed_once(store: Any) -> None:
     """Long values alike on many ranks (versions, NCCL settings) have lines of their own in a view's
     record: the reporting rank reads every view in one request and parses each distinct long value
@@ -457,6 +460,7 @@ def test_a_rank_whose_record_is_no_view_is_named_and_left_out_of_the_views(store
     assert ev.unreadable_finding(clean.unreadable, 0, __version__) is None
 
 
+@pytest.mark.slow
 def test_duplicate_rank_claim(store: Any) -> None:
     client = client_of(store)
     results: list[Meeting] = []
@@ -512,6 +516,7 @@ def test_claim_tokens_differ_between_claims_threads_and_a_forked_child() -> None
     assert child and child != rendezvous.claim_token() and child.split(".")[0] != seen[0].split(".")[0]
 
 
+@pytest.mark.slow
 def test_read_json_keys_waits_on_the_store_for_late_keys_without_polling(store: Any) -> None:
     import threading
     s = prefixed(store, "t5/")
@@ -617,6 +622,7 @@ def test_a_rank_0_that_could_not_host_is_counted_where_another_jobs_rendezvous_r
     assert rendezvous.announce("127.0.0.1", store.port, "t8/", who, 2, bound=0.5) is None
 
 
+@pytest.mark.slow
 def test_announce_at_a_port_that_no_store_holds_is_bounded_and_says_nothing(
         listening: tuple[socket.socket, int]) -> None:
     _, port = listening  # accepts, never answers: torch's handshake would wait forever

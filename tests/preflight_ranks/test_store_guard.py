@@ -41,6 +41,7 @@ def test_an_operation_past_its_bound_fails_and_so_do_the_later_ones_at_once():
     release.set()
 
 
+@pytest.mark.slow
 def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(tmp_path):
     from helpers.procs import free_port
     port = free_port()
@@ -89,6 +90,7 @@ def _stopped_host(port: int) -> subprocess.Popen:
     return host
 
 
+@pytest.mark.slow
 def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
     """A client made by connect_store is watched: its calls run on the caller's thread (no worker,
     no thread per call), and one the store never answers is ended by shutting its connection
@@ -116,6 +118,7 @@ def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
         host.wait(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rank", "stop"), [(1, "before its check-in"), (1, "while it waits"),
                                            (0, "before its check-in")])
 def test_a_rank_that_meets_at_a_stopped_store_host_ends_at_the_meetings_bound(rank, stop):
@@ -239,6 +242,7 @@ def test_a_forked_child_starts_with_a_watchdog_of_its_own():
         b.close()
 
 
+@pytest.mark.slow
 def test_a_watchdog_whose_thread_ended_idle_watches_the_next_call_again():
     """The watch thread ends after IDLE_S without a call; the next call starts another, which ends
     that call past its bound by shutting its connection down (a socket pair stands for a store

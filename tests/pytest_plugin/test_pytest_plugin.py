@@ -768,6 +768,7 @@ def quick_runs(tmp_path_factory):
     return run_inner(launches), {name: Path(launch.cwd) for name, (launch, _) in launches.items()}
 
 
+@pytest.mark.slow
 def test_plugin_is_inert_without_the_marker(quick_runs):
     runs, paths = quick_runs
     result = inner_result(runs, "inert")
@@ -776,6 +777,7 @@ def test_plugin_is_inert_without_the_marker(quick_runs):
     assert not (paths["inert"] / "ddp-doctor-report.json").exists()
 
 
+@pytest.mark.slow
 def test_bad_values_name_their_source(quick_runs):
     runs, _ = quick_runs
     r = inner_result(runs, "bad_cli")
@@ -817,6 +819,7 @@ def test_the_marker_timeout_is_a_bound_by_the_one_rule(timeout, ok):
     assert ok or "must be a number of seconds more than 0 and at most one day" in spec.error
 
 
+@pytest.mark.slow
 def test_marker_arguments_are_checked(quick_runs):
     runs, _ = quick_runs
     r = inner_result(runs, "marker")

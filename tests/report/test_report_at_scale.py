@@ -46,6 +46,7 @@ def _by_id(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+@pytest.mark.slow
 def test_the_json_report_is_valid_and_small(at_scale: Any) -> None:
     _, verdict = at_scale
     report = verdict.report
@@ -60,6 +61,7 @@ def test_the_json_report_is_valid_and_small(at_scale: Any) -> None:
     assert len(text) < RANK_ENTRY_BYTES * WORLD + FINDINGS_BYTES
 
 
+@pytest.mark.slow
 def test_each_problem_is_one_finding_on_exactly_its_ranks(at_scale: Any) -> None:
     world, verdict = at_scale
     where = world.problems
@@ -128,6 +130,7 @@ def test_each_problem_is_one_finding_on_exactly_its_ranks(at_scale: Any) -> None
         assert f["ranks"] == [r for r in range(k, WORLD, PER_NODE) if r not in lost]
 
 
+@pytest.mark.slow
 def test_the_text_fits_a_screen(at_scale: Any) -> None:
     _, verdict = at_scale
     lines = verdict.text.splitlines()

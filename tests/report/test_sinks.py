@@ -145,6 +145,7 @@ def test_sagemaker_failure_file_first_writer_wins(tmp_path: Path) -> None:
     assert failure.read_text() == text
 
 
+@pytest.mark.slow
 def test_sagemaker_failure_race_has_exactly_one_winner(tmp_path: Path) -> None:
     from helpers.procs import wait_for_line
     code = textwrap.dedent("""

@@ -220,6 +220,7 @@ def _on_sockets(rank: int, host: str) -> list[str]:
     return tagged(rank, host, "stdout", [ln.format(h=host, n=rank + 1) for ln in SOCKETS])
 
 
+@pytest.mark.slow
 def test_nccl_on_sockets_is_judged_against_the_jobs_instance_type(env: Path, make_job: Callable[..., None],
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The instance type is the job's description's: on ml.p4d.24xlarge (EFA) NCCL's sockets are
@@ -381,6 +382,7 @@ def targets(stub: Stub) -> list[str]:
     return [headers.get("X-Amz-Target", "") for _, _, headers in stub.requests]
 
 
+@pytest.mark.slow
 def test_access_denied_names_the_permission(env: Path, failed_job: str, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     stub = logs_error("AccessDeniedException", f"User: arn:aws:iam::{ACCOUNT}:user/ci is not authorized to perform: "
@@ -396,6 +398,7 @@ def test_access_denied_names_the_permission(env: Path, failed_job: str, monkeypa
     assert list(env.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_throttling_past_the_retries(env: Path, failed_job: str, monkeypatch: pytest.MonkeyPatch,
                                      out: Path) -> None:
     stub = logs_error("ThrottlingException", "Rate exceeded")

@@ -21,6 +21,8 @@ from ddp_doctor.report.schema import validate_report  # noqa: E402
 from ddp_doctor.sagemaker import job_logs  # noqa: E402
 from ddp_doctor.sagemaker.job_logs import JobLogsError, fetch_job_logs  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test waits out real deadlines of seconds
+
 JOB = "ddp-slow-logs"
 EPOCH = 1700000000
 BOUND = 60.0  # far past the deadlines set here, far short of a trickled answer's minutes

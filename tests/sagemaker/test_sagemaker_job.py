@@ -150,6 +150,7 @@ def quota_stub(value: float) -> Stub:
 
 # ---------------------------------------------------------------- the whole job
 
+@pytest.mark.slow
 def test_good_setup_passes(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, per_device_batch_size=32))
     assert ids(rep, "error") == [], rep["findings"]
@@ -163,6 +164,7 @@ def test_good_setup_passes(env: dict[str, str], aws: dict[str, str]) -> None:
     assert "512" in finding(rep, "DDP916")["message"]  # 32 per device x 16
 
 
+@pytest.mark.slow
 def test_job_stage_runs_through_the_runner(env: dict[str, str], aws: dict[str, str]) -> None:
     assert "job" in registry.STAGES
     ctx = JobContext(JobSpec.from_dict(good_spec(aws, instance_count=0)))
@@ -174,6 +176,7 @@ def test_job_stage_runs_through_the_runner(env: dict[str, str], aws: dict[str, s
 
 # ---------------------------------------------------------------- network
 
+@pytest.mark.slow
 def test_security_group_without_self_rule(env: dict[str, str], aws: dict[str, str]) -> None:
     sg = aws["sg_open"]
     rep = check_job(good_spec(aws, security_group_ids=[sg]))
@@ -184,6 +187,7 @@ def test_security_group_without_self_rule(env: dict[str, str], aws: dict[str, st
     assert ids(rep, "error") == ["DDP907"]
 
 
+@pytest.mark.slow
 def test_efa_needs_the_explicit_egress_rule(env: dict[str, str], aws: dict[str, str]) -> None:
     sg = aws["sg_in_only"]  # inbound self rule, default 0.0.0.0/0 egress
     assert "DDP907" not in ids(check_job(good_spec(aws, instance_type="ml.g5.12xlarge", security_group_ids=[sg])))
@@ -192,12 +196,14 @@ def test_efa_needs_the_explicit_egress_rule(env: dict[str, str], aws: dict[str, 
     assert f"authorize-security-group-egress --group-id {sg}" in f["hint"]
 
 
+@pytest.mark.slow
 def test_single_instance_needs_no_self_rule(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, instance_type="ml.g5.12xlarge", instance_count=1,
                               security_group_ids=[aws["sg_open"]]))
     assert "DDP907" not in ids(rep)
 
 
+@pytest.mark.slow
 def test_missing_subnet_and_group(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, subnets=[aws["subnet"], "subnet-0123456789abcdef0"],
                               security_group_ids=[aws["sg"], "sg-0123456789abcdef0"]))
@@ -208,6 +214,7 @@ def test_missing_subnet_and_group(env: dict[str, str], aws: dict[str, str]) -> N
     assert "needs both" in finding(half, "DDP908")["message"]
 
 
+@pytest.mark.slow
 def test_subnets_and_groups_in_different_vpcs(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, security_group_ids=[aws["sg_other"]]))
     f = finding(rep, "DDP909")
@@ -215,6 +222,7 @@ def test_subnets_and_groups_in_different_vpcs(env: dict[str, str], aws: dict[str
     assert "DDP909" not in ids(check_job(good_spec(aws)))
 
 
+@pytest.mark.slow
 def test_too_few_free_ips(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, instance_count=3, subnets=[aws["small_subnet"]]))  # EFA: 3 x 5 > 11
     f = finding(rep, "DDP910")
@@ -225,6 +233,7 @@ def test_too_few_free_ips(env: dict[str, str], aws: dict[str, str]) -> None:
 
 # ---------------------------------------------------------------- IAM and S3
 
+@pytest.mark.slow
 def test_role_without_trust(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, role="sm-notrust"))
     f = finding(rep, "DDP912")
@@ -233,6 +242,7 @@ def test_role_without_trust(env: dict[str, str], aws: dict[str, str]) -> None:
     assert ids(rep, "error") == ["DDP912"]
 
 
+@pytest.mark.slow
 def test_missing_role(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, role=f"arn:aws:iam::{ACCOUNT}:role/service-role/nope"))
     assert "'arn:aws:iam::123456789012:role/service-role/nope' not found" in finding(rep, "DDP911")["message"]
@@ -248,6 +258,7 @@ def test_trust_policy_shapes() -> None:
     assert not acct.trusts_sagemaker({"Statement": [{**TRUST["Statement"][0], "Effect": "Deny"}]})
 
 
+@pytest.mark.slow
 def test_empty_input_prefix_and_missing_buckets(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, inputs=["s3://ddp-data/validation/", "s3://ddp-no-such-bucket/x"],
                               output_path="s3://ddp-no-such-output/out"))
@@ -260,6 +271,7 @@ def test_empty_input_prefix_and_missing_buckets(env: dict[str, str], aws: dict[s
 
 # ---------------------------------------------------------------- the job's own settings
 
+@pytest.mark.slow
 @pytest.mark.parametrize("itype,dist,severity,words", [
     ("ml.m5.xlarge", {"torch_distributed": {"enabled": True}}, "error", "needs a GPU"),
     ("ml.g5.48xlarge", {"smdistributed": {"dataparallel": {"enabled": True}}}, "error", "SMDDP supports"),
@@ -308,11 +320,13 @@ def test_well_formed_distribution(dist: Any) -> None:
     assert jc.distribution_problems(dist) == []
 
 
+@pytest.mark.slow
 def test_malformed_distribution_end_to_end(env: dict[str, str], aws: dict[str, str]) -> None:
     rep = check_job(good_spec(aws, distribution={"torch_distributed": {"enabled": True}, "foo": {}}))
     assert "unknown key(s) foo" in finding(rep, "DDP902")["message"] and rep["status"] == "fail"
 
 
+@pytest.mark.slow
 def test_instance_count(env: dict[str, str]) -> None:
     assert [p.message for p in jc.instance_count(JobContext(JobSpec(instance_count=0)))] == [
         "instance_count is 0; SageMaker needs at least 1"]
@@ -354,6 +368,7 @@ def test_batch_size_note() -> None:
 
 # ---------------------------------------------------------------- quota
 
+@pytest.mark.slow
 def test_quota_below_instance_count(env: dict[str, str], aws: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     stub = quota_stub(1.0)
     try:
@@ -370,6 +385,7 @@ def test_quota_below_instance_count(env: dict[str, str], aws: dict[str, str], mo
 
 # ---------------------------------------------------------------- AWS errors become findings
 
+@pytest.mark.slow
 def test_access_denied_names_the_permission(env: dict[str, str], aws: dict[str, str], endpoint: str) -> None:
     """moto's IAM enforcement (POST /moto-api/reset-auth): an identity allowed S3 and STS only."""
     import urllib.request
@@ -403,6 +419,7 @@ def test_access_denied_names_the_permission(env: dict[str, str], aws: dict[str, 
     assert ids(rep, "error") == [], [f["message"] for f in rep["findings"]]
 
 
+@pytest.mark.slow
 def test_no_credentials_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str], env: dict[str, str]) -> None:
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(k)
@@ -412,6 +429,7 @@ def test_no_credentials_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[
     assert ids(rep, "error") == ["DDP901"] * len(ids(rep, "error"))
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str],
                                            env: dict[str, str]) -> None:
     s = socket.socket()
@@ -442,6 +460,7 @@ def test_report_location() -> None:
         ("b", "out/j2/ddp-doctor-report.json")
 
 
+@pytest.mark.slow
 def test_upload_retries_then_succeeds(env: dict[str, str]) -> None:
     def respond(h: Any, body: bytes) -> tuple[int, dict[str, str], bytes]:
         if h.command == "PUT" and sum(1 for r in stub.requests if r[0] == "PUT") <= 2:
@@ -462,6 +481,7 @@ def test_upload_retries_then_succeeds(env: dict[str, str]) -> None:
         stub.close()
 
 
+@pytest.mark.slow
 def test_upload_gives_up_after_bounded_tries(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     stub = Stub(lambda h, b: (503, {"Content-Type": "application/xml"},
                               b"<Error><Code>SlowDown</Code><Message>later</Message></Error>"))
@@ -496,6 +516,7 @@ def assert_no_secret(*texts: str) -> None:
         assert SECRET not in t and TOKEN not in t
 
 
+@pytest.mark.slow
 def test_cli_good_job(endpoint: str, aws: dict[str, str], tmp_path: Any) -> None:
     report = tmp_path / "r.json"
     p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report", str(report), env=aws_env(endpoint))
@@ -506,6 +527,7 @@ def test_cli_good_job(endpoint: str, aws: dict[str, str], tmp_path: Any) -> None
     assert_no_secret(p.stdout, p.stderr, report.read_text())
 
 
+@pytest.mark.slow
 def test_cli_bad_job_json(endpoint: str, aws: dict[str, str]) -> None:
     args = cli_args(aws, **{"--security-group-ids": aws["sg_open"], "--role": "sm-notrust"})
     p = ddp_doctor("sagemaker-check", *args, "--json", env=aws_env(endpoint))
@@ -515,6 +537,7 @@ def test_cli_bad_job_json(endpoint: str, aws: dict[str, str]) -> None:
     assert_no_secret(p.stdout, p.stderr)
 
 
+@pytest.mark.slow
 def test_cli_config_file_and_flags(endpoint: str, aws: dict[str, str], tmp_path: Any) -> None:
     cfg = tmp_path / "job.yaml"
     pytest.importorskip("yaml")
@@ -526,6 +549,7 @@ def test_cli_config_file_and_flags(endpoint: str, aws: dict[str, str], tmp_path:
     assert p.returncode == 3 and "DDP904" in ids(json.loads(p.stdout), "error")  # the flag won
 
 
+@pytest.mark.slow
 def test_cli_usage_errors(endpoint: str, aws: dict[str, str], tmp_path: Any) -> None:
     e = aws_env(endpoint)
     p = ddp_doctor("sagemaker-check", "--distribution", "{not json", env=e)
@@ -536,6 +560,7 @@ def test_cli_usage_errors(endpoint: str, aws: dict[str, str], tmp_path: Any) -> 
     assert p.returncode == 2 and "unknown job setting(s): instance_typ" in p.stderr
 
 
+@pytest.mark.slow
 def test_cli_without_boto3(endpoint: str) -> None:
     code = ("import sys; sys.modules['boto3'] = None; from ddp_doctor.cli import main; "
             "sys.exit(main(['sagemaker-check', '--instance-type', 'ml.p4d.24xlarge']))")
@@ -543,6 +568,7 @@ def test_cli_without_boto3(endpoint: str) -> None:
     assert p.returncode == 1 and 'pip install "ddp-doctor[aws]"' in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_importing_does_not_import_boto3(endpoint: str) -> None:
     code = ("import sys, ddp_doctor, ddp_doctor.cli, ddp_doctor.sagemaker, ddp_doctor.cli.sagemaker_check; "
             "from ddp_doctor import checks; checks.load_catalogue(); ddp_doctor.cli.build_parser(); "
@@ -551,6 +577,7 @@ def test_importing_does_not_import_boto3(endpoint: str) -> None:
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_cli_uploads_report(endpoint: str, aws: dict[str, str]) -> None:
     p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report-s3-uri", "s3://ddp-reports/checks/",
                    env=aws_env(endpoint))
@@ -560,6 +587,7 @@ def test_cli_uploads_report(endpoint: str, aws: dict[str, str]) -> None:
     assert_no_secret(body.decode())
 
 
+@pytest.mark.slow
 def test_cli_upload_to_missing_bucket_is_a_warning(endpoint: str, aws: dict[str, str]) -> None:
     p = ddp_doctor("sagemaker-check", *cli_args(aws), "--report-s3-uri", "s3://ddp-missing-reports/x/",
                    env=aws_env(endpoint))

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers.procs import clean_env
 
 from ddp_doctor.training.probes.recorder import (
@@ -62,6 +63,7 @@ print(json.dumps({"recorded": rec.to_dict()["ddp_parameters"], "torch": [name_of
 '''
 
 
+@pytest.mark.slow
 def test_the_names_follow_the_reducers_order():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=clean_env(), capture_output=True, text=True,
                          timeout=120)

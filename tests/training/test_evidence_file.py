@@ -98,6 +98,7 @@ def analyze(*args: str, cwd: Path) -> tuple[int, str, str]:
     return p.rc, p.stdout, p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.invalid_reports_expected
 def test_analyze_judges_an_evidence_file_alone_and_says_what_it_cannot_read(tmp_path: Path):
     judged = judge(JobEvidence(ranks=[0, 1], outcomes=FAILED), world={"launcher": "torchrun"})

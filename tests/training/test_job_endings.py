@@ -34,6 +34,7 @@ def _node(tmp_path, name, ranks, exit_codes):
     return str(d)
 
 
+@pytest.mark.slow
 def test_the_last_rank_of_the_job_copies_every_ending_and_a_gone_rank_is_named_on_the_other_node(tmp_path, store_env):
     node1 = _node(tmp_path, "node1", [2], {2: 1})
     records.write_heartbeat(node1, 3, {"time": 1.0, "phase": "training", "where": "train.py:9 in step"})
@@ -211,6 +212,7 @@ def test_a_stalled_rank_watches_for_another_nodes_hang_in_one_wait_on_the_stores
     assert len(clients) == 1 and clients[0].list_reads == 0
 
 
+@pytest.mark.slow
 def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_path, capsys):
     """No store answers (the master node is gone): the share gives up at its bound, copies
     nothing, says so on stderr, and still writes the file its node's parent waits for."""

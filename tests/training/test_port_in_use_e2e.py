@@ -87,6 +87,7 @@ def test_a_missing_node_is_still_a_missing_node():
     assert f.id == "DDP320" and "node 1 never joined" in f.message and list(f.ranks) == [2, 3]
 
 
+@pytest.mark.slow
 def test_a_one_node_rendezvous_failure_is_never_a_missing_node():
     port = free_port()  # nothing listens: the launcher's own store is not there
     f = agent.rendezvous_finding(_args(master_port=str(port)), TimeoutError("Timed out waiting for clients"))

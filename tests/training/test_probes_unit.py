@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers.procs import clean_env
 
@@ -32,6 +33,7 @@ def test_tensor_sums_one_value_pair_per_tensor():
     assert s["sum"] == [-1.0, 3.0, 2.0] and s["abs"] == [3.0, 3.0, 2.0]
 
 
+@pytest.mark.slow
 def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomize(tmp_path):
     other = tmp_path / "other_site"
     other.mkdir()
@@ -66,6 +68,7 @@ def test_child_interpreters_record_once_they_import_torch_and_chain_sitecustomiz
     assert rec["ended"]["how"] == "exit" and rec["ended"]["pg_initialized"] is False
 
 
+@pytest.mark.slow
 def test_fork_after_cuda_is_recorded_but_not_for_dataloader_workers(tmp_path):
     # No GPU here: torch.cuda.is_initialized is replaced by a fake that says CUDA is up; the forks
     # are real (a multiprocessing fork Process, then DataLoader workers, which fork by design).
@@ -85,6 +88,7 @@ def test_fork_after_cuda_is_recorded_but_not_for_dataloader_workers(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]).count("fork_after_cuda") == 1
 
 
+@pytest.mark.slow
 def test_a_probe_that_fails_never_changes_the_users_call(tmp_path):
     # DDP(None) must fail with torch's own error, set_epoch must take what torch takes, and the
     # post-import hook must find modules through every finder (here: one only a custom finder knows).

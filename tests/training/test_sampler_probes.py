@@ -9,7 +9,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers.procs import clean_env
+
+pytestmark = pytest.mark.slow  # each test trains in a fresh interpreter (torch imported there)
 
 SCRIPT = r'''
 import json
