@@ -48,9 +48,8 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
     # deferred: ranks under ddp-doctor's parent never write the report (the parent does) and skip
     # these imports at their start; under an outside launcher warm_stop_report loads them early
     from ddp_doctor.checks.arrivals import clock_offsets_of
-    from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.training.job_report import judge
-    from ddp_doctor.training.run.run_dir import read_run
+    from ddp_doctor.training.run.run_dir import job_evidence, read_run
     since = started - records.SAME_JOB
     if rank == 0 and not failed and interrupted is None:
         _wait_for_local_ranks(run_dir, started)
@@ -68,14 +67,10 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
         beats = {r: hb for r, hb in records.read_heartbeats(run_dir, since).items() if r == rank or rank == 0}
     if hung is not None:  # where every rank was at the hang (other nodes' copied here at it)
         beats, gone = {**remote_hung(run_dir), **hung}, {}
-    # what this job's processes passed to init_process_group (spawned children's included)
-    calls = [c for c in run.init_calls if float(c.get("time") or 0) >= since]
-    ev = JobEvidence(ranks=sorted(set(run.outcomes) | set(gone) | set(beats)), outcomes=run.outcomes,
-                     ledgers=run.ledgers, probes=run.probes, interrupted=interrupted, stopped_at=beats,
-                     stacks=run.stacks(beats), init_calls=calls, stuck_in_init=stuck_in_init, vanished=gone,
-                     heartbeats=run.heartbeats,
-                     hung=hung is not None, hang_timeout=max((float(hb.get("bound") or 0) for hb in beats.values()),
-                                                             default=0.0))
+    hang_timeout = max((float(hb.get("bound") or 0) for hb in beats.values()), default=0.0)
+    ev = job_evidence(run, stopped_at=beats, private=False, vanished=gone, interrupted=interrupted,
+                      hung=hung is not None,
+                      hang_timeout=hang_timeout, stuck_in_init=stuck_in_init, since=since)
     ctx = current_context()
     earlier, pf = preflight_findings(run_dir, since)
     ev.clock_offsets = clock_offsets_of((pf or {}).get("measurements"))

@@ -3,7 +3,6 @@ any stop signal left is merged into the job's report, published, and turned into
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -109,30 +108,17 @@ def _judge(run_dir: str, run: Any, opts: Any, pf: dict[str, Any] | None, *, hang
     """The job judged (training/job_report.judge) from what its ranks, its launcher (agent.json:
     each rank's exit status) and the preflight (`pf`, its merged report) left."""
     from ddp_doctor.checks.arrivals import clock_offsets_of
-    from ddp_doctor.checks.job import JobEvidence
     from ddp_doctor.report import build as reportlib
-    from ddp_doctor.training import records
     from ddp_doctor.training.job_report import judge
     from ddp_doctor.training.run.endings import remote_hung
-    try:
-        with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
-            exits = {int(k): int(v) for k, v in json.load(f).items()}
-    except (OSError, ValueError):
-        exits = {}
-    heartbeats = run.heartbeats
+    from ddp_doctor.training.run.run_dir import job_evidence, read_exits
     stopped_at = dict(hang or {})
     if hang is not None and interrupted is None:
         stopped_at = {**remote_hung(run_dir), **stopped_at}  # other nodes' ranks, copied at the hang
-    ranks = sorted(set(heartbeats) | set(run.outcomes) | set(exits) | set(stopped_at))
-    ev = JobEvidence(
-        ranks=ranks, outcomes=run.outcomes, exits=exits if hang is None and interrupted is None else {},
-        crashes=run.crashes, last_calls=run.last_calls, ledgers=run.ledgers, init_calls=run.init_calls,
-        probes=run.probes,
-        stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
-        hung=hang is not None and interrupted is None, hang_timeout=float(opts.hang_timeout or 0.0),
-        slow=slow or None, stuck_in_init=stuck_in_init, launcher_code=agent_code,
-        world_size=len(ranks) or None, started=bool(heartbeats), launched_alone=True, heartbeats=heartbeats,
-        clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
+    ev = job_evidence(run, stopped_at=stopped_at, private=True, exits=read_exits(run_dir), interrupted=interrupted,
+                      hung=hang is not None, hang_timeout=float(opts.hang_timeout or 0.0), slow=slow or None,
+                      stuck_in_init=stuck_in_init, launcher_code=agent_code,
+                      clock_offsets=clock_offsets_of((pf or {}).get("measurements")))
     return judge(ev, world=(pf or {}).get("world") or {"launcher": "torchrun"}, ranks=(pf or {}).get("ranks") or [],
                  earlier=[*(reportlib.findings_of(pf) if pf else []), *earlier], more=more,
                  measurements=(pf or {}).get("measurements") or {}, history_env=os.environ)

@@ -29,10 +29,13 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ddp_doctor.training import records
 from ddp_doctor.training.run.nccl_dumps import merged
+
+if TYPE_CHECKING:  # the verdict's rules load only when a verdict is made, not at a rank's start (job_id)
+    from ddp_doctor.checks.job import JobEvidence
 
 
 @dataclass
@@ -64,6 +67,46 @@ def read_run(run_dir: str, since: float = 0.0) -> RunRecords:
                       crashes=records.read_crashes(run_dir), last_calls=records.read_call_notes(run_dir),
                       init_calls=records.read_init_calls(run_dir),
                       probes=records.read_probes(run_dir, since))
+
+
+def job_evidence(run: RunRecords, *, stopped_at: dict[int, dict[str, Any]], private: bool,
+                 exits: dict[int, int] | None = None, vanished: dict[int, dict[str, Any]] | None = None,
+                 interrupted: Any = None, hung: bool = False, hang_timeout: float = 0.0,
+                 slow: dict[str, Any] | None = None, stuck_in_init: bool = False, launcher_code: int | None = None,
+                 since: float = 0.0, clock_offsets: dict[int, tuple[float, float]] | None = None) -> JobEvidence:
+    """The judge's evidence (checks/job.py) from this job's records and what its gatherer saw at
+    the end: where each rank was at a stop or hang (`stopped_at`), the exit statuses its launcher
+    saw (`exits`, only for a job that ended on its own), the ranks gone without an ending.
+    `private`: the run directory is this job's alone (ddp-doctor's parent made it and launched every
+    rank), so every rank that beat is one of the job's, the crash dumps are its own, and a rank that
+    never formed a process group is known to have trained alone; under an outside launcher the
+    directory is found by name (job_id), and only records that name this job are judged."""
+    from ddp_doctor.checks.job import JobEvidence
+    stopped = hung or interrupted is not None
+    exits = {} if stopped else dict(exits or {})
+    vanished = dict(vanished or {})
+    ranks = sorted(set(run.heartbeats if private else ()) | set(run.outcomes) | set(exits) | set(stopped_at)
+                   | set(vanished))
+    return JobEvidence(
+        ranks=ranks, outcomes=run.outcomes, exits=exits, crashes=run.crashes if private else {},
+        last_calls=run.last_calls if private else {}, ledgers=run.ledgers,
+        init_calls=[c for c in run.init_calls if float(c.get("time") or 0) >= since], probes=run.probes,
+        stopped_at=stopped_at, stacks=run.stacks(stopped_at), interrupted=interrupted,
+        hung=hung and interrupted is None, hang_timeout=hang_timeout, slow=slow, stuck_in_init=stuck_in_init,
+        launcher_code=launcher_code, world_size=(len(ranks) or None) if private else None,
+        started=bool(run.heartbeats) if private else True, launched_alone=private, vanished=vanished,
+        heartbeats=run.heartbeats, clock_offsets=dict(clock_offsets or {}))
+
+
+def read_exits(run_dir: str) -> dict[int, int]:
+    """rank -> the exit status the launcher saw (agent.json, written by ddp-doctor's launcher when
+    a rank failed); {} when it wrote none."""
+    import json
+    try:
+        with open(records.agent_result_path(run_dir), encoding="utf-8") as f:
+            return {int(k): int(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
 
 
 def job_id(env: Mapping[str, str]) -> str:
