@@ -33,6 +33,7 @@ from ddp_doctor.checks.rank_endings import (
 )
 from ddp_doctor.checks.sampler import TRAINED_ALONE
 from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
+from ddp_doctor.checks.stops import LAUNCHER_ENDED, launcher_exit_status
 from ddp_doctor.checks.training_probes import probe_findings
 from ddp_doctor.exit_codes import EXIT_HANG
 from ddp_doctor.findings import Finding
@@ -134,8 +135,12 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
         findings = init_wait_verdict(findings, ev.outcomes, ev.ranks, launched_known=ev.launched_known)
     if ev.slow and not ev.hung:
         findings.append(slow_rank_finding(ev.slow))
-    if ev.stuck_in_init:
+    if ev.interrupted is not None:
+        pass  # a stop's status (128 + its signal) stands
+    elif ev.stuck_in_init:
         code = EXIT_HANG  # the ranks would have waited in init until torch's timeout
+    elif any(f.id == LAUNCHER_ENDED.id for f in earlier):
+        code = launcher_exit_status(ev.launcher_code)  # the launcher died first: its ending is the job's
     failed = ev.hung or ev.interrupted is not None or any(f.severity == "error" for f in earlier + findings) or any(
         o.get("exception") or o.get("exit_code") for o in ev.outcomes.values())
     findings += probe_findings(ev.probes, failed=failed, load=host_busy.of_ledgers(ev.ledgers))

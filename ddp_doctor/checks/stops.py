@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.exit_codes import EXIT_FAILED
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
@@ -78,6 +79,15 @@ def launcher_ended_finding(code: int, pid: int | None, heartbeats: dict[int, dic
                                    "signal": _name(-code) if code < 0 else None,
                                    "where": {str(r): hb.get("where") or hb.get("innermost")
                                              for r, hb in heartbeats.items()}})
+
+
+def launcher_exit_status(code: int | None) -> int:
+    """The job's exit status when its launcher ended on its own before its ranks (DDP810): 128 + the
+    signal that killed it (as a shell reports it), else the launcher's own status; EXIT_FAILED when
+    it gave none."""
+    if code is not None and code < 0:
+        return 128 - code
+    return code or EXIT_FAILED
 
 
 def late_stop_finding(interrupt: Any, phase: str = "training") -> Finding:

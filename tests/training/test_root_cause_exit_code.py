@@ -67,3 +67,19 @@ def test_a_real_error_stays_the_cause_over_a_dead_rank():
             "traceback": "Traceback...\nValueError: bad batch\n"}
     _, code = training_findings({0: {"exit_code": 2, "exception": real, "time": 100.0}}, {0: 2, 1: 7}, [0, 1])
     assert code == 2
+
+
+@pytest.mark.parametrize("launcher_code,status", [(-signal.SIGKILL, 137), (5, 5)])
+def test_a_launcher_that_ended_before_its_ranks_gives_the_job_its_ending(launcher_code, status):
+    """DDP810 (the launcher died while its ranks trained) among the findings before training: the
+    judge gives the job the launcher's ending, 128 + its signal or its own status."""
+    from ddp_doctor.checks.stops import launcher_ended_finding
+    ended = launcher_ended_finding(launcher_code, 4242, {0: {"where": "train.py:9"}, 1: {"where": "train.py:9"}})
+    ev = JobEvidence(ranks=[0, 1], heartbeats={0: {}, 1: {}}, launcher_code=launcher_code)
+    assert job_findings(ev, earlier=[ended])[1] == status
+
+
+def test_a_stop_keeps_its_status_over_a_stuck_init():
+    from ddp_doctor.processes.stop_signals import Interrupt
+    ev = JobEvidence(ranks=[0, 1], interrupted=Interrupt(signal.SIGTERM), stuck_in_init=True)
+    assert job_findings(ev)[1] == 128 + signal.SIGTERM

@@ -25,7 +25,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     the stop (or, after the job's own end, are noted: DDP811). `launcher_pid`: the launcher's pid;
     `ended_here`: this parent ended it. When it ended on its own, a stop it was sent (agent.py's
     record) is the job's stop, and a launcher killed or failed before its ranks ended is DDP810."""
-    from ddp_doctor.checks.stops import late_stop_finding
+    from ddp_doctor.checks.stops import late_stop_finding, launcher_exit_status
     from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.processes.launch_dir import merge_launch_dir
     from ddp_doctor.report import build as reportlib
@@ -60,25 +60,21 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
           if os.path.isdir(pf_dir) else None)
     noted = late_stop_finding(late[0]) if late and interrupted is None else None  # the job had ended
     evidence = None
-    if pf is not None and pf["status"] == "fail" and not run.outcomes:
+    if pf is not None and pf["status"] == "fail" and not run.outcomes:  # no rank trained: the preflight's verdict
         rep, code = pf, EXIT_FAILED
         if ended is not None:
-            rep = _with_findings(rep, ended)
+            rep, code = _with_findings(rep, ended), launcher_exit_status(agent_code)
         if noted is not None:  # its verdict stands, the signal is noted
             rep = _with_findings(rep, noted)
         if interrupted is not None:
             from ddp_doctor.checks.stalls import interrupted_finding
             rep = _with_findings(rep, interrupted_finding(interrupted, hang or {}, run.stacks(hang or {})))
-            rep = reportlib.mark_interrupted(rep, interrupted.to_dict())
+            rep, code = reportlib.mark_interrupted(rep, interrupted.to_dict()), interrupted.exit_code
     else:
         judged = _judge(run_dir, run, opts, pf, hang=hang, interrupted=interrupted, earlier=[ended] if ended else [],
                         more=[noted] if noted is not None else [], slow=slow, stuck_in_init=stuck_in_init,
                         agent_code=agent_code)
         rep, code, evidence = judged.report, judged.code, judged.evidence
-    if interrupted is not None:
-        code = interrupted.exit_code
-    elif ended is not None:
-        code = 128 - agent_code if agent_code is not None and agent_code < 0 else (agent_code or EXIT_FAILED)
     from ddp_doctor.training.run.trace_file import write_trace_if_asked
     write_trace_if_asked(opts, run_dir, rep)
     if signals is not None:  # the file first; a stop during the (bounded) upload makes it "interrupted"
