@@ -3,13 +3,14 @@ helpers/scenarios.py for real, three at a time, and keep the evidence file each 
 group "analyze": launch the jobs of helpers/analyze_scenarios.py (without ddp-doctor, and each
 failure under it) and keep what they left for `ddp-doctor analyze`, with the run's evidence.
 Run it after a change to what the ranks leave (records, ledgers, probes), to the scenarios, or to
-the run scripts they launch (the analysis reads them at the lines the artifacts name):
+the scripts they launch (the analysis reads them at the lines the artifacts name):
 
     python tests/record_corpus.py [GROUP ...]      (default: every group)
 
-Each kept file is judged again at once and must give the verdict it recorded; a launch that left
-no evidence file, or one that does not replay, is named and the exit status is 1; so is a plain
-job that left nothing.
+Each kept file is judged again at once and must give the verdict it recorded, whose exit code must
+be the launch's own; a launch that left no evidence file, or one that does not replay, is named and
+the exit status is 1; so is a plain job that left nothing. A scenario this machine cannot launch
+(a Scenario's `needs`) keeps the recording it had.
 """
 from __future__ import annotations
 
@@ -28,10 +29,17 @@ from ddp_doctor.training.evidence_file import verdict  # noqa: E402
 def record(group: str) -> list[str]:
     """Launch the group's scenarios and keep their evidence; the problems, one line each."""
     problems = []
+    names = []
+    for name, s in scenarios.GROUPS[group].items():
+        why = s.needs() if s.needs else None
+        if why:
+            print(f"{group}/{name}: {why}: its recording is left as it was", flush=True)
+        else:
+            names.append(name)
     with tempfile.TemporaryDirectory(prefix=f"ddp-doctor-corpus-{group}-") as tmp:
         base = Path(tmp)
-        results = run_all({name: scenarios.launch(group, name, base) for name in scenarios.GROUPS[group]})
-        for name in scenarios.GROUPS[group]:
+        results = run_all({name: scenarios.launch(group, name, base) for name in names})
+        for name in names:
             try:
                 res = result_of(results, name)
             except BaseException as e:  # noqa: BLE001 - an overrun: named, the others kept
@@ -47,6 +55,8 @@ def record(group: str) -> list[str]:
             root = (rep.get("root_cause") or {}).get("id")
             if verdict(rep, code) != was:  # the corpus must not depend on where it was recorded
                 problems.append(f"{group}/{name}: replays to {verdict(rep, code)}, recorded {was}")
+            if res.rc != was["exit_code"]:  # the replays' exit code stands for the launch's
+                problems.append(f"{group}/{name}: exited {res.rc}, its verdict says {was['exit_code']}")
             print(f"{group}/{name}: exit {res.rc}, {rep.get('status')}, root cause {root}", flush=True)
     return problems
 

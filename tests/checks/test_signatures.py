@@ -3,26 +3,30 @@
 (a) classify() on the exact text torch 2.13 (or transformers) prints, captured from the scripts in
     tests/failure_scripts where the error can be produced on CPU; the others (NCCL, CUDA) use the
     text those libraries print on GPU hosts, marked TEXT ONLY below.
-(b) every script that produces its error for real, end to end through `ddp-doctor run` (2 ranks
-    where the error needs a group, one process otherwise): root cause ID, the rank named, the exit
-    code (the script's own: 1 for an uncaught exception), no traceback of ddp-doctor itself. The
-    runs go through a small pool so that their waits (timeouts, rendezvous) overlap.
+(b) every script that produces its error for real, as its run through `ddp-doctor run` (2 ranks
+    where the error needs a group, one process otherwise) left it, recorded in the replay corpus
+    (tests/corpus/signatures/) and judged again: root cause ID, the rank named, the exit code (the
+    script's own: 1 for an uncaught exception), no frame of ddp-doctor in the ranks' tracebacks.
+(c) a few of them launched end to end: what only a launch shows (the exit status, the console, no
+    traceback of ddp-doctor itself, the evidence file written).
 """
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Result, clean_env, load_json, run
+from helpers import corpus
+from helpers.procs import load_json, result_of, run_all
+from helpers.scenarios import GROUPS, launch
 
 from ddp_doctor import checks as catalogue
 from ddp_doctor.checks.rank_endings import training_findings
 from ddp_doctor.checks.signatures import SIGNATURES, classify
+from ddp_doctor.report.render import render_text
+from ddp_doctor.training.evidence_file import verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "failure_scripts"
@@ -258,134 +262,83 @@ def test_same_signature_on_two_ranks_is_not_a_consequence():
     assert sorted(f.id for f in findings) == ["DDP823", "DDP823"] and code == 1
 
 
-# ------------------------------------------------------------------------------- end to end
+# ------------------------------------------------------------------ each script, as its run left it
+# Every script of tests/failure_scripts run for real under `ddp-doctor run` (helpers/scenarios.py,
+# group "signatures": 2 ranks where the error needs a group, one process otherwise), its evidence
+# recorded by tests/record_corpus.py into tests/corpus/signatures/ and judged again here.
 
-SHM_WRAP = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"', "sh"]
-# script, ranks (None: one process), expected root-cause ID, its rank(s), exit code, extra env, extra options
+# expected root-cause ID, its rank(s) (None: both ranks raise it), exit code (the script's own:
+# 1 for an uncaught exception)
 CASES = {
-    "env_not_set": (None, "DDP820", [0], 1, {}, []),
-    "port_in_use": (None, "DDP821", [0], 1, {}, []),
-    "init_twice": (None, "DDP864", [0], 1, {}, []),  # the probe names both call sites; DDP822 follows
-    "unused_parameter": (2, "DDP823", None, 1, {}, []),  # both ranks raise it: one finding, ranks 0-1
-    "collective_timeout": (2, "DDP891", [1], 1, {}, []),  # rank 1 never issued it; DDP825 follows
-    "peer_killed": (2, "DDP803", [1], 137, {}, []),  # rank 0: DDP802 via DDP826 (a consequence)
-    "shm_full": (None, "DDP827", [0], 1, {}, []),
-    "sm_hosts_int": (None, "DDP829", [0], 1, {"SM_HOSTS": '["algo-1","algo-2"]'},
-                     ["--skip", "launcher_env,topology,network"]),  # no SageMaker job around it
-    "smdistributed_deprecated": (None, "DDP830", [0], 1, {}, []),
-    "smdistributed_missing": (None, "DDP831", [0], 1, {}, []),
-    "empty_batch": (None, "DDP860", [0], 1, {}, []),  # the probe saw the cause; DDP832 is its symptom
-    "no_default_group": (None, "DDP833", [0], 1, {}, []),
-    "rank_env_missing": (None, "DDP834", [0], 1, {}, []),
-    "store_timeout": (None, "DDP835", [0], 1, {}, []),
-    "model_mismatch": (2, "DDP836", [1], 1, {}, []),
-    "cuda_unavailable": (None, "DDP839", [0], 1, {}, []),
-    "nccl_unavailable": (None, "DDP840", [0], 1, {}, []),
-    "collective_mismatch": (2, "DDP842", None, 1, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, []),  # both ranks raise it
+    "env_not_set": ("DDP820", [0], 1),
+    "port_in_use": ("DDP821", [0], 1),
+    "init_twice": ("DDP864", [0], 1),  # the probe names both call sites; DDP822 follows
+    "unused_parameter": ("DDP823", None, 1),  # both ranks raise it: one finding, ranks 0-1
+    "collective_timeout": ("DDP891", [1], 1),  # rank 1 never issued it; DDP825 follows
+    "peer_killed": ("DDP803", [1], 137),  # rank 0: DDP802 via DDP826 (a consequence)
+    "shm_full": ("DDP827", [0], 1),
+    "sm_hosts_int": ("DDP829", [0], 1),
+    "smdistributed_deprecated": ("DDP830", [0], 1),
+    "smdistributed_missing": ("DDP831", [0], 1),
+    "empty_batch": ("DDP860", [0], 1),  # the probe saw the cause; DDP832 is its symptom
+    "no_default_group": ("DDP833", [0], 1),
+    "rank_env_missing": ("DDP834", [0], 1),
+    "store_timeout": ("DDP835", [0], 1),
+    "model_mismatch": ("DDP836", [1], 1),
+    "cuda_unavailable": ("DDP839", [0], 1),
+    "nccl_unavailable": ("DDP840", [0], 1),
+    "collective_mismatch": ("DDP842", None, 1),  # both ranks raise it
 }
 # still listed, after the root cause (a probe's, or the ledgers')
 SYMPTOMS = {"init_twice": "DDP822", "empty_batch": "DDP832", "collective_timeout": "DDP825"}
 OWN_FRAME = re.compile(r'File "[^"]*[/\\]ddp_doctor[/\\]')
 
 
-def _mount_namespaces_work() -> bool:
-    try:
-        r = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm && "
-                            "df -k /dev/shm"], capture_output=True, text=True, timeout=10)
-        return r.returncode == 0 and "tmpfs" in r.stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
+def test_every_failure_script_is_a_recorded_scenario_that_replays_to_its_verdict():
+    scripts = sorted(p.stem for p in SCRIPTS.glob("*.py"))
+    assert sorted(CASES) == sorted(GROUPS["signatures"]) == scripts
+    assert corpus.names("signatures") == scripts
+    for name in scripts:
+        code, rep, was = corpus.replayed("signatures", name)
+        assert verdict(rep, code) == was, name
 
 
-def _transformers() -> bool:
-    try:
-        import accelerate  # noqa: F401
-        import transformers  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-def _skip_reason(name: str) -> str | None:
-    if name == "shm_full" and not _mount_namespaces_work():
-        return "needs `unshare --mount` and a tmpfs mount (root) to shrink /dev/shm"
-    if name == "empty_batch" and not _transformers():
-        return "needs transformers and accelerate"
-    return None
-
-
-def _run_case(name: str, tmp: Path) -> tuple[Result, dict, float]:
-    nproc, _, _, _, extra_env, extra_opts = CASES[name]
-    report = tmp / f"{name}.json"
-    cmd = [*DDP, "run", "--timeout", "20", "--skip", "communication", *extra_opts,
-           *(["--nproc-per-node", str(nproc)] if nproc else []), "--report", str(report), str(SCRIPTS / f"{name}.py")]
-    if name == "shm_full":
-        cmd = [*SHM_WRAP, *cmd]
-    env = clean_env(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra_env)
-    res = run(cmd, env, str(tmp), timeout=120)
-    rep = load_json(str(report))
-    failed_at = min(f["time"] for f in rep["findings"] if f.get("phase") == "training")
-    return res, rep, os.path.getmtime(report) - failed_at
-
-
-@pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
-    """All runnable cases, three at a time: name -> (result, report, seconds from failure to report)."""
-    tmp = tmp_path_factory.mktemp("signatures")
-    names = [n for n in CASES if _skip_reason(n) is None]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {n: pool.submit(_run_case, n, tmp) for n in names}
-        out = {}
-        for n, fut in futures.items():
-            try:
-                out[n] = fut.result()
-            except BaseException as e:  # noqa: BLE001 - reported by the case's own test
-                out[n] = e
-    timings = ", ".join(f"{n} {v[2]:.2f}s" for n, v in out.items() if not isinstance(v, BaseException))
-    sys.stderr.write(f"\nfailure -> report: {timings}\n")
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
-def test_failure_script_is_diagnosed_end_to_end(name, e2e):
-    reason = _skip_reason(name)
-    if reason:
-        pytest.skip(reason)
-    got = e2e[name]
-    if isinstance(got, BaseException):
-        raise got
-    res, rep, _ = got
-    _, want_id, want_ranks, want_rc, _, _ = CASES[name]
+def check_diagnosis(name: str, rep: dict, code: int) -> None:
+    """What a failure script's report must say: its root cause, the rank, the exit code, the
+    symptoms kept, and that it followed from the failure itself."""
+    want_id, want_ranks, want_rc = CASES[name]
     cause = rep["root_cause"]
-    assert rep["phase"] == "training" and cause is not None, res.output
-    assert cause["id"] == want_id, (cause, res.stderr[-3000:])
+    assert rep["phase"] == "training" and cause is not None, rep["findings"]
+    assert cause["id"] == want_id, (cause, rep["findings"])
     if want_ranks is None:  # both ranks raise it: one merged finding naming both, or the first
         assert cause["ranks"] and set(cause["ranks"]) <= {0, 1}, cause
     else:
         assert cause["ranks"] == want_ranks, cause
-    assert res.rc == want_rc, res.stderr[-3000:]
+    assert code == want_rc, rep["findings"]
     if name in SYMPTOMS:
         assert SYMPTOMS[name] in {f["id"] for f in rep["findings"]}, rep["findings"]
-    assert not OWN_FRAME.search(res.output), res.output[-3000:]
-    assert f"Root cause: {want_id}" in res.stderr
-    # the report followed from the failure itself, not from a bound running out on the way: no hang
-    # bound (DDP801) and no rank ended by the teardown bound (DDP806, SIGKILL). How long failure ->
-    # report takes is printed by the fixture and measured by bench/failure_report.py.
+    # no hang bound (DDP801) and no rank ended by the teardown bound (DDP806, SIGKILL) on the way
     fired = [f for f in rep["findings"] if f["id"] == "DDP801"
              or (f["id"] == "DDP806" and (f.get("evidence") or {}).get("exit_status") == -9)]
     assert not fired, fired
 
 
-@pytest.mark.slow
-def test_consequences_are_labelled_end_to_end(e2e):
+@pytest.mark.parametrize("name", list(CASES))
+def test_failure_script_is_diagnosed(name):
+    code, rep, _ = corpus.replayed("signatures", name)
+    check_diagnosis(name, rep, code)
+    assert f"Root cause: {CASES[name][0]}" in render_text(rep)
+    # the ranks' own tracebacks, as they raised them, hold no frame of ddp-doctor's
+    raised = [o["exception"]["traceback"] for o in corpus.evidence_of("signatures", name)["outcomes"].values()
+              if o.get("exception")]
+    assert not [t for t in raised if OWN_FRAME.search(t)], raised
+
+
+def test_consequences_are_labelled():
     """The peer of a killed rank, and of a rank whose model differs, fails with gloo's lost
     connection: labelled DDP802 with the DDP826 signature, never the root cause."""
     for name in ("peer_killed", "model_mismatch"):
-        got = e2e[name]
-        if isinstance(got, BaseException):
-            raise got
-        _, rep, _ = got
+        _, rep, _ = corpus.replayed("signatures", name)
         peers = [f for f in rep["findings"] if f["id"] == "DDP802"]
         if name == "model_mismatch" and not peers:
             continue  # the launcher ended rank 0 before its own error was recorded (DDP803)
@@ -397,6 +350,49 @@ def test_consequences_are_labelled_end_to_end(e2e):
             assert ev["exit_status"] == -15 and "stopped by the launcher" in peers[0]["message"], peers
             continue
         assert ev["signature"] == "DDP826", peers
-    _, rep, _ = e2e["unused_parameter"]
+    _, rep, _ = corpus.replayed("signatures", "unused_parameter")
     assert {r for f in rep["findings"] if f["id"] == "DDP823" for r in f["ranks"]} <= {0, 1}
     assert not [f for f in rep["findings"] if f["id"] == "DDP802"], rep["findings"]
+
+
+# ------------------------------------------------------------------------------- end to end
+# What only a launch shows, for a few scripts of different kinds: a probe around init (one
+# process), a rank killed by a signal, a collective timing out (ledgers, a rank left asleep): the
+# exit status, the console, no traceback of ddp-doctor itself, no process left behind, and an
+# evidence file that replays to the report's verdict. How long failure -> report takes is printed
+# by the fixture and measured by bench/failure_report.py.
+LAUNCHED = ("init_twice", "peer_killed", "collective_timeout")
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """The launched scripts, three at a time: name -> (result, report, its evidence file)."""
+    base = tmp_path_factory.mktemp("signatures")
+    results = run_all({n: launch("signatures", n, base) for n in LAUNCHED})
+    out = {}
+    for n in LAUNCHED:
+        try:
+            res = result_of(results, n)
+            rep = load_json(str(base / f"{n}.json"))
+        except BaseException as e:  # noqa: BLE001 - reported by the case's own test
+            out[n] = e
+            continue
+        failed_at = min(f["time"] for f in rep["findings"] if f.get("phase") == "training")
+        out[n] = (res, rep, base / f"{n}.evidence.json", os.path.getmtime(base / f"{n}.json") - failed_at)
+    timings = ", ".join(f"{n} {v[3]:.2f}s" for n, v in out.items() if not isinstance(v, BaseException))
+    sys.stderr.write(f"\nfailure -> report: {timings}\n")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAUNCHED)
+def test_failure_script_is_diagnosed_end_to_end(name, e2e):
+    got = e2e[name]
+    if isinstance(got, BaseException):
+        raise got
+    res, rep, evidence, _ = got
+    check_diagnosis(name, rep, res.rc)
+    assert not OWN_FRAME.search(res.output), res.output[-3000:]
+    assert f"Root cause: {CASES[name][0]}" in res.stderr
+    code, again, was = corpus.judged_again(evidence)
+    assert was == verdict(rep, res.rc) == verdict(again, code)

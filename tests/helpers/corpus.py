@@ -20,14 +20,31 @@ def path_of(group: str, name: str) -> Path:
     return ROOT / group / f"{name}.evidence.json"
 
 
+def judged_again(path: str | Path) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """(the exit code, the report, the verdict recorded) of the evidence file at `path`, judged
+    again now as `ddp-doctor analyze` judges it."""
+    from ddp_doctor.training import evidence_file
+    from ddp_doctor.training.job_report import replay
+    doc = evidence_file.read(str(path))
+    judged = replay(doc)
+    return judged.code, judged.report, doc["verdict"]
+
+
 @functools.lru_cache(maxsize=None)
 def replayed(group: str, name: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """(the exit code, the report, the verdict recorded) of one recorded run, judged again now."""
-    from ddp_doctor.training import evidence_file
-    from ddp_doctor.training.job_report import replay
-    doc = evidence_file.read(str(path_of(group, name)))
-    judged = replay(doc)
-    return judged.code, judged.report, doc["verdict"]
+    return judged_again(path_of(group, name))
+
+
+def evidence_of(group: str, name: str) -> dict[str, Any]:
+    """What one recorded run's ranks left (the evidence file's "evidence"): their outcomes, with
+    the exception each raised as torch worded it."""
+    return json.loads(path_of(group, name).read_text(encoding="utf-8"))["evidence"]
+
+
+def as_recorded(path: str | Path) -> str:
+    """A path of this checkout as the corpus names it, and so as a replayed verdict says it."""
+    return str(path).replace(str(REPO), CHECKOUT)
 
 
 def names(group: str) -> list[str]:

@@ -5,58 +5,60 @@ spawn started, a rank outside the world: named with the argument, its value, its
 the line; the processes that would wait in init until torch's 30-minute timeout are ended, exit
 124); and launched ranks that never formed a process group (a warning, exit 0).
 
-The runs are started together by one module fixture (they mostly wait: interpreters importing
-torch, the preflight, the grace before the init judgement), then each test reads its own.
+What each run's report says is judged from its recorded evidence (tests/corpus/init_everywhere/,
+helpers/scenarios.py's group "init_everywhere"); a world larger than the spawn started is launched
+for what only a launch shows (the waiting processes ended, none left behind, the exit status, the
+console, the evidence written).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers.procs import DDP, Launch, clean_env, free_port, load_json, result_of, run_all
+from helpers import corpus
+from helpers.procs import load_json, run
+from helpers.scenarios import GROUPS, SCRIPTS, launch
 
-pytestmark = pytest.mark.slow
-SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
-AT_ONCE = 3  # runs at a time on 2 cores
-
-# name -> (script, launcher options); no options: one process, the script spawns its own ranks
-RUNS = {
-    "world_zero": ("spawn_world_size_zero.py", []),
-    "world_too_large": ("spawn_world_too_large.py", []),
-    "rank_outside": ("spawn_rank_out_of_range.py", []),
-    "never_inits": ("never_inits.py", ["--nproc-per-node", "2"]),
-    "forms_group": ("ok_allreduce.py", ["--nproc-per-node", "2"]),
-}
+from ddp_doctor.report.render import render_text
+from ddp_doctor.training.evidence_file import verdict
 
 
-def line_of(script: str, text: str) -> str:
+def line_of(script: str, text: str, recorded: bool = True) -> str:
+    """"PATH:N" of the first line of a run script holding `text`; PATH as the corpus names it, or
+    (`recorded` false) as a run here says it."""
     lines = (SCRIPTS / script).read_text().splitlines()
-    return f"{SCRIPTS / script}:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
+    site = f"{SCRIPTS / script}:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
+    return corpus.as_recorded(site) if recorded else site
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("init_everywhere")
-    launches = {
-        name: Launch([*DDP, "run", *opts, "--timeout", "30", "--hang-timeout", "120",
-                      "--report", str(base / f"{name}.json"), str(SCRIPTS / script)],
-                     clean_env(TEST_PORT=str(free_port())), str(base), timeout=240)
-        for name, (script, opts) in RUNS.items()}
-    return {"base": base, "results": run_all(launches, at_once=AT_ONCE)}
-
-
-def ran(runs: dict, name: str) -> tuple:
-    """One launch's result and report; a launch that overran fails only the test that reads it."""
-    return result_of(runs["results"], name), load_json(str(runs["base"] / f"{name}.json"))
+def ran(name: str) -> tuple[int, dict]:
+    code, rep, _ = corpus.replayed("init_everywhere", name)
+    return code, rep
 
 
 def by_id(rep: dict, id_: str) -> list[dict]:
     return [f for f in rep["findings"] if f["id"] == id_]
 
 
-def test_a_world_size_of_zero_in_spawned_children_names_the_argument_and_its_line(runs):
-    res, rep = ran(runs, "world_zero")
-    assert res.rc == 1, res.output  # the script's own status: the children failed in init at once
+def _too_large(rep: dict, recorded: bool) -> None:
+    """The verdict of a world of 4 where the spawn started 2, recorded or of a run here."""
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP868" and cause["ranks"] == [0, 1], rep["findings"]
+    assert "spawned processes 0-1 joined a world of 4 (world_size=WORLD_SIZE passed at " in cause["message"]
+    assert line_of("spawn_world_too_large.py", "dist.init_process_group(", recorded) in cause["message"]
+    spawned = line_of("spawn_world_too_large.py", "mp.spawn(", recorded)
+    assert f"torch.multiprocessing.spawn started 2 at {spawned}" in cause["message"]
+    assert cause["evidence"]["started"] == 2 and cause["evidence"]["world_size"] == 4
+
+
+def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
+    assert corpus.names("init_everywhere") == sorted(GROUPS["init_everywhere"])
+    for name in corpus.names("init_everywhere"):
+        code, rep, was = corpus.replayed("init_everywhere", name)
+        assert verdict(rep, code) == was, name
+
+
+def test_a_world_size_of_zero_in_spawned_children_names_the_argument_and_its_line():
+    code, rep = ran("world_zero")
+    assert code == 1, rep["findings"]  # the script's own status: the children failed in init at once
     cause = rep["root_cause"]
     assert cause["id"] == "DDP874" and cause["ranks"] == [0, 1], rep["findings"]
     assert cause["message"].startswith("spawned processes 0-1 called init_process_group with world_size=0 "
@@ -66,25 +68,18 @@ def test_a_world_size_of_zero_in_spawned_children_names_the_argument_and_its_lin
     # torch's own words stay in the report, as what followed
     relayed = by_id(rep, "DDP805")
     assert relayed and "TCPStore world size cannot be 0" in relayed[0]["message"]
-    assert "Root cause: DDP874" in res.stderr
+    assert "Root cause: DDP874" in render_text(rep)
 
 
-def test_a_world_larger_than_the_spawn_started_is_ended_not_left_waiting(runs):
-    res, rep = ran(runs, "world_too_large")
-    assert res.rc == 124, res.output
-    cause = rep["root_cause"]
-    assert cause["id"] == "DDP868" and cause["ranks"] == [0, 1], rep["findings"]
-    assert "spawned processes 0-1 joined a world of 4 (world_size=WORLD_SIZE passed at " in cause["message"]
-    assert line_of("spawn_world_too_large.py", "dist.init_process_group(") in cause["message"]
-    assert f"torch.multiprocessing.spawn started 2 at {line_of('spawn_world_too_large.py', 'mp.spawn(')}" \
-        in cause["message"]
-    assert cause["evidence"]["started"] == 2 and cause["evidence"]["world_size"] == 4
-    assert "ending them instead of waiting for torch's timeout" in res.stderr
+def test_a_world_larger_than_the_spawn_started_is_ended_not_left_waiting():
+    code, rep = ran("world_too_large")
+    assert code == 124, rep["findings"]
+    _too_large(rep, recorded=True)
 
 
-def test_a_rank_outside_the_world_in_spawned_children_is_ended_and_named(runs):
-    res, rep = ran(runs, "rank_outside")
-    assert res.rc == 124, res.output
+def test_a_rank_outside_the_world_in_spawned_children_is_ended_and_named():
+    code, rep = ran("rank_outside")
+    assert code == 124, rep["findings"]
     cause = rep["root_cause"]
     assert cause["id"] == "DDP875" and cause["ranks"] == [1], rep["findings"]
     assert cause["message"].startswith("spawned process 1 called init_process_group with rank=2 "
@@ -92,9 +87,9 @@ def test_a_rank_outside_the_world_in_spawned_children_is_ended_and_named(runs):
     assert "outside 0-1 for world_size=2 (world_size=2 passed)" in cause["message"]
 
 
-def test_ranks_that_never_formed_a_process_group_are_a_warning(runs):
-    res, rep = ran(runs, "never_inits")
-    assert res.rc == 0, res.output
+def test_ranks_that_never_formed_a_process_group_are_a_warning():
+    code, rep = ran("never_inits")
+    assert code == 0, rep["findings"]
     [f] = by_id(rep, "DDP876")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1]
     assert f["message"] == ("ranks 0-1 ended without calling init_process_group: each trained alone "
@@ -103,7 +98,19 @@ def test_ranks_that_never_formed_a_process_group_are_a_warning(runs):
     assert rep["status"] == "warn" and not [x for x in rep["findings"] if x["severity"] == "error"]
 
 
-def test_ranks_that_formed_a_process_group_are_not_warned(runs):
-    res, rep = ran(runs, "forms_group")
-    assert res.rc == 0, res.output
+def test_ranks_that_formed_a_process_group_are_not_warned():
+    code, rep = ran("forms_group")
+    assert code == 0, rep["findings"]
     assert not by_id(rep, "DDP876") and not [x for x in rep["findings"] if x["severity"] == "error"]
+
+
+@pytest.mark.slow
+def test_a_launched_world_larger_than_the_spawn_started_is_ended(tmp_path):
+    job = launch("init_everywhere", "world_too_large", tmp_path)
+    res = run(job.cmd, job.env, job.cwd, job.timeout)  # fails the test if a process is left behind
+    rep = load_json(str(tmp_path / "world_too_large.json"))
+    assert res.rc == 124, res.output
+    _too_large(rep, recorded=False)
+    assert "ending them instead of waiting for torch's timeout" in res.stderr
+    code, again, was = corpus.judged_again(tmp_path / "world_too_large.evidence.json")
+    assert was == verdict(rep, res.rc) == verdict(again, code)

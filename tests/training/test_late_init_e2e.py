@@ -1,27 +1,20 @@
-"""A rank late to init_process_group is the cause (DDP879), with where it was: real 2-rank gloo
-jobs under `ddp-doctor run` whose rank 0's init times out (8 s) while rank 1 sleeps before init,
-reads files in a loop before init, or ends without calling init; and a rank merely 2 s late,
-within the timeout, that must stay clean.
-
-The runs are started together by one module fixture (they mostly wait), then each test reads its
-own run's report.
+"""A rank late to init_process_group is the cause (DDP879), with where it was: 2-rank gloo jobs
+under `ddp-doctor run` whose rank 0's init times out (8 s) while rank 1 sleeps before init, reads
+files in a loop before init, or ends without calling init; and a rank merely 2 s late, within the
+timeout, that must stay clean. What each run's report says is judged from its recorded evidence
+(tests/corpus/late_init/, helpers/scenarios.py's group "late_init"); the sleeping rank is launched
+for what only a launch shows (where rank 1 was, from its heartbeat, the exit status, the console,
+the evidence written).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers.procs import DDP, Launch, clean_env, load_json, result_of, run_all
+from helpers import corpus
+from helpers.procs import load_json, run
+from helpers.scenarios import GROUPS, SCRIPTS, launch
 
-pytestmark = pytest.mark.slow
-SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
-
-RUNS = {
-    "sleeps": "rank1_late_to_init.py",
-    "loads": "rank1_loads_before_init.py",
-    "ends": "rank1_ends_before_init.py",
-    "two_seconds": "rank1_init_2s_late.py",
-}
+from ddp_doctor.report.render import render_text
+from ddp_doctor.training.evidence_file import verdict
 
 
 def line_of(script: str, text: str) -> int:
@@ -29,19 +22,9 @@ def line_of(script: str, text: str) -> int:
     return next(i for i, ln in enumerate(lines, 1) if text in ln)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("late_init")
-    launches = {
-        name: Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--hang-timeout", "60",
-                      "--run-dir", str(base / f"{name}-runs"), "--report", str(base / f"{name}.json"),
-                      str(SCRIPTS / script)], clean_env(), str(base))
-        for name, script in RUNS.items()}
-    return {"base": base, "results": run_all(launches, at_once=len(launches))}
-
-
-def ran(runs: dict, name: str) -> tuple:
-    return result_of(runs["results"], name), load_json(str(runs["base"] / f"{name}.json"))
+def ran(name: str) -> tuple[int, dict]:
+    code, rep, _ = corpus.replayed("late_init", name)
+    return code, rep
 
 
 def _late_verdict(rep: dict) -> dict:
@@ -53,36 +36,60 @@ def _late_verdict(rep: dict) -> dict:
     return cause
 
 
-def test_a_rank_asleep_before_init_is_the_cause_at_its_sleep(runs):
-    res, rep = ran(runs, "sleeps")
-    assert res.rc != 0
+def _asleep_at(rep: dict, script: str) -> None:
+    """The verdict names rank 1's sleep before init; `script`: the path it was run from."""
     cause = _late_verdict(rep)
     line = line_of("rank1_late_to_init.py", "time.sleep(30)")
-    assert f"rank 1 was at {SCRIPTS / 'rank1_late_to_init.py'}:{line} in <module>" in cause["message"]
-    assert cause["evidence"]["late"]["1"]["where"].startswith(f"{SCRIPTS / 'rank1_late_to_init.py'}:{line} ")
+    assert f"rank 1 was at {script}:{line} in <module>" in cause["message"]
+    assert cause["evidence"]["late"]["1"]["where"].startswith(f"{script}:{line} ")
     assert "after init_process_group" in cause["hint"] and "timeout=" in cause["hint"]
-    assert "Root cause: DDP879" in res.stderr
 
 
-def test_a_rank_reading_files_in_a_loop_before_init_is_the_cause_in_its_loop(runs):
-    _, rep = ran(runs, "loads")
+def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
+    assert corpus.names("late_init") == sorted(GROUPS["late_init"])
+    for name in corpus.names("late_init"):
+        code, rep, was = corpus.replayed("late_init", name)
+        assert verdict(rep, code) == was, name
+
+
+def test_a_rank_asleep_before_init_is_the_cause_at_its_sleep():
+    code, rep = ran("sleeps")
+    assert code != 0
+    _asleep_at(rep, corpus.as_recorded(SCRIPTS / "rank1_late_to_init.py"))
+    assert "Root cause: DDP879" in render_text(rep)
+
+
+def test_a_rank_reading_files_in_a_loop_before_init_is_the_cause_in_its_loop():
+    _, rep = ran("loads")
     cause = _late_verdict(rep)
     script = "rank1_loads_before_init.py"
     first, last = line_of(script, "for i in range(60)"), line_of(script, "time.sleep(0.5)")
     where = cause["evidence"]["late"]["1"]["where"]
     path, _, rest = where.partition(":")
-    assert path == str(SCRIPTS / script) and first <= int(rest.split()[0]) <= last, where
+    assert path == corpus.as_recorded(SCRIPTS / script) and first <= int(rest.split()[0]) <= last, where
 
 
-def test_a_rank_that_ends_without_init_is_the_cause(runs):
-    _, rep = ran(runs, "ends")
+def test_a_rank_that_ends_without_init_is_the_cause():
+    _, rep = ran("ends")
     cause = _late_verdict(rep)
     assert "rank 1 ended (exit status 0) without calling init_process_group while rank 0 waited for it" \
         in cause["message"]
     assert "DDP876" not in {f["id"] for f in rep["findings"]}
 
 
-def test_a_rank_two_seconds_late_within_the_timeout_is_clean(runs):
-    res, rep = ran(runs, "two_seconds")
-    assert res.rc == 0, res.output[-3000:]
+def test_a_rank_two_seconds_late_within_the_timeout_is_clean():
+    code, rep = ran("two_seconds")
+    assert code == 0, rep["findings"]
     assert not [f for f in rep["findings"] if f["severity"] == "error" or f["id"] == "DDP879"]
+
+
+@pytest.mark.slow
+def test_a_launched_rank_asleep_before_init_is_named_where_it_slept(tmp_path):
+    job = launch("late_init", "sleeps", tmp_path)
+    res = run(job.cmd, job.env, job.cwd, job.timeout)
+    rep = load_json(str(tmp_path / "sleeps.json"))
+    assert res.rc != 0
+    _asleep_at(rep, str(SCRIPTS / "rank1_late_to_init.py"))
+    assert "Root cause: DDP879" in res.stderr
+    code, again, was = corpus.judged_again(tmp_path / "sleeps.evidence.json")
+    assert was == verdict(rep, res.rc) == verdict(again, code)
