@@ -4,8 +4,8 @@ and, from the report itself, the seconds from the failure to the report.
 
     python bench/failure_report.py [--cases collective_timeout peer_killed model_mismatch] [--repeat 3]
 
-The scripts are tests/failure_scripts/<case>.py (the ones tests/checks/test_signatures.py runs end
-to end). Runs alternate (bare, run, bare, run, ...) so drift in machine load hits both; the figures
+The scripts are tests/failure_scripts/<case>.py (tests/checks/test_signatures.py replays each one's
+recorded evidence). Runs alternate (bare, run, bare, run, ...) so drift in machine load hits both; the figures
 are medians. "failure -> report" is the report file's time less the earliest training finding's
 time: measured here rather than bounded in a test.
 """
