@@ -1,9 +1,10 @@
 """End-to-end preflight on real processes: torchrun launches, hand-started ranks, real gloo groups.
 
-The independent launches are started together by one module fixture, a few at a time, and each
-test reads its own launch's result. Processes that must meet (ranks of one world started by hand,
-two simulated nodes) are one job of the queue, started together. The two tests that bound how long a
-failure takes to be diagnosed run alone, in their own tests.
+The launches are started together by one module fixture, a few at a time, and each test reads its
+own launch's result. Processes that must meet (ranks of one world started by hand, two simulated
+nodes) are one job of the queue, started together. No assertion here depends on how long a launch
+took: a bound a failure is diagnosed within is read from the report (the bound it was given, the
+time it waited at least).
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ class Runs:
 def runs(tmp_path_factory):
     runs = Runs(tmp_path_factory.mktemp("preflight"))
     names = ["self_launch", "torchrun", "unresolvable", "port_in_use", "missing_master", "sm_gpus", "sm_hosts",
-             "mismatched_env", "crashing_check", "secret", "two_nodes", "mpirun", "slurm", "mpich", "internal",
-             "late_init"]
+             "mismatched_env", "crashing_check", "secret_env", "two_nodes", "mpirun", "slurm", "mpich", "internal",
+             "late_init", "larger_world", "plans", "refused"]
     for name in names:
         runs.dir(name).mkdir()
 
@@ -95,9 +96,12 @@ def runs(tmp_path_factory):
         from helpers.nodes import run_nodes
         return run_nodes(runs.dir("two_nodes"), NODES, preflight("two_nodes", "20"))
 
-    secret_env = clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
-                           NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
-                           DDP_DOCTOR_SM_ROOT=str(runs.dir("secret") / "opt_ml"))
+    # the planted secrets ride on the SageMaker preflight (its output, report and failure file) and
+    # on `ddp-doctor env`, with the same SageMaker variables
+    def secret_env(name: str, **more: str) -> dict:
+        return clean_env(AWS_SECRET_ACCESS_KEY=SECRET, AWS_ACCESS_KEY_ID="AKIAIOSFODNN7EXAMPLE",
+                         NCCL_DEBUG_SECRET_TOKEN=SECRET, SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1",
+                         DDP_DOCTOR_SM_ROOT=str(runs.dir(name) / "opt_ml"), **more)
     jobs: dict = {  # the longer first, so that the queue ends with short ones
         "two_nodes": two_nodes,
         "crashing_check": single("crashing_check", [*DDP, *preflight("crashing_check", "20")],
@@ -106,9 +110,8 @@ def runs(tmp_path_factory):
                             clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.late_init_return", PYTHONPATH=ROOT,
                                       LATE_INIT_LOG=str(runs.dir("late_init") / "order.log"))),
         "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
-                                      *preflight("sm_gpus", "10")],
-                          clean_env(SM_HOSTS='["algo-1"]', SM_CURRENT_HOST="algo-1", SM_NUM_GPUS="8",
-                                    DDP_DOCTOR_SM_ROOT=str(runs.dir("sm_gpus") / "opt_ml"))),
+                                      *preflight("sm_gpus", "10", "--verbose")],
+                          secret_env("sm_gpus", SM_NUM_GPUS="8")),
         "sm_hosts": single("sm_hosts", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                         *preflight("sm_hosts", "10")],
                            clean_env(SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
@@ -116,7 +119,7 @@ def runs(tmp_path_factory):
         "torchrun": single("torchrun", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                         *preflight("torchrun", "20", "--json")], clean_env()),
         "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")], clean_env()),
-        "secret": single("secret", [*DDP, *preflight("secret", "20", "--verbose")], secret_env),
+        "plans": ranks("plans", 2, "60", clean_env(), args_of={0: ["--select", "DDP407"], 1: ["--select", "DDP402"]}),
         "mismatched_env": ranks("mismatched_env", 2, "10", clean_env(), per_rank={1: {"NCCL_ALGO": "Tree"}}),
         **{launcher: by_hand(launcher, make_env) for launcher, make_env in SLURM_MPICH.items()},
     }
@@ -128,7 +131,8 @@ def runs(tmp_path_factory):
         "missing_master": single("missing_master", [*DDP, *preflight("missing_master", "2")],
                                  {**clean_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                                   "LOCAL_WORLD_SIZE": "1"}),
-        "secret_env": single("secret", [*DDP, "env"], secret_env),
+        "secret_env": single("secret_env", [*DDP, "env"], secret_env("secret_env")),
+        "larger_world": ranks("larger_world", 2, "3", clean_env(), world_size=3),
         "internal": ranks("internal", 1, "5", clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.breaks_views",
                                                        PYTHONPATH=ROOT)),
     })
@@ -137,10 +141,16 @@ def runs(tmp_path_factory):
     holder.listen()
     runs.held_port = holder.getsockname()[1]
     jobs["port_in_use"] = ranks("port_in_use", 1, "2", clean_env(), world_size=2, port=runs.held_port, ranks=[0])
+    # a port bound and never listened on: a connection to it is refused, and no other launch of the
+    # queue can be given it meanwhile
+    closed = socket.socket()
+    closed.bind(("0.0.0.0", 0))
+    jobs["refused"] = ranks("refused", 2, "2", clean_env(), port=closed.getsockname()[1], ranks=[1])
     try:
         runs.done = run_all(jobs, at_once=AT_ONCE)
     finally:
         holder.close()
+        closed.close()
     return runs
 
 
@@ -169,10 +179,9 @@ def test_under_torchrun_json_and_report(runs):
     assert load_json(str(report))["status"] == printed["status"]
 
 
-def test_world_size_larger_than_launched_names_missing_rank(tmp_path):
-    report = tmp_path / "r.json"
-    res = run_ranks(2, ["preflight", "--timeout", "3", "--report", str(report)], clean_env(),
-                    str(tmp_path), world_size=3)
+def test_world_size_larger_than_launched_names_missing_rank(runs):
+    report = runs.report("larger_world")
+    res = runs.result("larger_world")  # ranks 0 and 1 of 3
     assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
     rep = load_json(str(report))
     missing = [f for f in rep["findings"] if f["id"] == "DDP320"]
@@ -184,11 +193,10 @@ def test_world_size_larger_than_launched_names_missing_rank(tmp_path):
         assert_clean_output(r)
 
 
-def test_ranks_that_would_run_different_group_checks_run_none_and_say_so(tmp_path):
+def test_ranks_that_would_run_different_group_checks_run_none_and_say_so(runs):
     # as a node with another ddp-doctor version, or given another --select, would
-    report = tmp_path / "r.json"
-    res = run_ranks(2, ["preflight", "--timeout", "60", "--report", str(report)], clean_env(), str(tmp_path),
-                    args_of={0: ["--select", "DDP407"], 1: ["--select", "DDP402"]})
+    report = runs.report("plans")
+    res = runs.result("plans")  # rank 0 with --select DDP407, rank 1 with --select DDP402
     assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP326" and rep["root_cause"]["ranks"] == [0, 1], rep["findings"]
@@ -202,10 +210,9 @@ def test_ranks_that_would_run_different_group_checks_run_none_and_say_so(tmp_pat
         assert_clean_output(r)
 
 
-def test_master_refusing_is_diagnosed_within_bound(tmp_path):
-    report = tmp_path / "r.json"
-    res = run_ranks(2, ["preflight", "--timeout", "2", "--report", str(report)], clean_env(),
-                    str(tmp_path), ranks=[1])
+def test_master_refusing_is_diagnosed_within_bound(runs):
+    report = runs.report("refused")
+    res = runs.result("refused")  # rank 1 of 2, at a port nobody listens on
     r1 = res[1]
     assert r1.rc == 3, r1.output
     own = load_json(str(report) + ".rank1.json")
@@ -302,10 +309,11 @@ def test_crashing_check_becomes_internal_finding(runs):
 
 
 def test_planted_aws_secret_appears_in_no_output(runs):
-    report = runs.report("secret")
-    res = runs.result("secret")
+    report = runs.report("sm_gpus")  # a failing SageMaker preflight, --verbose, secrets in its environment
+    res = runs.result("sm_gpus")
     res_env = runs.result("secret_env")
-    for text in (res.output, res_env.output, report.read_text()):
+    failure = runs.dir("sm_gpus") / "opt_ml" / "output" / "failure"
+    for text in (res.output, res_env.output, report.read_text(), failure.read_text()):
         assert SECRET not in text
     assert "AWS_SECRET_ACCESS_KEY" in res_env.stdout
 

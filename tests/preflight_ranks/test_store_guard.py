@@ -41,35 +41,63 @@ def test_an_operation_past_its_bound_fails_and_so_do_the_later_ones_at_once():
     release.set()
 
 
-@pytest.mark.slow
-def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(tmp_path):
-    from helpers.procs import free_port
-    port = free_port()
+@pytest.fixture(scope="module")
+def store_process():
+    """One process that hosts the slow tests' TCPStores, a new one on a port of its own for each
+    test: a test stops it (SIGSTOP) and store_host resumes it after, so the tests share one
+    interpreter's torch import instead of starting one each."""
+    from helpers.procs import wait_for_line
     host = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time, torch.distributed as d\n"
-        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
-        "print('up', flush=True)\nsys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        "import sys, torch.distributed as d\n"
+        "stores = []\n"
+        "print('up', flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    stores.append(d.TCPStore('127.0.0.1', int(line), is_master=True, wait_for_workers=False))\n"
+        "    print('up', flush=True)\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert host.stdout.readline().strip() == "up"
-        client = connect_store("127.0.0.1", port, hosting=False, timeout=2.0)  # as a rank connects
-        errors: list[BaseException] = []
-
-        def rank() -> None:  # a rank's thread, with its own guard
-            try:
-                assert store_call(lambda: client.add("n", 1), "add", 2.0) == 1
-                os.kill(host.pid, signal.SIGSTOP)
-                wait_keys(client, ["never"], "a key nobody writes", time.monotonic() + 10.0)
-            except BaseException as e:  # noqa: BLE001 - read below
-                errors.append(e)
-        t = threading.Thread(target=rank)
-        start = time.monotonic()
-        t.start()
-        t.join(60)
-        assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
-        assert time.monotonic() - start < 30  # the wait's 10 s and an operation's bound on it
+        wait_for_line(host.stdout, "^up$", 120)
+        yield host
     finally:
-        os.kill(host.pid, signal.SIGKILL)
+        host.kill()
         host.wait(10)
+
+
+@pytest.fixture
+def store_host(store_process):
+    """(the host's pid, the port of a store it now serves); the host runs again after the test,
+    whatever the test did to it."""
+    from helpers.procs import free_port, wait_for_line
+    port = free_port()
+    store_process.stdin.write(f"{port}\n")
+    store_process.stdin.flush()
+    wait_for_line(store_process.stdout, "^up$", 60)
+    try:
+        yield store_process.pid, port
+    finally:
+        os.kill(store_process.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_stopped_store_host_is_a_bounded_timeout_not_a_hang(store_host):
+    pid, port = store_host
+    client = connect_store("127.0.0.1", port, hosting=False, timeout=2.0)  # as a rank connects
+    errors: list[BaseException] = []
+
+    def rank() -> None:  # a rank's thread, with its own guard
+        try:
+            assert store_call(lambda: client.add("n", 1), "add", 2.0) == 1
+            os.kill(pid, signal.SIGSTOP)
+            # a running host would answer this wait at its 2 s (False, no error): only a stopped
+            # one leaves it to the operation's bound (StoreTimeout)
+            wait_keys(client, ["never"], "a key nobody writes", time.monotonic() + 2.0)
+        except BaseException as e:  # noqa: BLE001 - read below
+            errors.append(e)
+    t = threading.Thread(target=rank)
+    start = time.monotonic()
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
+    assert time.monotonic() - start < 30  # the wait's 2 s and an operation's bound on it
 
 
 def _stop(pid: int) -> None:
@@ -81,83 +109,62 @@ def _stop(pid: int) -> None:
              "the store host to stop", interval=0.01)
 
 
-def _stopped_host(port: int) -> subprocess.Popen:
-    host = subprocess.Popen([sys.executable, "-c", (
-        "import sys, torch.distributed as d\n"
-        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
-        "print('up', flush=True)\nsys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert host.stdout.readline().strip() == "up"
-    return host
-
-
 @pytest.mark.slow
-def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread():
+def test_the_watchdog_ends_a_call_on_a_stopped_host_on_the_callers_own_thread(store_host):
     """A client made by connect_store is watched: its calls run on the caller's thread (no worker,
     no thread per call), and one the store never answers is ended by shutting its connection
     down: StoreTimeout within the bound, and the later calls fail at once."""
-    from helpers.procs import free_port
-
     from ddp_doctor.processes import tcp_store as st
-    port = free_port()
-    host = _stopped_host(port)
-    try:
-        client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
-        assert st._WATCHDOG.watches()
-        threads = []
-        assert store_call(lambda: (threads.append(threading.current_thread()), client.add("n", 1))[1], "add", 2.0) == 1
-        assert threads == [threading.current_thread()]  # run where it was called
-        _stop(host.pid)
-        start = time.monotonic()
-        with pytest.raises(StoreTimeout, match="did not answer add.'n'. within 1 s"):
-            store_call(lambda: client.add("n", 1), "add('n')", 1.0)
-        assert time.monotonic() - start < 30  # the bound and a tick, not forever
-        with pytest.raises((RuntimeError, StoreTimeout)):  # the connection is shut: no second wait
-            store_call(lambda: client.get("n"), "get('n')", 1.0)
-    finally:
-        os.kill(host.pid, signal.SIGKILL)
-        host.wait(10)
+    pid, port = store_host
+    client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
+    assert st._WATCHDOG.watches()
+    threads = []
+    assert store_call(lambda: (threads.append(threading.current_thread()), client.add("n", 1))[1], "add", 2.0) == 1
+    assert threads == [threading.current_thread()]  # run where it was called
+    _stop(pid)
+    start = time.monotonic()
+    with pytest.raises(StoreTimeout, match="did not answer add.'n'. within 1 s"):
+        store_call(lambda: client.add("n", 1), "add('n')", 1.0)
+    assert time.monotonic() - start < 30  # the bound and a tick, not forever
+    with pytest.raises((RuntimeError, StoreTimeout)):  # the connection is shut: no second wait
+        store_call(lambda: client.get("n"), "get('n')", 1.0)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("rank", "stop"), [(1, "before its check-in"), (1, "while it waits"),
                                            (0, "before its check-in")])
-def test_a_rank_that_meets_at_a_stopped_store_host_ends_at_the_meetings_bound(rank, stop):
+def test_a_rank_that_meets_at_a_stopped_store_host_ends_at_the_meetings_bound(store_host, rank, stop):
     """A rank other than 0 checks in and waits for the others under one bound (the meeting's
     timeout and an operation's bound): a store host that stops before its check-in, or while it
     waits, ends its meeting with StoreTimeout at that bound, not a hang. Rank 0 waits for the
     views apart: its check-in alone has an operation's bound."""
-    from helpers.procs import free_port, wait_for
+    from helpers.procs import wait_for
 
     from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
     from ddp_doctor.processes import tcp_store as st
-    port = free_port()
-    host = _stopped_host(port)
-    try:
-        client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
-        look = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)  # the test's own
-        if stop == "before its check-in":
-            _stop(host.pid)
-        errors: list[BaseException] = []
+    pid, port = store_host
+    client = st.connect_store("127.0.0.1", port, hosting=False, timeout=5.0)
+    look = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)  # the test's own
+    if stop == "before its check-in":
+        _stop(pid)
+    errors: list[BaseException] = []
 
-        def meet() -> None:
-            try:
-                rendezvous.meet(client, rank, 2, {"rank": rank, "hostname": "h", "pid": 1}, 2.0)
-            except BaseException as e:  # noqa: BLE001 - read below
-                errors.append(e)
-        t = threading.Thread(target=meet)
-        start = time.monotonic()
-        t.start()
-        if stop == "while it waits":  # once its check-in is in the store
-            wait_for(lambda: bool(look.check([f"view/{rank}"])), 10.0, "the rank's check-in", interval=0.01)
-            _stop(host.pid)
-        t.join(60)
-        assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
-        said = str(errors[0])  # the meeting's 2 s and an operation's 2 s; rank 0's check-in: 2 s
-        assert "the check-in" in said and ("within 4 s" if rank else "within 2 s") in said, said
-        assert time.monotonic() - start < 30  # the meeting's 2 s, an operation's bound and a tick
-    finally:
-        os.kill(host.pid, signal.SIGKILL)
-        host.wait(10)
+    def meet() -> None:
+        try:
+            rendezvous.meet(client, rank, 2, {"rank": rank, "hostname": "h", "pid": 1}, 2.0)
+        except BaseException as e:  # noqa: BLE001 - read below
+            errors.append(e)
+    t = threading.Thread(target=meet)
+    start = time.monotonic()
+    t.start()
+    if stop == "while it waits":  # once its check-in is in the store
+        wait_for(lambda: bool(look.check([f"view/{rank}"])), 10.0, "the rank's check-in", interval=0.01)
+        _stop(pid)
+    t.join(60)
+    assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], StoreTimeout), errors
+    said = str(errors[0])  # the meeting's 2 s and an operation's 2 s; rank 0's check-in: 2 s
+    assert "the check-in" in said and ("within 4 s" if rank else "within 2 s") in said, said
+    assert time.monotonic() - start < 30  # the meeting's 2 s, an operation's bound and a tick
 
 
 def test_the_watchdog_never_shuts_a_socket_whose_number_was_given_to_another(tmp_path):

@@ -3,8 +3,10 @@ skip, hang, abort at exit, unpicklable fixture), xdist, the session preflight, s
 
 Inner pytest runs that neither send signals nor assert a bound on time are started together by a
 module fixture, a few at a time, as pytester's runpytest_subprocess would start them (`inner`),
-and each test reads its own run. The bounded runs (all rank outcomes, the hang) and those that
-kill or signal pytest run alone, in their own tests.
+and each test reads its own run. The bounded runs run alone: all rank outcomes in its own test;
+the hangs ended by their timeouts (a rank that returned, raised or left a loop early, a rank that
+never came) in one inner run that several tests read; those that kill or signal pytest in their
+own tests.
 """
 from __future__ import annotations
 
@@ -341,46 +343,10 @@ def test_ranks_pass_fail_skip_abort_unpicklable(pytester: pytest.Pytester, tag: 
     assert_no_survivors(tag)
 
 
-HANG_TEST = r'''
-import time
-import pytest
-import torch.distributed as dist
-
-
-@pytest.mark.distributed(world_size=2, timeout=3)
-def test_hangs(rank):
-    if rank == 0:
-        time.sleep(600)
-    dist.barrier()
-
-
-@pytest.mark.distributed(world_size=2)
-def test_after_the_hang(rank):
-    dist.barrier()
-'''
-
-
-@pytest.mark.slow
-def test_hang_is_bounded_shows_stacks_and_leaves_no_process(pytester: pytest.Pytester, tag: str):
-    pytester.makepyfile(test_hang=HANG_TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--no-ddp-doctor", timeout=OVERRUN)
-    result.assert_outcomes(passed=1, failed=1)  # the session went on after the hang
-    result.stdout.fnmatch_lines([
-        # rank 0 never issued the barrier rank 1 waits in: the ledgers name it (DDP891)
-        "*timed out after 3 s; root cause: rank 1 waits in barrier #1 *(issued at *test_hang.py:10); "
-        "rank 0 never issued #1 (it issued none): it is at *test_hang.py:9 in test_hangs [[]DDP891[]]",
-        "timed out after 3 s: rank(s) 0, 1 still running",
-        "*---- rank 0: root cause (DDP891): still running at the 3 s timeout; killed. Its Python stack: ----*",
-        "*test_hang.py*line 9 in test_hangs*",
-        "*---- rank 1: waiting in #1 barrier at *test_hang.py:10, a consequence of rank 0: still running at the "
-        "3 s timeout; killed. Its Python stack: ----*",
-        "*in barrier*",
-    ])  # ended by the marker's 3 s bound: "timed out after 3 s", each rank "at the 3 s timeout; killed"
-    assert_no_survivors(tag)
-
-
 # ---------------------------------------------------------------- the judgement of `ddp-doctor run`
 JUDGED_TESTS = r"""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -413,6 +379,18 @@ def test_passes(rank):
     t = torch.ones(2) * (rank + 1)
     dist.all_reduce(t)
     assert t.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.distributed(world_size=2, timeout=3)
+def test_hangs(rank):
+    if rank == 0:
+        time.sleep(600)
+    dist.barrier()  # rank 0 never comes
+
+
+@pytest.mark.distributed(world_size=2)
+def test_after_the_hang(rank):
+    dist.barrier()  # the session went on
 """
 
 
@@ -431,7 +409,8 @@ def failure_text(out: str, test: str) -> str:
 @pytest.fixture(scope="module")
 def judged_run(tmp_path_factory):
     """One inner run of JUDGED_TESTS (two hangs bounded by their 6 s timeout, a rank that raises, a
-    passing test), read by the tests below; survivors are looked for as soon as it ends."""
+    passing test, a hang bounded by its 3 s timeout and a test after it), read by the tests below;
+    survivors are looked for as soon as it ends."""
     path, tag = tmp_path_factory.mktemp("judged"), uuid.uuid4().hex
     launches = {"judged": (inner(path, {"test_judged": JUDGED_TESTS},
                                  ["-p", "no:cacheprovider", "--no-ddp-doctor", "-rA", "--junitxml=junit.xml"],
@@ -445,7 +424,7 @@ def test_a_rank_that_returned_while_its_peer_waits_is_judged_from_the_ranks_ledg
     # rank 1 returns from the test; rank 0 waits in a barrier rank 1 never issued
     runs, path = judged_run
     result = inner_result(runs, "judged")
-    result.assert_outcomes(passed=1, failed=3)
+    result.assert_outcomes(passed=2, failed=4)  # test_passes and test_after_the_hang pass
     out = result.stdout.str()
     text = failure_text(out, "test_rank1_returns")
     (n,) = lines_of(JUDGED_TESTS, "dist.barrier()")
@@ -543,7 +522,28 @@ def test_a_passing_distributed_test_stays_green_with_no_extra_text(judged_run):
     assert run_dir.is_dir() and not (run_dir / "judgement.json").exists()
 
 
-# HANG_TEST where each rank says when it is where the hang keeps it: rank 0 about to sleep, rank 1
+@pytest.mark.slow
+def test_hang_is_bounded_shows_stacks_and_leaves_no_process(judged_run):
+    runs, _ = judged_run
+    result = inner_result(runs, "judged")
+    (slept,) = lines_of(JUDGED_TESTS, "time.sleep(600)")
+    (waits,) = lines_of(JUDGED_TESTS, "dist.barrier()  # rank 0 never comes")
+    result.stdout.fnmatch_lines(["PASSED test_judged.py::test_after_the_hang"])  # the session went on after the hang
+    result.stdout.fnmatch_lines([
+        # rank 0 never issued the barrier rank 1 waits in: the ledgers name it (DDP891)
+        f"*timed out after 3 s; root cause: rank 1 waits in barrier #1 *(issued at *test_judged.py:{waits}); "
+        f"rank 0 never issued #1 (it issued none): it is at *test_judged.py:{slept} in test_hangs [[]DDP891[]]",
+        "timed out after 3 s: rank(s) 0, 1 still running",
+        "*---- rank 0: root cause (DDP891): still running at the 3 s timeout; killed. Its Python stack: ----*",
+        f"*test_judged.py*line {slept} in test_hangs*",
+        f"*---- rank 1: waiting in #1 barrier at *test_judged.py:{waits}, a consequence of rank 0: still running at "
+        "the 3 s timeout; killed. Its Python stack: ----*",
+        "*in barrier*",
+    ])  # ended by the marker's 3 s bound: "timed out after 3 s", each rank "at the 3 s timeout; killed"
+    inner_survivors(runs, "judged")
+
+
+# A hang where each rank says when it is where the hang keeps it: rank 0 about to sleep, rank 1
 # inside the barrier (a thread of its own sees the main thread's stack there), so a test can stop
 # pytest while the ranks are in the hung test, not before, without guessing how long they take.
 HANG_SAYS_WHERE = r'''
@@ -633,13 +633,15 @@ def test_sigterm_to_pytest_shows_where_the_ranks_were_and_exits_143(pytester: py
     assert_no_survivors(tag)
 
 
+# 4 distributed tests: xdist first hands each worker two consecutive items, so each worker runs
+# some (wherever the preflight's item falls) and reads the controller's one verdict
 XDIST_TESTS = r'''
 import pytest
 import torch
 import torch.distributed as dist
 
 
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(4))
 @pytest.mark.distributed(world_size=2)
 def test_sum(i, rank):
     t = torch.tensor([float(i + rank)])
@@ -696,7 +698,7 @@ def test_xdist_two_workers_one_preflight(slow_runs):
     runs, paths = slow_runs
     path = paths["xdist"]
     result = inner_result(runs, "xdist")
-    result.assert_outcomes(passed=8)  # 6 distributed, 1 plain, ddp_doctor::preflight
+    result.assert_outcomes(passed=6)  # 4 distributed, 1 plain, ddp_doctor::preflight
     assert result.stdout.str().count("ddp-doctor runner preflight") == 1
     result.stdout.fnmatch_lines(["*verdict: PASS*", "*gloo x 2 ranks: pass in *"])
     assert (path / "pre.json").exists()

@@ -8,7 +8,10 @@ processes (each bounded by a subprocess timeout; every wait is for a state, neve
 - a DDP_DOCTOR_CHECK_MODULES module that calls sys.exit() at import: a DDP001 finding, a report;
 - RANK=-1 LOCAL_RANK=x: the launcher checks name both, and the report keeps its schema.
 
-Every report these tests see is validated against the report's schema."""
+Every report these tests see is validated against the report's schema. The launches no test
+signals (the two a trickling endpoint holds for the upload's whole deadline, report/s3.py's
+DEADLINE_S, 30 s, which no option sets; the two short ones) are started together by one module
+fixture, a few at a time, and each test reads its own launch's result."""
 from __future__ import annotations
 
 import os
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.procs import DDP, clean_env, finish, kill_tree, load_json, start, wait_for
+from helpers.procs import DDP, Launch, clean_env, finish, kill_tree, load_json, result_of, run_all, start, wait_for
 
 from ddp_doctor.report.schema import validate_report
 
@@ -111,23 +114,55 @@ def test_sigterm_during_the_upload_makes_the_report_interrupted(tmp_path, trickl
     assert "upload was cut short" in res.stderr
 
 
-def test_a_trickling_endpoint_never_holds_the_preflight(tmp_path, trickle):
-    res = finish(start(_preflight(tmp_path, "--report-s3-uri", "s3://reports/p/"), clean_env(**trickle.env()),
-                       str(tmp_path)), 150)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(name -> the launch's result or exception, name -> its directory): the launches no test
+    signals, started together; the two uploads share one trickling endpoint."""
+    import importlib.util
+    dirs = {name: tmp_path_factory.mktemp(name) for name in ("trickle_preflight", "trickle_run", "plugin", "rank")}
+    script = dirs["trickle_run"] / "fails_on_rank_1.py"
+    script.write_text("import os, sys\nif os.environ.get('RANK') == '1':\n    sys.exit(1)\n")
+    plugins = dirs["plugin"] / "plugins"
+    plugins.mkdir()
+    (plugins / "exits_at_import.py").write_text("import sys\nsys.exit(9)\n")
+    s3 = TrickleS3() if importlib.util.find_spec("boto3") is not None else None
+    jobs: dict[str, Launch] = {}
+    if s3 is not None:  # the two held by the endpoint first
+        jobs["trickle_run"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--report",
+                                      str(dirs["trickle_run"] / "r.json"), str(script)],
+                                     clean_env(**s3.env(), DDP_DOCTOR_REPORT_S3_URI="s3://reports/run/"),
+                                     str(dirs["trickle_run"]), timeout=240)
+        jobs["trickle_preflight"] = Launch(_preflight(dirs["trickle_preflight"], "--report-s3-uri", "s3://reports/p/"),
+                                           clean_env(**s3.env()), str(dirs["trickle_preflight"]), timeout=150)
+    jobs["plugin"] = Launch(_preflight(dirs["plugin"]),
+                            clean_env(PYTHONPATH=str(plugins), DDP_DOCTOR_CHECK_MODULES="exits_at_import"),
+                            str(dirs["plugin"]), timeout=150)
+    jobs["rank"] = Launch([*DDP, "preflight", "--timeout", "5", "--report", str(dirs["rank"] / "r.json")],
+                          clean_env(RANK="-1", WORLD_SIZE="2", LOCAL_RANK="x"), str(dirs["rank"]), timeout=150)
+    try:
+        done = run_all(jobs, at_once=3)
+    finally:
+        if s3 is not None:
+            s3.close()
+    return done, dirs
+
+
+def test_a_trickling_endpoint_never_holds_the_preflight(runs):
+    pytest.importorskip("boto3")
+    done, dirs = runs
+    res = result_of(done, "trickle_preflight")
     assert res.rc == 0, res.stderr
     assert "could not upload the report" in res.stderr and "no answer within" in res.stderr
-    assert valid_report(tmp_path / "r.json")["status"] in ("pass", "warn")
+    assert valid_report(dirs["trickle_preflight"] / "r.json")["status"] in ("pass", "warn")
 
 
-def test_a_failed_rank_keeps_its_exit_status_with_a_trickling_endpoint(tmp_path, trickle):
-    script = tmp_path / "fails_on_rank_1.py"
-    script.write_text("import os, sys\nif os.environ.get('RANK') == '1':\n    sys.exit(1)\n")
-    cmd = [*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--report", str(tmp_path / "r.json"), str(script)]
-    env = clean_env(**trickle.env(), DDP_DOCTOR_REPORT_S3_URI="s3://reports/run/")
-    res = finish(start(cmd, env, str(tmp_path)), 240)
+def test_a_failed_rank_keeps_its_exit_status_with_a_trickling_endpoint(runs):
+    pytest.importorskip("boto3")
+    done, dirs = runs
+    res = result_of(done, "trickle_run")
     assert res.rc == 1, res.stderr[-3000:]
     assert "could not upload the report" in res.stderr
-    assert valid_report(tmp_path / "r.json")["status"] == "fail"
+    assert valid_report(dirs["trickle_run"] / "r.json")["status"] == "fail"
 
 
 def _sigterm_blocked_or_caught(pid: int) -> bool:
@@ -143,46 +178,42 @@ def _sigterm_blocked_or_caught(pid: int) -> bool:
 
 @pytest.mark.parametrize("command", ["preflight", "run"])
 def test_a_stop_as_the_command_starts_still_writes_an_interrupted_report(tmp_path, command):
+    # One launch each: the stop signals are held from the command's first instruction and only ever
+    # taken from the pending set (sigtimedwait), so a SIGTERM sent once they are held waits for the
+    # catcher wherever the start-up is; launching it again would land it in the same state.
     script = tmp_path / "train.py"
     script.write_text("print('trained')\n")
-    for attempt in range(3):
-        d = tmp_path / f"try{attempt}"
-        d.mkdir()
-        cmd = ([*DDP, "preflight", "--nproc-per-node", "2", "--report", str(d / "r.json")] if command == "preflight"
-               else [*DDP, "run", "--nproc-per-node", "2", "--report", str(d / "r.json"), str(script)])
-        proc = start(cmd, clean_env(), str(d))
-        try:
-            wait_for(lambda p=proc: _sigterm_blocked_or_caught(p.pid) or p.poll() is not None, 60,
-                     "the command's first instruction")
-            os.kill(proc.pid, signal.SIGTERM)
-        except BaseException:
-            kill_tree(proc.pid)
-            raise
-        res = finish(proc, 120)
-        assert res.rc == 143, (attempt, res.rc, res.stderr[-3000:])
-        assert "trained" not in res.stdout
-        assert valid_report(d / "r.json")["status"] == "interrupted"
+    cmd = ([*DDP, "preflight", "--nproc-per-node", "2", "--report", str(tmp_path / "r.json")] if command == "preflight"
+           else [*DDP, "run", "--nproc-per-node", "2", "--report", str(tmp_path / "r.json"), str(script)])
+    proc = start(cmd, clean_env(), str(tmp_path))
+    try:
+        wait_for(lambda: _sigterm_blocked_or_caught(proc.pid) or proc.poll() is not None, 60,
+                 "the command's first instruction")
+        os.kill(proc.pid, signal.SIGTERM)
+    except BaseException:
+        kill_tree(proc.pid)
+        raise
+    res = finish(proc, 120)
+    assert res.rc == 143, (res.rc, res.stderr[-3000:])
+    assert "trained" not in res.stdout
+    assert valid_report(tmp_path / "r.json")["status"] == "interrupted"
 
 
-def test_a_plugin_that_exits_at_import_is_a_finding(tmp_path):
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "exits_at_import.py").write_text("import sys\nsys.exit(9)\n")
-    env = clean_env(PYTHONPATH=str(plugins), DDP_DOCTOR_CHECK_MODULES="exits_at_import")
-    res = finish(start(_preflight(tmp_path), env, str(tmp_path)), 150)
+def test_a_plugin_that_exits_at_import_is_a_finding(runs):
+    done, dirs = runs
+    res = result_of(done, "plugin")
     assert res.rc == 3, res.stderr
-    rep = valid_report(tmp_path / "r.json")
+    rep = valid_report(dirs["plugin"] / "r.json")
     broken = [f for f in rep["findings"] if f["id"] == "DDP001" and "exits_at_import" in f["message"]]
     assert broken and "SystemExit" in broken[0]["message"], rep["findings"]
 
 
-def test_a_negative_rank_is_named_and_the_report_keeps_its_schema(tmp_path):
-    env = clean_env(RANK="-1", WORLD_SIZE="2", LOCAL_RANK="x")
-    res = finish(start([*DDP, "preflight", "--timeout", "5", "--report", str(tmp_path / "r.json")], env,
-                       str(tmp_path)), 150)
+def test_a_negative_rank_is_named_and_the_report_keeps_its_schema(runs):
+    done, dirs = runs
+    res = result_of(done, "rank")  # RANK=-1 WORLD_SIZE=2 LOCAL_RANK=x
     assert res.rc == 3, res.stderr
-    rep = valid_report(tmp_path / "r.json")
+    rep = valid_report(dirs["rank"] / "r.json")
     messages = " ".join(f["message"] for f in rep["findings"] if f["category"] == "launcher_env")
     assert "RANK=-1" in messages and "LOCAL_RANK='x'" in messages
-    for extra in tmp_path.glob("r.json.rank*.json"):
+    for extra in dirs["rank"].glob("r.json.rank*.json"):
         valid_report(extra)

@@ -7,19 +7,23 @@ real processes:
 - `torchrun -m ddp_doctor run` sent SIGTERM once the ranks train (SageMaker's StopTrainingJob):
   torchrun ends within its grace, and rank 0 leaves the job's report as "interrupted" with where
   each rank was (it was: the preflight's "running", under load);
-- rank 1 `os._exit(7)` mid-training, several launches at once: each exits 7, rank 1's own status
-  (it was: sometimes 1, rank 0's lost-peer error);
+- rank 1 `os._exit(7)` mid-training, launches at once: each exits 7, rank 1's own status (it was:
+  sometimes 1, rank 0's lost-peer error);
 - `ddp-doctor run` sent SIGTERM during its preflight: DDP808 names each rank's preflight stage
   (it was: "interrupted" without where the ranks were).
 
 Each signal is sent once the processes are where the test needs them (heartbeats, the launcher's
-process seen), never after a sleep; every wait is bounded."""
+process seen), never after a sleep; every wait is bounded. The stopped launcher spends most of its
+time waiting out the parent's bound on a launcher that outlives its ranks (30 s, the product's own),
+so a module fixture starts the os._exit(7) launches beside it; the SIGTERM tests, whose launchers
+must end within a grace, run alone."""
 from __future__ import annotations
 
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from helpers import stops
@@ -66,12 +70,20 @@ def _training(runs: Path, n: int, script: str, flat: bool = False):
     return inside if len(inside) == n else None
 
 
-def test_a_stopped_launcher_after_its_ranks_ended_is_ended_and_the_report_written(tmp_path):
+def _stopped_launcher(tmp_path: Path) -> Callable[[], dict]:
+    """`ddp-doctor run` whose launcher is stopped (SIGSTOP) once both ranks wait for go, then told
+    go. The launch starts here, on the fixture's thread (stops.start's preexec_fn is not safe while
+    other threads run); the job returned, for procs.run_all, does the rest and returns the launch's
+    result, the launcher and the ranks' heartbeats."""
     script = "each_rank_waits_for_go.py"
     go = tmp_path / "go-"
     cmd = [*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "15", "--timeout", "30",
            "--run-dir", str(tmp_path / "runs"), "--report", str(tmp_path / "r.json"), str(SCRIPTS / script)]
     proc = stops.start(cmd, clean_env(GO_FILE=str(go)), str(tmp_path))
+    return lambda: _stop_the_launcher(proc, tmp_path, script, go)
+
+
+def _stop_the_launcher(proc, tmp_path: Path, script: str, go: Path) -> dict:
     agent = None
     with _ended_or_killed(proc, "the launch"):
         agent = wait_for(lambda: stops.child_running(proc.pid, "ddp_doctor.training.run.agent"), START_BOUND,
@@ -89,9 +101,33 @@ def test_a_stopped_launcher_after_its_ranks_ended_is_ended_and_the_report_writte
             agent.kill()
         except Exception:  # noqa: BLE001 - gone, as it should be
             pass
+    return {"res": res, "agent": agent, "hbs": hbs}
+
+
+@pytest.fixture(scope="module")
+def ends(tmp_path_factory):
+    """The stopped launcher and the os._exit(7) launches, started together (procs.run_all)."""
+    base = tmp_path_factory.mktemp("ends")
+    (base / "stopped").mkdir()
+    jobs: dict = {"stopped": _stopped_launcher(base / "stopped")}  # the longest first
+    # rank 1's os._exit(7) twice, at once and beside the stopped launcher's start: the load under
+    # which rank 0's lost-peer exit 1 was sometimes recorded first; each launch must exit 7
+    for i in range(2):
+        d = base / f"job{i}"
+        d.mkdir()
+        jobs[f"job{i}"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "60",
+                                  "--report", str(d / "r.json"), str(SCRIPTS / "rank1_os_exit_7.py")],
+                                 clean_env(), str(d), timeout=300)
+    return base, run_all(jobs, at_once=3)
+
+
+def test_a_stopped_launcher_after_its_ranks_ended_is_ended_and_the_report_written(ends):
+    base, done = ends
+    got = result_of(done, "stopped")
+    res, agent, hbs = got["res"], got["agent"], got["hbs"]
     assert res.rc == 0, res.output
     assert "had not exited" in res.stderr and "after its ranks ended" in res.stderr, res.stderr[-3000:]
-    rep = load_json(str(tmp_path / "r.json"))
+    rep = load_json(str(base / "stopped" / "r.json"))
     assert rep["status"] in ("pass", "warn"), rep["findings"]
     assert not stops.alive(agent.pid)
     assert stops.group_gone([int(hb["pid"]) for hb in hbs.values()])
@@ -119,18 +155,11 @@ def test_sigterm_to_torchrun_ends_it_within_its_grace_with_an_interrupted_report
     assert stops.group_gone([int(hb["pid"]) for hb in hbs.values()])
 
 
-def test_a_rank_that_os_exits_7_gives_the_job_its_status_every_time(tmp_path):
-    launches = {}
-    for i in range(3):
-        d = tmp_path / f"job{i}"
-        d.mkdir()
-        launches[f"job{i}"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "60",
-                                      "--report", str(d / "r.json"), str(SCRIPTS / "rank1_os_exit_7.py")],
-                                     clean_env(), str(d), timeout=300)
-    results = run_all(launches, at_once=3)
-    for name in launches:
-        res = result_of(results, name)
-        rep = load_json(str(tmp_path / name / "r.json"))
+def test_a_rank_that_os_exits_7_gives_the_job_its_status_every_time(ends):
+    base, done = ends
+    for name in ("job0", "job1"):
+        res = result_of(done, name)
+        rep = load_json(str(base / name / "r.json"))
         assert res.rc == 7, (name, res.rc, [(f["id"], f["ranks"], f["message"][:200]) for f in rep["findings"]])
         assert 1 in rep["root_cause"]["ranks"], rep["root_cause"]
 
