@@ -10,6 +10,8 @@ millisecond a report.
 
 After the session, every report left in the session's temporary directories is validated too,
 whoever wrote it (tests/helpers/report_files.py): a report that breaks the schema fails the run.
+
+The fixture `launches` is the session's catalogue of launches several modules read (tests/helpers/launches.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import tempfile
 from typing import Iterator
 
 import pytest
+from helpers.launches import launches  # noqa: F401 - the session's shared launches, a fixture of every module
 from helpers.report_files import (  # noqa: F401 - the walk after the session (hooks, registered as this conftest's)
     MARKER,
     pytest_configure,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import corpus
 from helpers.analyze_scenarios import artifacts, launches
-from helpers.procs import DDP, clean_env, load_json, result_of, run, run_all
+from helpers.procs import DDP, Launch, clean_env, load_json, result_of, run_all
 from helpers.scenarios import line_of
 
 pytestmark = pytest.mark.slow
@@ -18,15 +18,28 @@ KEPT = ("raises", "sizes")  # a traceback in the console and the tree; each rank
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
+    """The plain jobs, then every analysis of what they left, each step three at a time."""
     base = tmp_path_factory.mktemp("postmortem")
     plain = {key: job for name in KEPT for key, job in launches(name, base).items() if key.startswith("torchrun-")}
-    return {"base": base, "results": run_all(plain)}
+    results = run_all(plain)
+    # what each analysis reads: (job, the kinds of artifact it left)
+    reads = {"console": ("raises", ["console"]), "log_dir": ("raises", ["logs"]),
+             "both": ("raises", ["console", "logs"]), "dumps": ("sizes", ["console", "dumps"])}
+    analyses, missing = {}, {}
+    for what, (name, kinds) in reads.items():
+        left = artifacts(base, name)
+        if [k for k in kinds if k not in left]:
+            missing[what] = AssertionError(f"torchrun-{name} left {sorted(left)}, not {kinds}")
+            continue
+        analyses[what] = Launch([*DDP, "analyze", *(str(left[k]) for k in kinds),
+                                 "--report", str(base / f"analyze-{what}.json")], clean_env(), str(base), timeout=120)
+    analyses = {**run_all(analyses), **missing}
+    return {"base": base, "results": results, "analyses": analyses}
 
 
-def analyze(base, *paths) -> tuple:
-    out = base / f"analyze-{abs(hash(paths))}.json"
-    res = run([*DDP, "analyze", *map(str, paths), "--report", str(out)], clean_env(), str(base), timeout=120)
-    return res, load_json(str(out))
+def analyzed(jobs: dict, what: str) -> tuple:
+    """The result and the report of one analysis."""
+    return result_of(jobs["analyses"], what), load_json(str(jobs["base"] / f"analyze-{what}.json"))
 
 
 def cause(rep: dict) -> tuple:
@@ -41,11 +54,8 @@ def ran(name: str) -> dict:
 
 @pytest.mark.parametrize("what", ["console", "log_dir", "both"])
 def test_analyze_of_a_fresh_torchrun_job_names_the_root_cause_run_names(jobs, what):
-    base = jobs["base"]
     assert result_of(jobs["results"], "torchrun-raises").rc != 0
-    left = artifacts(base, "raises")
-    inputs = {"console": [left["console"]], "log_dir": [left["logs"]], "both": [left["console"], left["logs"]]}[what]
-    res, rep = analyze(base, *inputs)
+    res, rep = analyzed(jobs, what)
     assert "Traceback (most recent call last)" not in res.output, res.output
     assert res.rc == 3, res.output
     assert cause(rep) == cause(ran("raises")) == ("DDP800", [1]), rep["findings"]
@@ -55,10 +65,8 @@ def test_analyze_of_a_fresh_torchrun_job_names_the_root_cause_run_names(jobs, wh
 def test_analyze_reads_the_dumps_this_torch_writes(jobs):
     """Each rank's flight recorder, dumped by torch's own call, read with the console: the same
     root cause, ranks and line as run's live ledger."""
-    base = jobs["base"]
     assert result_of(jobs["results"], "torchrun-sizes").rc != 0
-    left = artifacts(base, "sizes")
-    res, rep = analyze(base, left["console"], left["dumps"])
+    res, rep = analyzed(jobs, "dumps")
     assert res.rc == 3 and "Traceback (most recent call last)" not in res.output, res.output
     assert cause(rep) == cause(ran("sizes")), rep["findings"]
     assert line_of("size_mismatch.py", "dist.all_reduce(t)") in rep["root_cause"]["message"]

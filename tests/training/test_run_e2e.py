@@ -1,7 +1,9 @@
 """`ddp-doctor run` on real processes: handover, passthrough, failures, hangs, spawn scripts.
 
 The runs are started together by one module fixture (they mostly wait: interpreters importing
-torch, rendezvous, bounds), then each test reads its own run's result and report.
+torch, rendezvous, bounds), then each test reads its own run's result and report. A rank that
+raises under torchrun is read from a launch shared with test_two_jobs_one_host_e2e.py
+(helpers/launches.py, two_torchrun_jobs).
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from helpers.procs import (
     load_json,
     result_of,
     run,
-    run_all,
     run_ranks,
     start,
 )
@@ -41,7 +42,7 @@ def script(name: str) -> str:
     return str(SCRIPTS / name)
 
 
-def launches(base: Path) -> dict[str, Launch]:
+def own_launches(base: Path) -> dict[str, Launch]:
     """One command each, for run_all; in each its own directory base/<name> (its cwd), longest first."""
     def at(name: str) -> str:
         (base / name).mkdir()
@@ -67,9 +68,6 @@ def launches(base: Path) -> dict[str, Launch]:
                          clean_env(), at("raises"), timeout=120),
         "segfault": Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "20", "--report", report("segfault"),
                             script("rank1_segfaults.py")], clean_env(), at("segfault"), timeout=120),
-        "torchrun_raises": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor", "run",
-                                   "--timeout", "20", "--report", report("torchrun_raises"),
-                                   script("rank1_raises.py")], clean_env(), at("torchrun_raises"), timeout=120),
         "passthrough": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("passthrough"),
                                script("ok_allreduce.py"), "a", "--flag"], clean_env(EXIT="7"), at("passthrough"),
                               timeout=120),
@@ -127,10 +125,11 @@ def by_hand(base: Path) -> dict[str, Callable[[], object]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run of this module, AT_ONCE at a time: the launches and the runs started by hand."""
+def runs(tmp_path_factory, launches):
+    """Every run of this module, AT_ONCE at a time: the launches, the runs started by hand, and the
+    shared launches read here (helpers/launches.py) that no module launched before."""
     base = tmp_path_factory.mktemp("run")
-    results = run_all({**by_hand(base), **launches(base)}, at_once=AT_ONCE)
+    results = launches.get("two_torchrun_jobs", own={**by_hand(base), **own_launches(base)}, at_once=AT_ONCE)
     return {"base": base, "results": results}
 
 
@@ -315,7 +314,9 @@ def test_handover_under_an_env_launch_where_rank_0_hosts_the_store(runs):
 
 
 def test_handover_under_torchrun_and_its_summary_names_the_root_cause(runs):
-    res = ran(runs, "torchrun_raises")
+    # job B of the shared two_torchrun_jobs: `torchrun -m ddp_doctor run rank1_raises.py`, ended
+    # before the job beside it is let go
+    res = runs["results"]["two_torchrun_jobs"].result["b"]
     assert res.rc != 0
     # torchrun's own failure summary shows our diagnosis for the first failure
     assert "DDPDoctorTrainingError" in res.stderr and "DDP800" in res.stderr

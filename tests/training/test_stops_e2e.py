@@ -4,9 +4,10 @@
   "interrupted" report that names the launcher, exit 143 (it was "pass");
 - the agent killed (SIGKILL): a "fail" report (DDP810), exit 137, and no rank trains on (it was
   "pass", exit 247, both ranks orphaned and training);
-- two SIGINTs to `ddp-doctor run`, the second while the report is being written (its S3 upload
-  held by the test): one whole report, exit 130, the second noted (it was: no report, or one cut
-  short);
+- two SIGINTs to `ddp-doctor run` (its ranks held in rank1_sleeps.py), the second while the
+  report is being written (its S3 upload held by the test): one whole report, exit 130, the second
+  noted (it was: no report, or one cut short); a launch shared with test_signals_e2e.py
+  (helpers/launches.py), which reads the report of its first SIGINT;
 - one process (`ddp-doctor run script.py`) sent SIGTERM, SIGHUP or SIGINT: "interrupted", where it
   was, exit 128 + N (it was the preflight's "pass"); run to its end, it passes.
 
@@ -18,30 +19,30 @@ import json
 import os
 import signal
 import subprocess
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import stops
+from helpers.launches import ended_if_it_fails, ranks_ended
 from helpers.procs import (
     DDP,
     Result,
     clean_env,
     finish,
-    kill_tree,
     load_json,
     result_of,
-    run_all,
     wait_for,
-    wait_for_line,
 )
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 TRAINS, ALONE = "trains_until_stopped.py", "alone_until_stopped.py"
 START_BOUND = 240  # seconds for a launch to reach its script: only ends a wait that never would
+# SIGINT to `ddp-doctor run`, then a second one while the report's upload is held: a shared launch
+# (helpers/launches.py) whose first SIGINT test_signals_e2e.py also reads
+TWO_SIGINTS = "sigint_twice_while_stuck"
 
 
 @dataclass
@@ -55,20 +56,6 @@ class Stopped:
         found = [f for f in (self.report or {}).get("findings", []) if f["id"] == cid]
         assert found, (cid, self.report, self.res.stderr[-3000:])
         return found[0]
-
-
-@contextmanager
-def ended_if_it_fails(proc: subprocess.Popen[str]):
-    """A wait that fails ends the launch (its whole tree) and says what it printed."""
-    try:
-        yield
-    except BaseException as e:  # noqa: BLE001 - any failed wait, Ctrl-C too: end the launch, show its output
-        kill_tree(proc.pid)
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            out, err = "", "(output lost)"
-        raise AssertionError(f"{e}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}") from None
 
 
 def _report(path: Path) -> dict[str, Any] | None:
@@ -92,18 +79,6 @@ def _start_training(d: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str]
     return proc, hbs
 
 
-def _ranks_ended(hbs: dict[int, dict[str, Any]]) -> list[int]:
-    """The ranks' pids once none is alive; at the bound the survivors are killed and the test fails."""
-    pids = [int(hb["pid"]) for hb in hbs.values()]
-    try:
-        wait_for(lambda: stops.group_gone(pids), 30, lambda: f"ranks {pids} to end")
-    except AssertionError:
-        alive = [p for p in pids if stops.alive(p)]
-        stops.kill_all(alive)
-        raise AssertionError(f"ranks outlived the job (orphans still training): {alive}") from None
-    return pids
-
-
 def _signal_the_agent(base: Path, sig: signal.Signals):
     def job() -> Stopped:
         d = base / f"agent-{sig.name}"
@@ -113,29 +88,8 @@ def _signal_the_agent(base: Path, sig: signal.Signals):
                              "the launcher (torch's elastic agent)")
         agent.send_signal(sig)
         res = finish(proc, 120)
-        _ranks_ended(hbs)
+        ranks_ended(hbs)
         return Stopped(res, _report(d / "r.json"), hbs, {"agent": agent.pid})
-    return job
-
-
-def _two_sigints_while_written(base: Path, upload: stops.HeldUpload):
-    """SIGINT while the ranks train, then a second one while the report's S3 upload is held."""
-    def job() -> Stopped:
-        d = base / "two-sigints"
-        proc, hbs = _start_training(d, clean_env(**upload.env("s3://reports/stops/")))
-        with ended_if_it_fails(proc):
-            os.kill(proc.pid, signal.SIGINT)
-            said = wait_for_line(proc.stderr, r"SIGINT from pid \d+.*taking the ranks' stacks", 120)
-            wait_for(upload.received.is_set, 120, "the report's upload to start")
-            os.kill(proc.pid, signal.SIGINT)  # while the report is being written
-            wait_for(lambda: stops.pending(proc.pid, signal.SIGINT) or proc.poll() is not None, 30,
-                     "the second SIGINT to be pending")
-            held = stops.pending(proc.pid, signal.SIGINT)
-        upload.release()
-        res = finish(proc, 120)
-        res.stderr = said + res.stderr
-        _ranks_ended(hbs)
-        return Stopped(res, _report(d / "r.json"), hbs, {"held": held, "body": upload.body})
     return job
 
 
@@ -159,22 +113,16 @@ def _alone(base: Path, sig: signal.Signals | None):
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-    pytest.importorskip("boto3")
+def stopped(tmp_path_factory, launches):
     base = tmp_path_factory.mktemp("stops")
-    upload = stops.HeldUpload()
-    try:
-        yield run_all({
-            "agent-term": _signal_the_agent(base, signal.SIGTERM),
-            "agent-kill": _signal_the_agent(base, signal.SIGKILL),
-            "two-sigints": _two_sigints_while_written(base, upload),
-            "alone-term": _alone(base, signal.SIGTERM),
-            "alone-hup": _alone(base, signal.SIGHUP),
-            "alone-int": _alone(base, signal.SIGINT),
-            "alone-ends": _alone(base, None),
-        }, at_once=4)
-    finally:
-        upload.close()
+    return launches.get(TWO_SIGINTS, own={
+        "agent-term": _signal_the_agent(base, signal.SIGTERM),
+        "agent-kill": _signal_the_agent(base, signal.SIGKILL),
+        "alone-term": _alone(base, signal.SIGTERM),
+        "alone-hup": _alone(base, signal.SIGHUP),
+        "alone-int": _alone(base, signal.SIGINT),
+        "alone-ends": _alone(base, None),
+    }, at_once=4)
 
 
 def test_sigterm_to_the_launcher_is_an_interrupted_job(stopped):
@@ -201,7 +149,9 @@ def test_a_killed_launcher_fails_the_job_and_takes_its_ranks_with_it(stopped):
 
 
 def test_a_second_sigint_while_the_report_is_written_is_noted_and_the_report_stays_whole(stopped):
-    s = result_of(stopped, "two-sigints")
+    launched = stopped[TWO_SIGINTS]
+    got = launched.result
+    s = Stopped(got.res, _report(launched.report_path), got.ranks, {"held": got.held, "body": got.uploaded})
     assert s.seen["held"], f"the second SIGINT ended the parent at once: rc {s.res.rc}\n{s.res.stderr[-3000:]}"
     assert s.res.rc == 128 + signal.SIGINT, s.res.output[-3000:]
     assert s.report["status"] == "interrupted" and s.report["interrupted"]["signal"] == "SIGINT"

@@ -4,6 +4,8 @@ hf_trainer: a tiny BERT built from a config, Hugging Face Trainer + accelerate, 
 offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) so that a download would fail the run.
 plain_loop: DDP + DistributedSampler + set_epoch + rank-0 checkpoint + destroy_process_group.
 
+The four trainings run together in one module fixture, three at a time.
+
 Known teardown abort (docs/facts.md): torch 2.13 CPU sometimes aborts at interpreter exit after a
 correct destroy_process_group on gloo ("terminate called without an active exception", SIGABRT). A rank
 that dies that way *after* the script printed its final summary is accepted as that abort (under torchrun
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import Result, clean_env, run
+from helpers.procs import Launch, Result, clean_env, result_of, run_all
 
 pytestmark = pytest.mark.slow
 
@@ -98,13 +100,35 @@ def check_hf_outputs(model_dir: Path, out_dir: Path, world_size: int) -> dict:
     return metrics
 
 
-def test_hf_trainer_two_ranks_reads_sagemaker_channel(tmp_path):
-    channel = write_channel(tmp_path / "input" / "data" / "train")
-    model_dir, out_dir = tmp_path / "model", tmp_path / "output" / "data"
-    # SageMaker conventions: directories from SM_*, hyperparameters as CLI args (underscored, as users write).
-    r = run([*TORCHRUN, *HF, "--max_steps", "6", "--per_device_train_batch_size", "4", "--seq-len", "12"],
-            env(SM_CHANNEL_TRAIN=str(channel), SM_MODEL_DIR=str(model_dir), SM_OUTPUT_DATA_DIR=str(out_dir)),
-            str(tmp_path), timeout=TIMEOUT)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, dict]:
+    """The four trainings together, each in its own directory (its cwd): they mostly wait on
+    interpreters importing torch and transformers."""
+    base = tmp_path_factory.mktemp("entrypoints")
+    d = {name: base / name for name in ("hf_two", "hf_one", "plain_two", "plain_one")}
+    for path in d.values():
+        path.mkdir()
+    channel = write_channel(d["hf_two"] / "input" / "data" / "train")
+    jobs = {
+        # SageMaker conventions: directories from SM_*, hyperparameters as CLI args (underscored, as users write).
+        "hf_two": Launch([*TORCHRUN, *HF, "--max_steps", "6", "--per_device_train_batch_size", "4", "--seq-len", "12"],
+                         env(SM_CHANNEL_TRAIN=str(channel), SM_MODEL_DIR=str(d["hf_two"] / "model"),
+                             SM_OUTPUT_DATA_DIR=str(d["hf_two"] / "output" / "data")), str(d["hf_two"]), TIMEOUT),
+        "hf_one": Launch([sys.executable, *HF, "--max-steps", "5", "--model-dir", "m", "--output-data-dir", "o"],
+                         env(), str(d["hf_one"]), TIMEOUT),
+        "plain_two": Launch([*TORCHRUN, *PLAIN, "--epochs", "3"], env(SM_MODEL_DIR=str(d["plain_two"] / "model")),
+                            str(d["plain_two"]), TIMEOUT),
+        "plain_one": Launch([sys.executable, *PLAIN, "--epochs", "3", "--model-dir", str(d["plain_one"] / "model")],
+                            env(), str(d["plain_one"]), TIMEOUT),
+    }
+    return base, run_all(jobs)
+
+
+def test_hf_trainer_two_ranks_reads_sagemaker_channel(runs):
+    base, results = runs
+    r, here = result_of(results, "hf_two"), base / "hf_two"
+    channel = here / "input" / "data" / "train"
+    model_dir, out_dir = here / "model", here / "output" / "data"
     assert_finished(r, "hf_trainer: done", torchrun=True)
     fields = summary_fields(r.stdout, "hf_trainer: done")
     assert fields["world_size"] == "2" and fields["steps"] == "6" and fields["data"] == str(channel)
@@ -116,21 +140,21 @@ def test_hf_trainer_two_ranks_reads_sagemaker_channel(tmp_path):
     # Loss is the per-example mean, not world_size times it (the Trainer's num_items_in_batch scaling).
     assert float(fields["train_loss"]) < 2 * math.log(3), fields
     # DoctorCallback ran on both ranks; rank 0 wrote the report: nothing but the batch-size note.
-    rep = json.loads((tmp_path / "ddp-doctor-report.json").read_text(encoding="utf-8"))
+    rep = json.loads((here / "ddp-doctor-report.json").read_text(encoding="utf-8"))
     assert [f["id"] for f in rep["findings"]] == ["DDP873"] and rep["status"] == "pass", rep["findings"]
 
 
-def test_hf_trainer_single_process_synthetic(tmp_path):
-    r = run([sys.executable, *HF, "--max-steps", "5", "--model-dir", "m", "--output-data-dir", "o"],
-            env(), str(tmp_path), timeout=TIMEOUT)
+def test_hf_trainer_single_process_synthetic(runs):
+    base, results = runs
+    r = result_of(results, "hf_one")
     assert_finished(r, "hf_trainer: done", torchrun=False)
     fields = summary_fields(r.stdout, "hf_trainer: done")
     assert fields["world_size"] == "1" and fields["steps"] == "5" and fields["data"] == "synthetic"
-    metrics = check_hf_outputs(tmp_path / "m", tmp_path / "o", world_size=1)
+    metrics = check_hf_outputs(base / "hf_one" / "m", base / "hf_one" / "o", world_size=1)
     assert metrics["train_samples"] == 256
 
 
-def check_plain(r: Result, tmp_path: Path, world_size: int, torchrun: bool) -> None:
+def check_plain(r: Result, here: Path, world_size: int, torchrun: bool) -> None:
     import torch
 
     assert_finished(r, "plain_loop: done", torchrun=torchrun)
@@ -140,22 +164,20 @@ def check_plain(r: Result, tmp_path: Path, world_size: int, torchrun: bool) -> N
     assert math.isfinite(loss) and loss < first, fields  # it learns
     epochs = [ln for ln in r.stdout.splitlines() if ln.startswith("plain_loop: epoch")]
     assert len(epochs) == 3, r.stdout  # rank 0 only, one line an epoch
-    ckpt = torch.load(tmp_path / "model" / "model.pt", map_location="cpu", weights_only=True)
+    ckpt = torch.load(here / "model" / "model.pt", map_location="cpu", weights_only=True)
     assert ckpt["world_size"] == world_size and "0.weight" in ckpt["model"]  # unwrapped: no "module." prefix
     # 512 samples, batch 32: 16 steps an epoch in one process, 8 per rank with two ranks.
     assert int(fields["steps"]) == 3 * 16 // world_size
 
 
-def test_plain_loop_two_ranks(tmp_path):
-    r = run([*TORCHRUN, *PLAIN, "--epochs", "3"], env(SM_MODEL_DIR=str(tmp_path / "model")), str(tmp_path),
-            timeout=TIMEOUT)
-    check_plain(r, tmp_path, 2, torchrun=True)
+def test_plain_loop_two_ranks(runs):
+    base, results = runs
+    check_plain(result_of(results, "plain_two"), base / "plain_two", 2, torchrun=True)
 
 
-def test_plain_loop_single_process_without_launcher(tmp_path):
-    r = run([sys.executable, *PLAIN, "--epochs", "3", "--model-dir", str(tmp_path / "model")], env(),
-            str(tmp_path), timeout=TIMEOUT)
-    check_plain(r, tmp_path, 1, torchrun=False)
+def test_plain_loop_single_process_without_launcher(runs):
+    base, results = runs
+    check_plain(result_of(results, "plain_one"), base / "plain_one", 1, torchrun=False)
 
 
 def test_known_abort_classification():

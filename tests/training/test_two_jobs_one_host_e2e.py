@@ -11,12 +11,13 @@ other's records, and two jobs on one MASTER_PORT never produce a pass.
   init_process_group. Each process is held in its local checks (tests/plugins/held_check.py) and
   let go in a known order, so the outcome does not depend on which process the machine runs first.
 
-Real torchrun, real processes; the two scenarios run side by side (one module fixture).
+Real torchrun, real processes; the two scenarios run side by side (one module fixture). The torchrun
+pair is a shared launch (helpers/launches.py, two_torchrun_jobs): test_run_e2e.py reads torchrun's
+failure summary of job B from it.
 """
 from __future__ import annotations
 
 import socket
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,61 +33,15 @@ from helpers.procs import (
     kill_tree,
     load_json,
     result_of,
-    run_all,
     start,
     wait_for,
 )
-
-from ddp_doctor.training.run.ledger import process_gone
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "run_scripts"
 START_BOUND = 180.0  # interpreters importing torch on a loaded 2-core machine
 PREFIX = "ddp_doctor/preflight/0/"  # the preflight's keys of hand-launched ranks (preflight_ranks/one_rank.py)
-
-
-def _torchrun(port: int, report: str, script: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-            "--master-port", str(port), "-m", "ddp_doctor", "run", "--skip", "communication",
-            "--report", report, str(SCRIPTS / script)]
-
-
-def _ranks_of(agent_pid: int) -> dict[str, int]:
-    """RANK -> pid of a torchrun agent's workers (its children)."""
-    import psutil
-    out = {}
-    try:
-        for child in psutil.Process(agent_pid).children():
-            rank = child.environ().get("RANK")
-            if rank is not None:
-                out[rank] = child.pid
-    except psutil.Error:
-        return {}
-    return out
-
-
-def _two_torchruns(base: Path) -> dict:
-    for d in ("a", "b", "tmp"):
-        (base / d).mkdir()
-    env = clean_env(TMPDIR=str(base / "tmp"), GO_FILE=str(base / "go"))
-    a = start(_torchrun(free_port(), "a.json", "each_rank_waits_for_go.py"), env, str(base / "a"))
-    b = start(_torchrun(free_port(), "b.json", "rank1_raises.py"), env, str(base / "b"))
-    try:
-        ranks = wait_for(lambda: len(_ranks_of(a.pid)) == 2 and _ranks_of(a.pid), START_BOUND, "job A's two ranks")
-        res_b = finish(b, 150)  # B's rank 1 failed and B ended: its records are all written
-        (base / "go0").touch()  # A's rank 0 ends well; A's rank 1 still runs
-        wait_for(lambda: process_gone(ranks["0"]), 120, "job A's rank 0 to end")
-        while_running = load_json(str(base / "a" / "a.json"))
-        (base / "go1").touch()
-        res_a = finish(a, 120)
-    finally:
-        for p in (a, b):
-            if p.poll() is None:
-                kill_tree(p.pid)
-    return {"a": res_a, "b": res_b, "a_while_running": while_running,
-            "a_report": load_json(str(base / "a" / "a.json")), "b_report": load_json(str(base / "b" / "b.json")),
-            "run_dirs": sorted(p.name for p in (base / "tmp").iterdir() if p.name.startswith("ddp-doctor-run-"))}
 
 
 def _host_checked_in(port: int) -> bool:
@@ -163,16 +118,15 @@ def _hand_launched(base: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, launches):
+    """The two torchrun jobs (a shared launch: helpers/launches.py) beside the hand-launched ones."""
     base = tmp_path_factory.mktemp("two_jobs")
-    (base / "torchrun").mkdir()
     (base / "hand").mkdir()
-    return run_all({"torchrun": lambda: _two_torchruns(base / "torchrun"),
-                    "hand": lambda: _hand_launched(base / "hand")}, at_once=2)
+    return launches.get("two_torchrun_jobs", own={"hand": lambda: _hand_launched(base / "hand")}, at_once=2)
 
 
 def test_two_torchrun_jobs_on_one_host_each_report_their_own_job(runs):
-    got = result_of(runs, "torchrun")
+    got = runs["two_torchrun_jobs"].result
     # while A's rank 1 still runs, A's report says so: never B's failure
     assert got["a_while_running"]["status"] == "running", got["a_while_running"]
     res_a, rep_a = got["a"], got["a_report"]
@@ -187,7 +141,7 @@ def test_two_torchrun_jobs_on_one_host_each_report_their_own_job(runs):
 
 
 def test_each_torchrun_job_has_a_run_directory_of_its_own_though_both_run_ids_are_none(runs):
-    dirs = result_of(runs, "torchrun")["run_dirs"]
+    dirs = runs["two_torchrun_jobs"].result["run_dirs"]
     assert len(dirs) == 2 and all(d.startswith("ddp-doctor-run-none-") for d in dirs), dirs
 
 
