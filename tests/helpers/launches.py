@@ -31,8 +31,6 @@ The scenarios, and the modules that read each:
 """
 from __future__ import annotations
 
-import glob
-import json
 import os
 import shutil
 import signal
@@ -59,6 +57,7 @@ from helpers.procs import (
     wait_for,
     wait_for_line,
 )
+from helpers.stops import heartbeats
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "run_scripts"
@@ -157,18 +156,6 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Catalogue:
 
 
 # What the scenarios wait on and check, also used by the modules that read them.
-
-def heartbeats(run_parent: Path, pattern: str = "*") -> dict[int, dict[str, Any]]:
-    """rank -> its last heartbeat, in the run directories `run_parent/pattern`."""
-    out = {}
-    for p in glob.glob(str(run_parent / pattern / "hb-*.json")):
-        try:
-            hb = json.loads(Path(p).read_text())
-            out[int(hb["rank"])] = hb
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
-
 
 def stuck_in_rank1_sleeps(run_parent: Path, pattern: str = "*") -> bool:
     """Both ranks where rank1_sleeps.py keeps them, each seen there by its watchdog on two samples

@@ -37,9 +37,10 @@ def start(cmd: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Po
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def heartbeats(run_parent: Path) -> dict[int, dict[str, Any]]:
+def heartbeats(run_parent: Path, pattern: str = "*") -> dict[int, dict[str, Any]]:
+    """rank -> its last heartbeat, in the run directories `run_parent/pattern`."""
     out = {}
-    for p in glob.glob(str(run_parent / "*" / "hb-*.json")):
+    for p in glob.glob(str(run_parent / pattern / "hb-*.json")):
         try:
             hb = json.loads(Path(p).read_text())
             out[int(hb["rank"])] = hb
