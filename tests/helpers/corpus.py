@@ -179,3 +179,17 @@ def live(name: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
     doc = evidence_file.read(str(ANALYZED / name / "run.evidence.json"))
     judged = replay(doc)
     return judged.code, judged.report, doc["verdict"]
+
+
+def unreplayed(group: str, expected: list[str]) -> list[str]:
+    """What is wrong with a group's recordings: the scenarios `expected` that are not recorded (or
+    recordings of none of them), and each recording whose replay gives another verdict than the one
+    it recorded; [] when every scenario replays to its verdict."""
+    from ddp_doctor.training.evidence_file import verdict
+    recorded = names(group)
+    problems = [f"{group}: recorded {recorded}, expected {sorted(expected)}"] if recorded != sorted(expected) else []
+    for name in recorded:
+        code, rep, was = replayed(group, name)
+        if verdict(rep, code) != was:
+            problems.append(f"{group}/{name}: replays to {verdict(rep, code)}, recorded {was}")
+    return problems

@@ -10,8 +10,6 @@ from helpers import corpus
 from helpers.procs import TIMING_WARNINGS
 from helpers.scenarios import GROUPS, line_of
 
-from ddp_doctor.training.evidence_file import verdict
-
 
 def ran(name: str) -> tuple[int, dict]:
     """The job's exit code and report, judged again from the run's recorded evidence."""
@@ -24,10 +22,7 @@ def errors(rep: dict) -> list[dict]:
 
 
 def test_every_scenario_is_recorded_and_replays_to_the_verdict_it_recorded():
-    assert corpus.names("cause") == sorted(GROUPS["cause"])
-    for name in corpus.names("cause"):
-        code, rep, was = corpus.replayed("cause", name)
-        assert verdict(rep, code) == was, name
+    assert corpus.unreplayed("cause", list(GROUPS["cause"])) == []
 
 
 def test_uneven_inputs_names_the_rank_that_left_and_the_steps():
