@@ -229,13 +229,17 @@ def _record_ending(me: _Rank, watch: ProgressWatch, outcome: Outcome, probe: Any
     """The script's ending in the records (outcome, probe, ledger) and, on several nodes, in the
     job's store; returns the ending and what the store says of every rank's (None on one node)."""
     watch.phase = "teardown"  # from here the watchdog leaves the ledger to this thread
+    ending = {"exit_code": outcome.exit_code, "exception": outcome.exception,
+              "exited": outcome.exited,  # sys.exit(N != 0): where
+              "host": os.uname().nodename, "phase": "training", "local_rank": os.environ.get("LOCAL_RANK")}
+    if outcome.exit_code or outcome.exception is not None:
+        # on file first: after a peer's failure the launcher's SIGTERM may end this process at any
+        # moment, and a rank that failed on its own is judged by its error, not by that signal
+        records.write_outcome(me.run_dir, me.rank, ending)
     position = _ledger_position(outcome)
     if probe is not None:
         probe.end(how="script", exit_code=outcome.exit_code, raised=outcome.exception is not None)
-    ending = {"exit_code": outcome.exit_code, "exception": outcome.exception,
-              "exited": outcome.exited,  # sys.exit(N != 0): where
-              "host": os.uname().nodename, "phase": "training",
-              "local_rank": os.environ.get("LOCAL_RANK"), "leftovers": children.end()}  # checks/leftover_rules.py
+    ending["leftovers"] = children.end()  # checks/leftover_rules.py
     records.write_outcome(me.run_dir, me.rank, ending)
     if me.under_parent and probe is not None:  # what keeps the process alive past the teardown bound (DDP806)
         watch_exit(records.outcome_path(me.run_dir, me.rank))
