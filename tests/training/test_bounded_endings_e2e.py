@@ -77,7 +77,7 @@ def _stopped_launcher(tmp_path: Path) -> Callable[[], dict]:
     result, the launcher and the ranks' heartbeats."""
     script = "each_rank_waits_for_go.py"
     go = tmp_path / "go-"
-    cmd = [*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "15", "--timeout", "30",
+    cmd = [*DDP, "run", "--skip", "communication", "--nproc-per-node", "2", "--hang-timeout", "15", "--timeout", "30",
            "--run-dir", str(tmp_path / "runs"), "--report", str(tmp_path / "r.json"), str(SCRIPTS / script)]
     proc = stops.start(cmd, clean_env(GO_FILE=str(go)), str(tmp_path))
     return lambda: _stop_the_launcher(proc, tmp_path, script, go)
@@ -115,7 +115,7 @@ def ends(tmp_path_factory):
     for i in range(2):
         d = base / f"job{i}"
         d.mkdir()
-        jobs[f"job{i}"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "60",
+        jobs[f"job{i}"] = Launch([*DDP, "run", "--skip", "communication", "--nproc-per-node", "2", "--timeout", "60",
                                   "--report", str(d / "r.json"), str(SCRIPTS / "rank1_os_exit_7.py")],
                                  clean_env(), str(d), timeout=300)
     return base, run_all(jobs, at_once=3)
@@ -137,7 +137,7 @@ def test_sigterm_to_torchrun_ends_it_within_its_grace_with_an_interrupted_report
     script = "trains_until_stopped.py"
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "ddp_doctor", "run", str(SCRIPTS / script)]
+           "-m", "ddp_doctor", "run", "--skip", "communication", str(SCRIPTS / script)]
     proc = stops.start(cmd, clean_env(DDP_DOCTOR_RUN_DIR=str(runs)), str(tmp_path))
     with _ended_or_killed(proc, "torchrun"):
         # as soon as both ranks run the script (torch may still be importing in DDP's constructor)

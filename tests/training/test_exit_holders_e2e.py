@@ -41,7 +41,7 @@ def line_of(script: str, text: str) -> str:
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("exit_holders")
     launches = {
-        name: Launch([*command, "run", "--nproc-per-node", "2", "--timeout", "30", *extra,
+        name: Launch([*command, "run", "--skip", "communication", "--nproc-per-node", "2", "--timeout", "30", *extra,
                       "--report", str(base / f"{name}.json"), str(SCRIPTS / script)],
                      clean_env(), str(base), timeout=180)
         for name, (command, script, extra) in RUNS.items()}

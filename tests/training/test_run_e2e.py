@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SCRIPTS_OK = str(SCRIPTS / "ok_allreduce.py")
 AT_ONCE = 3  # runs at a time on 2 cores
+# the runs whose subject is not the preflight leave out its communication checks (the sweep, the
+# straggler rounds: about 1.5 s of CPU a launch); "raises" keeps them (its trace shows DDP401)
+QUICK = ("--skip", "communication")
 
 
 def script(name: str) -> str:
@@ -52,7 +55,7 @@ def own_launches(base: Path) -> dict[str, Launch]:
         return str(base / name / "r.json")
 
     out = {
-        "hang": Launch([*DDP, "run", "--nproc-per-node", "2", "--hang-timeout", "3", "--progress",
+        "hang": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--hang-timeout", "3", "--progress",
                         "--report", report("hang"), script("rank1_sleeps.py")], clean_env(), at("hang"), timeout=90),
     }
     if importlib.util.find_spec("transformers"):  # else its test skips
@@ -66,17 +69,18 @@ def own_launches(base: Path) -> dict[str, Launch]:
         "raises": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("raises"), "--timeout", "20",
                           "--trace", str(base / "raises" / "trace.json"), script("rank1_raises.py")],
                          clean_env(), at("raises"), timeout=120),
-        "segfault": Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "20", "--report", report("segfault"),
-                            script("rank1_segfaults.py")], clean_env(), at("segfault"), timeout=120),
-        "passthrough": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("passthrough"),
+        "segfault": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--timeout", "20", "--report",
+                            report("segfault"), script("rank1_segfaults.py")], clean_env(), at("segfault"),
+                            timeout=120),
+        "passthrough": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("passthrough"),
                                script("ok_allreduce.py"), "a", "--flag"], clean_env(EXIT="7"), at("passthrough"),
                               timeout=120),
         "stuck_at_exit": Launch([sys.executable, "-c", (
             "import sys; import ddp_doctor.training.run.stall_watch as r; r.TEARDOWN_BOUND = 2.0; "
             "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))"), "run", "--nproc-per-node", "2",
-            "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(), at("stuck_at_exit"),
+            *QUICK, "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(), at("stuck_at_exit"),
             timeout=120),
-        "abort_at_exit": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("abort_at_exit"),
+        "abort_at_exit": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("abort_at_exit"),
                                  script("abort_at_exit.py")], clean_env(), at("abort_at_exit"), timeout=120),
         "api_torchrun": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")],
                                clean_env(PYTHONPATH=str(ROOT)), at("api_torchrun"), timeout=120),
@@ -84,9 +88,9 @@ def own_launches(base: Path) -> dict[str, Launch]:
                             clean_env(PYTHONPATH=str(ROOT), SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
                                       DDP_DOCTOR_SM_ROOT=str(base / "api_fails" / "opt_ml")),
                             at("api_fails"), timeout=120),
-        "module_form": Launch([*DDP, "run", "-m", "tests.run_scripts.as_module", "--x", "1"],
+        "module_form": Launch([*DDP, "run", *QUICK, "-m", "tests.run_scripts.as_module", "--x", "1"],
                               clean_env(PYTHONPATH=str(ROOT)), at("module_form"), timeout=120),
-        "ranks_filter": Launch([*DDP, "run", "--nproc-per-node", "2", "--local-ranks-filter", "0", "--report",
+        "ranks_filter": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--local-ranks-filter", "0", "--report",
                                 report("ranks_filter"), script("rank0_raises_both_print.py")], clean_env(),
                                at("ranks_filter"), timeout=120),
     }
