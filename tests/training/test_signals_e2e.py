@@ -47,8 +47,8 @@ def assert_none_left(cwd: Path) -> None:
 def _sigterm_to_run(d: Path) -> Callable[[], Result]:
     """SIGTERM to `ddp-doctor run` of rank1_sleeps.py once both ranks are held there."""
     def job() -> Result:
-        cmd = [*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--run-dir", str(d / "runs"),
-               "--report", str(d / "r.json"), str(SCRIPTS / "rank1_sleeps.py")]
+        cmd = [*DDP, "run", "--skip", "communication", "--nproc-per-node", "2", "--timeout", "30", "--run-dir",
+               str(d / "runs"), "--report", str(d / "r.json"), str(SCRIPTS / "rank1_sleeps.py")]
         proc = stops.start(cmd, clean_env(), str(d))
         with ended_if_it_fails(proc):
             wait_until_stuck(d / "runs")
@@ -78,7 +78,7 @@ def _sigterm_through_torchrun(d: Path) -> Callable[[], Result]:
     """SIGTERM to `torchrun -m ddp_doctor run` of rank1_sleeps.py once both ranks are held there."""
     def job() -> Result:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "ddp_doctor", "run", str(SCRIPTS / "rank1_sleeps.py")]
+               "-m", "ddp_doctor", "run", "--skip", "communication", str(SCRIPTS / "rank1_sleeps.py")]
         proc = stops.start(cmd, clean_env(DDP_DOCTOR_RUN_DIR=str(d / "runs")), str(d))
         with ended_if_it_fails(proc):
             wait_until_stuck(d, pattern="runs")

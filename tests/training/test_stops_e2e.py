@@ -66,8 +66,8 @@ def _report(path: Path) -> dict[str, Any] | None:
 
 
 def _run_cmd(d: Path) -> list[str]:
-    return [*DDP, "run", "--nproc-per-node", "2", "--timeout", "30", "--run-dir", str(d / "runs"),
-            "--report", str(d / "r.json"), str(SCRIPTS / TRAINS)]
+    return [*DDP, "run", "--skip", "communication", "--nproc-per-node", "2", "--timeout", "30", "--run-dir",
+            str(d / "runs"), "--report", str(d / "r.json"), str(SCRIPTS / TRAINS)]
 
 
 def _start_training(d: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[int, dict[str, Any]]]:
@@ -100,7 +100,8 @@ def _alone(base: Path, sig: signal.Signals | None):
         (d / "runs").mkdir(parents=True)
         env = clean_env(TMPDIR=str(d / "runs"), MARKER_DIR=str(d))
         script = SCRIPTS / (ALONE if sig else "writes_marker.py")
-        proc = stops.start([*DDP, "run", "--report", str(d / "r.json"), str(script)], env, str(d))
+        proc = stops.start([*DDP, "run", "--skip", "communication", "--report", str(d / "r.json"), str(script)], env,
+                            str(d))
         hbs: dict[int, dict[str, Any]] = {}
         if sig is not None:
             with ended_if_it_fails(proc):
