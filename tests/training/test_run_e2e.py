@@ -174,7 +174,9 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(runs):
     assert peer and peer[0]["ranks"] == [0] and peer[0]["evidence"]["consequence"]
     assert "Root cause: DDP800" in res.stderr
     assert rep["measurements"]["stage_seconds"]["group_checks"] > 0
-    assert_failing_run_trace(dir_of(runs, "raises") / "trace.json", res.stderr)
+    # rank 0 ended by the launcher before its probes' record was written (DDP806): the race of RANK0_ENDINGS
+    ended = {r for f in rep["findings"] if f["id"] == "DDP806" for r in f["ranks"]}
+    assert_failing_run_trace(dir_of(runs, "raises") / "trace.json", res.stderr, without_probes=ended)
     assert verdict_block(res.stderr, str(dir_of(runs, "raises") / "r.json")) == GOLDEN_RAISES, res.stderr
 
 
@@ -234,7 +236,7 @@ RANK0_ENDINGS = (
 )
 
 
-def assert_failing_run_trace(path: Path, stderr: str) -> None:
+def assert_failing_run_trace(path: Path, stderr: str, without_probes: set[int]) -> None:
     """The trace shows each rank's lane, its preflight stages, the failure and the collective
     rank 0 was in when rank 1 left."""
     import json
@@ -254,8 +256,8 @@ def assert_failing_run_trace(path: Path, stderr: str) -> None:
         stages = {"local_checks", "rendezvous", "init_process_group", "group_checks", "teardown"}
         assert stages <= {e["name"] for e in events(trace, rank, "preflight.stage")}, rank
         assert "DDP401" in {e["name"].split()[0] for e in events(trace, rank, "preflight.check")}
-        assert [e["name"] for e in events(trace, rank) if e["name"] == "init_process_group"
-                and e["cat"] == "probe"] == ["init_process_group"]
+        probes = [e["name"] for e in events(trace, rank) if e["name"] == "init_process_group" and e["cat"] == "probe"]
+        assert probes == ([] if rank in without_probes and not probes else ["init_process_group"]), rank
     [failed] = events(trace, 1, "failure")
     assert failed["name"] == "failed: ValueError: bad batch on rank 1"
     [cause] = events(trace, 1, "root_cause")
