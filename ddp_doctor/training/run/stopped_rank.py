@@ -45,6 +45,7 @@ def end_stopped_rank(watch: Any, signo: int, started: float, opts: RunOptions) -
             _share_stopped_ending(watch, started, failed=True)
             write_outside_report(watch.rank, watch.run_dir, started, True, opts)
         finally:
+            end_children(watch)  # the main thread puts a failed ending on file before it ends them
             sys.stderr.flush()
             os._exit(int(own.get("exit_code") or 1))
     try:
