@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ddp_doctor.exit_codes import FailOn, fail_on_exit
 from ddp_doctor.report import sinks
@@ -165,16 +165,17 @@ def apply_fail_on(code: int, rep: dict[str, Any], fail_on: FailOn | None) -> int
     return new
 
 
-def platform_sinks(rep: dict[str, Any], ctx: Any) -> None:
-    """On failure: torchelastic's error file (torchrun's summary names it) and, on SageMaker,
-    the failure file (first writer wins) and a stderr line naming an exception."""
+def platform_sinks(rep: dict[str, Any], env: Mapping[str, str], sm: Any) -> None:
+    """On failure: torchelastic's error file (torchrun's summary names it) and, on SageMaker (`sm`:
+    the container's view, None elsewhere), the failure file (first writer wins) and a stderr line
+    naming an exception."""
     if rep.get("status") != "fail":
         return
-    err = sinks.write_torchelastic_error_file(rep, ctx.env.get("TORCHELASTIC_ERROR_FILE"))
+    err = sinks.write_torchelastic_error_file(rep, env.get("TORCHELASTIC_ERROR_FILE"))
     if err:
         warn(err)
-    if ctx.sagemaker is not None:
-        err = sinks.write_sagemaker_failure(rep, ctx.sagemaker.root)
+    if sm is not None:
+        err = sinks.write_sagemaker_failure(rep, sm.root)
         if err and "already" not in err:
             warn(err)
         _say(sys.stderr, sinks.sm_failure_line(rep) + "\n")
@@ -199,4 +200,4 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
         publish(rep, out, env=ctx.env, path=path if rank == 0 else f"{path}.rank{rank}.json",
                 suffix="" if rank == 0 else f".rank{rank}", stream=sys.stdout if rank == 0 else sys.stderr,
                 prefix="" if rank == 0 else f"[rank {rank}] ")
-    platform_sinks(rep, ctx)
+    platform_sinks(rep, ctx.env, ctx.sagemaker)

@@ -90,7 +90,7 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
     publish(rep, Output(report_path=path, only_if_not_pass=True, stderr=True, quiet=not shown,
                         verdict_if_pass=True), path=path, evidence=judged.evidence)
     if failed or rep.get("status") == "fail":  # a rank that ended well may report another node's failure
-        platform_sinks(rep, ctx)
+        platform_sinks(rep, ctx.env, ctx.sagemaker)
     return rep
 
 

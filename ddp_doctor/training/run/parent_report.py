@@ -92,8 +92,10 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     else:
         publish(rep, out, evidence=evidence)
     if rep.get("status") in ("fail", "interrupted"):
-        from ddp_doctor.context import current_context
-        platform_sinks(rep, current_context())  # SageMaker's failure file, when on SageMaker
+        # SageMaker's failure file, when on SageMaker: the environment only (the host's facts would
+        # import torch in the parent for its GPU count, ~1.5 s of CPU a failed run)
+        from ddp_doctor.facts import sagemaker_env
+        platform_sinks(rep, os.environ, sagemaker_env.read(os.environ))
     from ddp_doctor.report.publish import apply_fail_on
     return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
 
