@@ -38,6 +38,9 @@ SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ROOT = str(Path(__file__).resolve().parents[2])
 AT_ONCE = 3  # launches at a time on 2 cores
 NODES = ["algo-1", "algo-2"]
+# launches whose subject is the environment or the launcher, not the all_reduce sweep (~1.5 s of CPU a
+# launch); the CPU default, torchrun, mpirun, two nodes and the crashing check keep it
+NO_SWEEP = ("--skip", "communication")
 SLURM_MPICH = {
     "slurm": lambda r, n: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": str(n),
                            "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
@@ -79,16 +82,16 @@ def runs(tmp_path_factory):
     def single(name: str, cmd: list[str], env: dict) -> Launch:
         return Launch(cmd, env, str(runs.dir(name)))
 
-    def ranks(name: str, n: int, timeout: str, env: dict, **kw):
+    def ranks(name: str, n: int, timeout: str, env: dict, more: tuple[str, ...] = (), **kw):
         """Ranks started by hand (helpers.procs.run_ranks), together, when the queue gets to them."""
-        return lambda: run_ranks(n, preflight(name, timeout), env, str(runs.dir(name)), **kw)
+        return lambda: run_ranks(n, preflight(name, timeout, *more), env, str(runs.dir(name)), **kw)
 
     def by_hand(name: str, make_env):
         """The variables srun and MPICH's hydra set, given to two real processes by hand."""
         def go() -> list[Result]:
             port = free_port()
-            procs = [start([*DDP, *preflight(name, "20")], clean_env(MASTER_PORT=str(port), **make_env(r, 2)),
-                           str(runs.dir(name))) for r in range(2)]
+            env = [clean_env(MASTER_PORT=str(port), **make_env(r, 2)) for r in range(2)]
+            procs = [start([*DDP, *preflight(name, "20", *NO_SWEEP)], env[r], str(runs.dir(name))) for r in range(2)]
             return [finish(p, 120) for p in procs]
         return go
 
@@ -110,17 +113,18 @@ def runs(tmp_path_factory):
                             clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.late_init_return", PYTHONPATH=ROOT,
                                       LATE_INIT_LOG=str(runs.dir("late_init") / "order.log"))),
         "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
-                                      *preflight("sm_gpus", "10", "--verbose")],
+                                      *preflight("sm_gpus", "10", "--verbose", *NO_SWEEP)],
                           secret_env("sm_gpus", SM_NUM_GPUS="8")),
         "sm_hosts": single("sm_hosts", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
-                                        *preflight("sm_hosts", "10")],
+                                        *preflight("sm_hosts", "10", *NO_SWEEP)],
                            clean_env(SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
                                      DDP_DOCTOR_SM_ROOT=str(runs.dir("sm_hosts") / "opt_ml"))),
         "torchrun": single("torchrun", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                         *preflight("torchrun", "20", "--json")], clean_env()),
         "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")], clean_env()),
         "plans": ranks("plans", 2, "60", clean_env(), args_of={0: ["--select", "DDP407"], 1: ["--select", "DDP402"]}),
-        "mismatched_env": ranks("mismatched_env", 2, "10", clean_env(), per_rank={1: {"NCCL_ALGO": "Tree"}}),
+        "mismatched_env": ranks("mismatched_env", 2, "10", clean_env(), more=NO_SWEEP,
+                                per_rank={1: {"NCCL_ALGO": "Tree"}}),
         **{launcher: by_hand(launcher, make_env) for launcher, make_env in SLURM_MPICH.items()},
     }
     if shutil.which("mpirun") is not None:
