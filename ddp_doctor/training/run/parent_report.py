@@ -16,6 +16,15 @@ def sent_to_launcher(stop: Any, launcher_pid: int) -> Any:
     return replace(stop, sender_pid=None, sender=None, to=f"the launcher (torch's elastic agent, pid {launcher_pid})")
 
 
+def platform_files(rep: dict[str, Any]) -> None:
+    """torchelastic's error file and, on SageMaker, its failure file, for a failed job's report. Read
+    from the environment alone: the parent never imports torch (the host's facts would, for a GPU
+    count: ~1.5 s of CPU before the verdict)."""
+    from ddp_doctor.facts import sagemaker_env
+    from ddp_doctor.report.publish import platform_sinks
+    platform_sinks(rep, os.environ, sagemaker_env.read(os.environ))
+
+
 def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]] | None, opts: Any,
            torchrun: list[str], *, stuck_in_init: bool = False, interrupted: Any = None,
            slow: dict[str, Any] | None = None, signals: Any = None, launcher_pid: int | None = None,
@@ -29,7 +38,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.processes.launch_dir import merge_launch_dir
     from ddp_doctor.report import build as reportlib
-    from ddp_doctor.report.publish import Output, platform_sinks, publish
+    from ddp_doctor.report.publish import Output, publish
     from ddp_doctor.training import records
     from ddp_doctor.training.run.run_dir import read_run
 
@@ -92,10 +101,7 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     else:
         publish(rep, out, evidence=evidence)
     if rep.get("status") in ("fail", "interrupted"):
-        # SageMaker's failure file, when on SageMaker: the environment only (the host's facts would
-        # import torch in the parent for its GPU count, ~1.5 s of CPU a failed run)
-        from ddp_doctor.facts import sagemaker_env
-        platform_sinks(rep, os.environ, sagemaker_env.read(os.environ))
+        platform_files(rep)
     from ddp_doctor.report.publish import apply_fail_on
     return apply_fail_on(code, rep, getattr(opts, "fail_on", None))  # --fail-on: 0 -> 3 on such a finding
 
