@@ -24,6 +24,14 @@ LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GR
 DDP = [sys.executable, "-m", "ddp_doctor"]
 
 
+def ddp_with_bounds(**bounds: float) -> list[str]:
+    """DDP, with some of the parent's bounds (ddp_doctor.training.run.stall_watch's constants, by
+    name) shortened: a test of what happens at a bound waits seconds, not the minute a user gets."""
+    sets = "; ".join(f"w.{name} = {value!r}" for name, value in bounds.items())
+    return [sys.executable, "-c", f"import sys; import ddp_doctor.training.run.stall_watch as w; {sets}; "
+            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
     env["OMP_NUM_THREADS"] = "1"

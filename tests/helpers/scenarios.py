@@ -15,6 +15,7 @@ from helpers.procs import DDP, Launch, clean_env, free_port
 TESTS = Path(__file__).resolve().parents[1]
 SCRIPTS = TESTS / "run_scripts"
 FAILURE_SCRIPTS = TESTS / "failure_scripts"
+PROBE_SCRIPTS = TESTS / "probe_scripts"
 RUN_BOUNDS = ("--timeout", "30", "--hang-timeout", "60")
 
 
@@ -72,10 +73,20 @@ def _signature(script: str, *, nproc: int | None = None, env: dict[str, str] | N
                     scripts=FAILURE_SCRIPTS, env={**SIGNATURE_ENV, **(env or {})}, timeout=120.0, **more)
 
 
+# what the ranks drew and how they formed their group is the subject: the bandwidth sweep is skipped
+NO_SWEEP = ("--skip", "communication")
+SHARDING_BOUNDS = ("--timeout", "60", "--hang-timeout", "120")
+
+
+def _loop(*switches: str) -> Scenario:
+    """tests/probe_scripts/loop.py, the correct DDP loop unless a switch plants a mistake."""
+    return Scenario("loop.py", NO_SWEEP, args=switches, scripts=PROBE_SCRIPTS)
+
+
 # group -> name -> scenario. "cause": failures the collective ledger explains, and correct patterns
 # that must stay clean (training/test_cause.py); "signatures": known error signatures
-# (checks/test_signatures.py); "ddp_parameters", "late_init", "init_everywhere": the
-# training/test_*_e2e.py modules of those names
+# (checks/test_signatures.py); "ddp_parameters", "late_init", "init_everywhere", "probes",
+# "sharding": the training/test_*_e2e.py modules of those names
 GROUPS: dict[str, dict[str, Scenario]] = {
     "cause": {
         "uneven": Scenario("uneven_inputs.py"),
@@ -133,6 +144,24 @@ GROUPS: dict[str, dict[str, Scenario]] = {
                                     ("world_too_large", "spawn_world_too_large.py", None),
                                     ("rank_outside", "spawn_rank_out_of_range.py", None),
                                     ("never_inits", "never_inits.py", 2), ("forms_group", "ok_allreduce.py", 2)]},
+    # the in-training probes: one mistake planted in a DDP loop each (and none in "correct")
+    "probes": {
+        "correct": _loop(),
+        "own_shard": _loop("--own-shard"),
+        "unsharded": _loop("--no-sampler", "--rank-seed", "--samples", "20000", "--max-batches", "10"),
+        "set_epoch_straggler_bypass_buffer": _loop("--no-set-epoch", "--slow-rank", "1", "--bypass-ddp",
+                                                   "--local-buffer"),
+        "ddp_first": _loop("--ddp-first"),
+        "init_twice": _loop("--init-twice"),
+    },
+    # data sharded twice or overlapping (tests/run_scripts/sampler_sharding.py's shapes), and ranks
+    # that never formed a process group
+    "sharding": {  # accelerate's import takes a while on a busy machine: wider bounds
+        **{shape: Scenario("sampler_sharding.py", NO_SWEEP, args=("--shape", shape), bounds=SHARDING_BOUNDS)
+           for shape in ("accelerate", "wrapped", "subset", "seed", "rank")},
+        "too_few_gpus": Scenario("too_few_gpus.py", NO_SWEEP, bounds=SHARDING_BOUNDS),
+        "cpu_shards": Scenario("cpu_skips_ddp_shards_data.py", NO_SWEEP, bounds=SHARDING_BOUNDS),
+    },
 }
 
 

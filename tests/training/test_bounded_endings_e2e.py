@@ -27,7 +27,18 @@ from typing import Callable
 
 import pytest
 from helpers import stops
-from helpers.procs import DDP, Launch, clean_env, finish, kill_tree, load_json, result_of, run_all, wait_for
+from helpers.procs import (
+    DDP,
+    Launch,
+    clean_env,
+    ddp_with_bounds,
+    finish,
+    kill_tree,
+    load_json,
+    result_of,
+    run_all,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -77,7 +88,9 @@ def _stopped_launcher(tmp_path: Path) -> Callable[[], dict]:
     result, the launcher and the ranks' heartbeats."""
     script = "each_rank_waits_for_go.py"
     go = tmp_path / "go-"
-    cmd = [*DDP, "run", "--skip", "communication", "--nproc-per-node", "2", "--hang-timeout", "15", "--timeout", "30",
+    # the parent's 30 s for the launcher's exit, shortened: what happens at the bound is the subject
+    cmd = [*ddp_with_bounds(LAUNCHER_EXIT_BOUND=3.0), "run", "--skip", "communication", "--nproc-per-node", "2",
+           "--hang-timeout", "15", "--timeout", "30",
            "--run-dir", str(tmp_path / "runs"), "--report", str(tmp_path / "r.json"), str(SCRIPTS / script)]
     proc = stops.start(cmd, clean_env(GO_FILE=str(go)), str(tmp_path))
     return lambda: _stop_the_launcher(proc, tmp_path, script, go)

@@ -10,19 +10,16 @@ production) is made short by the same wrapper as tests/training/test_run_e2e.py'
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Launch, clean_env, load_json, result_of, run_all
+from helpers.procs import DDP, Launch, clean_env, ddp_with_bounds, load_json, result_of, run_all
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 # Only the run that must be ended gets the short bound: on 2 loaded cores a correct rank's exit
 # (its ledger, torch's teardown) can take longer than a few seconds, which is not what is tested.
-SHORT_BOUND = [sys.executable, "-c", (
-    "import sys; import ddp_doctor.training.run.stall_watch as r; r.TEARDOWN_BOUND = 6.0; "
-    "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))")]
+SHORT_BOUND = ddp_with_bounds(TEARDOWN_BOUND=6.0)
 
 # name -> (command, script, extra options)
 RUNS = {

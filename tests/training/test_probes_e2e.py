@@ -3,8 +3,11 @@
 tests/probe_scripts/loop.py is one DDP loop with switches, each introducing one mistake; without
 switches it is the correct recipe and nothing may be reported about it.
 
-The runs are started together by one module fixture (they mostly wait: interpreters importing
-torch, rendezvous), then each test reads its own run's result and report.
+What the probes' reports say of each planted mistake is judged from its recorded evidence
+(tests/corpus/probes/, helpers/scenarios.py's group "probes"). What only a launch shows is launched,
+together, by one module fixture: a mistake's report with --fail-on error (its exit status and the
+script's own output), the same under torchrun with the environment's DDP_DOCTOR_FAIL_ON, ranks
+that a script spawns itself, and two simulated nodes without a shared directory.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import corpus
 from helpers.procs import (
     DDP,
     Launch,
@@ -24,8 +28,8 @@ from helpers.procs import (
     run,
     run_all,
 )
+from helpers.scenarios import GROUPS
 
-pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "probe_scripts"
 ROOT = Path(__file__).resolve().parents[2]
 # Not DDP872 (a data-loading straggler): a busy 2-core machine can cause it (helpers.procs.TIMING_WARNINGS);
@@ -34,35 +38,19 @@ PROBE_IDS = {"DDP850", "DDP852", "DDP853", "DDP860", "DDP861", "DDP862", "DDP863
              "DDP870", "DDP871", "DDP880"}
 AT_ONCE = 3  # runs at a time on 2 cores
 
-# name -> loop.py's switches, for each run of loop.py under `ddp-doctor run`
-LOOPS = {
-    "set_epoch_straggler_bypass_buffer": ["--no-set-epoch", "--slow-rank", "1", "--bypass-ddp", "--local-buffer"],
-    "correct": [],
-    "own_shard": ["--own-shard"],
-    "no_sampler_no_destroy": ["--no-sampler", "--no-destroy"],
-    "unsharded": ["--no-sampler", "--rank-seed", "--samples", "20000", "--max-batches", "10"],
-    "--ddp-first": ["--ddp-first"],
-    "--init-twice": ["--init-twice"],
-}
-
 
 # --fail-on error, asked for by two of the jobs that end well with DDP850 in their report: on the
 # command line (no_sampler_no_destroy), and in the environment under torchrun (whose `-m ddp_doctor
 # run` command line a SageMaker entrypoint cannot change). The jobs that end well with an error in
-# their report without it (set_epoch_straggler_bypass_buffer, spawn, two_nodes) show the exit 0 it changes.
-FAIL_ON = {"no_sampler_no_destroy": ["--fail-on", "error"]}
-
-
+# their report without it (spawn, two_nodes) show the exit 0 it changes.
 def launches(base: Path) -> dict[str, Launch]:
-    """One command each, for run_all, each in its own directory base/<name> (its cwd)."""
-    out = {}
-    for name, flags in LOOPS.items():
-        (base / name).mkdir()
-        # the probes are the subject: the preflight's bandwidth sweep (CPU on 2 busy cores) is skipped,
-        # here and in every launch of this module
-        out[name] = Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication", *FAIL_ON.get(name, []),
-                            "--report", str(base / name / "r.json"), str(SCRIPTS / "loop.py"), *flags],
-                           clean_env(), str(base / name), timeout=180)
+    """One command each, for run_all, each in its own directory base/<name> (its cwd). The probes are
+    the subject: the preflight's bandwidth sweep (CPU on 2 busy cores) is skipped in every launch."""
+    (base / "no_sampler_no_destroy").mkdir()
+    out = {"no_sampler_no_destroy": Launch(
+        [*DDP, "run", "--nproc-per-node", "2", "--skip", "communication", "--fail-on", "error",
+         "--report", str(base / "no_sampler_no_destroy" / "r.json"), str(SCRIPTS / "loop.py"), "--no-sampler",
+         "--no-destroy"], clean_env(), str(base / "no_sampler_no_destroy"), timeout=180)}
     (base / "torchrun").mkdir()
     out["torchrun"] = Launch(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
@@ -106,8 +94,16 @@ def runs(tmp_path_factory):
     return {"base": base, "results": results}
 
 
+def replayed(name: str, expect_rc: int = 0) -> dict:
+    """The report of one recorded run of loop.py, judged again now, and its exit status."""
+    code, rep, _ = corpus.replayed("probes", name)
+    assert code == expect_rc, rep.get("root_cause")
+    assert rep["phase"] == "training"
+    return rep
+
+
 def loop_report(runs: dict, name: str, expect_rc: int = 0) -> dict:
-    """The report of one run of loop.py; its own exit status and output pass through."""
+    """The report of one launched run of loop.py; its own exit status and output pass through."""
     res = result_of(runs["results"], name)
     assert res.rc == expect_rc, res.output
     rep = load_json(str(runs["base"] / name / "r.json"))
@@ -121,20 +117,25 @@ def find(rep: dict, check_id: str) -> list[dict]:
     return [f for f in rep["findings"] if f["id"] == check_id]
 
 
-def test_correct_loop_has_no_probe_findings(runs):
+def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
+    assert corpus.unreplayed("probes", list(GROUPS["probes"])) == []
+
+
+def test_correct_loop_has_no_probe_findings():
     # also the sharding rules' clean case (a DistributedSampler alone, one seed on every rank, set_epoch):
     # nothing undrawn (DDP851), a process group formed (DDP876)
-    rep = loop_report(runs, "correct")
+    rep = replayed("correct")
     assert_healthy(rep)
     assert not ids(rep) & (PROBE_IDS | {"DDP851", "DDP876"}), rep["findings"]
 
 
-def test_each_rank_reading_its_own_data_is_not_overlap(runs):
+def test_each_rank_reading_its_own_data_is_not_overlap():
     # Same indices on both ranks but different samples behind them: the data set is sharded by rank.
-    rep = loop_report(runs, "own_shard")
+    rep = replayed("own_shard")
     assert not ids(rep) & PROBE_IDS, rep["findings"]
 
 
+@pytest.mark.slow
 def test_no_distributed_sampler_and_no_destroy(runs):
     # Two mistakes in one run, each judged on its own: every rank draws the same samples, and the
     # group is left up at exit. (Run with --fail-on error: its exit status is tested below.)
@@ -149,20 +150,20 @@ def test_no_distributed_sampler_and_no_destroy(runs):
     assert not ids(rep) & (PROBE_IDS - {"DDP850", "DDP880"}), rep["findings"]
 
 
-def test_unsharded_loader_without_early_overlap_is_a_warning(runs):
+def test_unsharded_loader_without_early_overlap_is_a_warning():
     # Each rank shuffles 20000 samples with its own seed: the first batches happen not to overlap,
     # but no rank is given a shard of its own.
-    rep = loop_report(runs, "unsharded")
+    rep = replayed("unsharded")
     [f] = find(rep, "DDP853")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1] and "RandomSampler" in f["message"]
     assert not ids(rep) & (PROBE_IDS - {"DDP853"}), rep["findings"]
 
 
-def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(runs):
+def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer():
     # Ranks draw disjoint shards, so a forward pass that skips DDP (model.module(x): gradients never
     # all-reduced) lets the replicas drift, and a buffer fed from each rank's own batches with
     # broadcast_buffers=False drifts too; one rank is slow to load; set_epoch is never called.
-    rep = loop_report(runs, "set_epoch_straggler_bypass_buffer")
+    rep = replayed("set_epoch_straggler_bypass_buffer")
     [same] = find(rep, "DDP852")
     assert same["ranks"] == [0, 1] and "sampler.epoch stayed 0" in same["message"]
     [slow] = find(rep, "DDP872")
@@ -175,10 +176,10 @@ def test_missing_set_epoch_data_straggler_forward_through_module_local_buffer(ru
     assert not ids(rep) & (PROBE_IDS - {"DDP852", "DDP870", "DDP871"}), rep["findings"]
 
 
-@pytest.mark.parametrize("flag,check_id,signature", [("--ddp-first", "DDP861", "DDP833"),
-                                                      ("--init-twice", "DDP864", "DDP822")])
-def test_init_order_mistakes_are_the_root_cause(runs, flag, check_id, signature):
-    rep = loop_report(runs, flag, expect_rc=1)
+@pytest.mark.parametrize("name,check_id,signature", [("ddp_first", "DDP861", "DDP833"),
+                                                      ("init_twice", "DDP864", "DDP822")])
+def test_init_order_mistakes_are_the_root_cause(name, check_id, signature):
+    rep = replayed(name, expect_rc=1)
     [f] = find(rep, check_id)
     assert f["ranks"] == [0, 1] and f["category"] == "init_order" and "loop.py:" in f["message"]
     assert signature in ids(rep)  # the exception it led to, as well
@@ -192,22 +193,25 @@ def fail_on_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_fail_on_error_exits_3_where_a_job_without_it_exits_0(runs):
     """`ddp-doctor run --fail-on error` of a job whose ranks train on the same data (DDP850) and that
     ends well: exit 3, said on one line naming the errors; the script's output passes through
-    (loop_report). A job without --fail-on that ends well with an error in its report (DDP870)
-    keeps the training's own exit status (0), and says nothing of the kind."""
+    (loop_report). A job without --fail-on that ends well with an error in its report (DDP850, the
+    ranks spawned by the script) keeps the training's own exit status (0), and says nothing of the kind."""
     rep = loop_report(runs, "no_sampler_no_destroy", expect_rc=3)
     res = result_of(runs["results"], "no_sampler_no_destroy")
     errors = sorted(ids(rep, "error"))
     assert "DDP850" in errors and rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP850"
     assert fail_on_line(res.stderr) == ("ddp-doctor: exit 3 instead of 0, as --fail-on error asks: the report holds "
                                         + ", ".join(f"{i} (error)" for i in errors))
-    without = loop_report(runs, "set_epoch_straggler_bypass_buffer")  # exit 0: asserted there
-    assert "DDP870" in ids(without, "error") and without["status"] == "fail", without["findings"]
-    assert "exit 3 instead of 0" not in result_of(runs["results"], "set_epoch_straggler_bypass_buffer").stderr
+    without = result_of(runs["results"], "spawn")
+    assert without.rc == 0, without.output
+    assert "DDP850" in ids(load_json(str(runs["base"] / "spawn" / "r.json")), "error")
+    assert "exit 3 instead of 0" not in without.stderr
 
 
+@pytest.mark.slow
 def test_under_torchrun_rank0_reports_what_the_probes_saw_and_fail_on_comes_from_the_environment(runs):
     """torchrun -m ddp_doctor run with DDP_DOCTOR_FAIL_ON=error: rank 0 reports what the probes saw
     (DDP850 on both ranks); the rank that wrote the job's report exits 3, so torchrun fails the job
@@ -230,6 +234,7 @@ def test_under_torchrun_rank0_reports_what_the_probes_saw_and_fail_on_comes_from
     assert rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP850", rep["findings"]
 
 
+@pytest.mark.slow
 def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(runs):
     res = result_of(runs["results"], "spawn")
     d = runs["base"] / "spawn"
@@ -242,6 +247,7 @@ def test_ranks_spawned_by_the_script_are_probed_in_their_own_interpreters(runs):
     assert not ids(rep) & (PROBE_IDS - {"DDP850"}), rep["findings"]  # they destroyed their group
 
 
+@pytest.mark.slow
 def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(runs):
     results = result_of(runs["results"], "two_nodes")
     d = runs["base"] / "two_nodes"

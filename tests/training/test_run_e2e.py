@@ -20,6 +20,7 @@ from helpers.procs import (
     Launch,
     assert_clean_output,
     clean_env,
+    ddp_with_bounds,
     finish,
     free_port,
     last_stall_lines,
@@ -75,9 +76,7 @@ def own_launches(base: Path) -> dict[str, Launch]:
         "passthrough": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("passthrough"),
                                script("ok_allreduce.py"), "a", "--flag"], clean_env(EXIT="7"), at("passthrough"),
                               timeout=120),
-        "stuck_at_exit": Launch([sys.executable, "-c", (
-            "import sys; import ddp_doctor.training.run.stall_watch as r; r.TEARDOWN_BOUND = 2.0; "
-            "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))"), "run", "--nproc-per-node", "2",
+        "stuck_at_exit": Launch([*ddp_with_bounds(TEARDOWN_BOUND=2.0), "run", "--nproc-per-node", "2",
             *QUICK, "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(), at("stuck_at_exit"),
             timeout=120),
         "abort_at_exit": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("abort_at_exit"),

@@ -10,45 +10,26 @@
 - every rank returning before init (too few GPUs: tests/run_scripts/too_few_gpus.py) and ranks that
   skip DDP on CPU but split the data by rank (tests/run_scripts/cpu_skips_ddp_shards_data.py): DDP876.
 
-One module fixture launches every shape, a few at a time; each test reads its own run's report."""
+What each run's report says is judged from its recorded evidence (tests/corpus/sharding/,
+helpers/scenarios.py's group "sharding"); the accelerate shape is launched for what only a launch
+shows (what the ranks drew inside accelerate's loader, gathered and written, the exit status)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers.procs import DDP, Launch, clean_env, ids, load_json, result_of, run_all
+from helpers import corpus
+from helpers.procs import ids, load_json, run
+from helpers.scenarios import GROUPS, SCRIPTS, launch
 
-pytestmark = pytest.mark.slow
-SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
+from ddp_doctor.training.evidence_file import verdict
+
 SHARDING = SCRIPTS / "sampler_sharding.py"
-AT_ONCE = 3  # runs at a time on 2 cores: each is a launcher, 2 ranks and the parent
-
-RUNS = {
-    "accelerate": [str(SHARDING), "--shape", "accelerate"],
-    "wrapped": [str(SHARDING), "--shape", "wrapped"],
-    "subset": [str(SHARDING), "--shape", "subset"],
-    "seed": [str(SHARDING), "--shape", "seed"],
-    "rank": [str(SHARDING), "--shape", "rank"],
-    "too_few_gpus": [str(SCRIPTS / "too_few_gpus.py")],
-    "cpu_shards": [str(SCRIPTS / "cpu_skips_ddp_shards_data.py")],
-}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sharding")
-    # what the ranks drew is the subject: the preflight's bandwidth sweep (CPU on 2 busy cores) is skipped
-    launches = {name: Launch([*DDP, "run", "--nproc-per-node", "2", "--timeout", "60", "--hang-timeout", "120",
-                              "--skip", "communication", "--report", str(base / f"{name}.json"), *target],
-                             clean_env(), str(base))
-                for name, target in RUNS.items()}
-    return {"base": base, "results": run_all(launches, at_once=AT_ONCE)}
-
-
-def ran(runs: dict, name: str) -> tuple:
-    res = result_of(runs["results"], name)
-    assert res.rc == 0, res.output
-    return res, load_json(str(runs["base"] / f"{name}.json"))
+def ran(name: str) -> tuple[int, dict]:
+    """The exit code and report of one recorded run, judged again now; each of these jobs ends well."""
+    code, rep, _ = corpus.replayed("sharding", name)
+    assert code == 0, rep.get("root_cause")
+    return code, rep
 
 
 def only(rep: dict, fid: str) -> dict:
@@ -61,8 +42,11 @@ def line_of(text: str) -> str:
     return f"sampler_sharding.py:{next(i for i, ln in enumerate(lines, 1) if text in ln)}"
 
 
-def test_a_distributed_sampler_prepared_by_accelerate_is_sharded_twice(runs):
-    _, rep = ran(runs, "accelerate")
+def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
+    assert corpus.unreplayed("sharding", list(GROUPS["sharding"])) == []
+
+
+def accelerate_twice(rep: dict) -> None:
     f = only(rep, "DDP851")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1]
     # the DataLoader judged is the one accelerate made for this process, at the prepare() call
@@ -73,37 +57,51 @@ def test_a_distributed_sampler_prepared_by_accelerate_is_sharded_twice(runs):
     assert "DDP850" not in ids(rep)
 
 
-def test_a_hand_made_second_split_is_sharded_twice(runs):
+def test_a_distributed_sampler_prepared_by_accelerate_is_sharded_twice():
+    accelerate_twice(ran("accelerate")[1])
+
+
+@pytest.mark.slow
+def test_a_launched_run_gathers_what_the_ranks_drew_inside_accelerates_loader(tmp_path):
+    job = launch("sharding", "accelerate", tmp_path)
+    res = run(job.cmd, job.env, job.cwd, job.timeout)
+    assert res.rc == 0, res.output[-3000:]
+    rep = load_json(str(tmp_path / "accelerate.json"))
+    accelerate_twice(rep)
+    code, again, was = corpus.judged_again(tmp_path / "accelerate.evidence.json")
+    assert was == verdict(rep, res.rc) == verdict(again, code)
+
+
+def test_a_hand_made_second_split_is_sharded_twice():
     for name, cause in (("wrapped", "a DistributedSampler inside RankSplit"),
                         ("subset", "a DistributedSampler inside, and a per-rank Subset of the data set")):
-        _, rep = ran(runs, name)
+        _, rep = ran(name)
         f = only(rep, "DDP851")
         assert "each rank draws 1/4 of the data with 2 ranks: sharded twice" in f["message"], name
         assert cause in f["message"] and "sampler_sharding.py:" in f["message"], name
         assert "DDP850" not in ids(rep), name
 
 
-def test_overlapping_shards_name_the_sampler_argument_behind_them(runs):
-    _, rep = ran(runs, "seed")
+def test_overlapping_shards_name_the_sampler_argument_behind_them():
+    _, rep = ran("seed")
     f = only(rep, "DDP850")
     assert "a DistributedSampler whose seed differs by rank (seed=0 on rank 0, seed=1 on rank 1)" in f["message"]
     assert "same seed on every rank" in f["hint"]
-    _, rep = ran(runs, "rank")
+    _, rep = ran("rank")
     f = only(rep, "DDP850")
     assert "a DistributedSampler with rank=0 on ranks 0-1 (rank= passed by hand with a wrong value)" in f["message"]
     assert "Leave rank= and num_replicas= out" in f["hint"]
 
 
-def test_ranks_that_returned_before_init_are_told_nothing_ran_distributed(runs):
-    res, rep = ran(runs, "too_few_gpus")
-    assert res.stdout.count("Unable to locate sufficient 2 gpus") == 2
+def test_ranks_that_returned_before_init_are_told_nothing_ran_distributed():
+    _, rep = ran("too_few_gpus")
     f = only(rep, "DDP876")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1] and rep["status"] == "warn"
     assert "ranks 0-1 ended without calling init_process_group: nothing ran distributed" in f["message"]
 
 
-def test_ranks_that_skip_ddp_but_shard_the_data_trained_independent_models(runs):
-    _, rep = ran(runs, "cpu_shards")
+def test_ranks_that_skip_ddp_but_shard_the_data_trained_independent_models():
+    _, rep = ran("cpu_shards")
     f = only(rep, "DDP876")
     assert f["ranks"] == [0, 1]
     assert "the ranks trained independent models on their shards of the data" in f["message"]
