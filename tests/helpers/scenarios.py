@@ -86,7 +86,7 @@ def _loop(*switches: str) -> Scenario:
 # group -> name -> scenario. "cause": failures the collective ledger explains, and correct patterns
 # that must stay clean (training/test_cause.py); "signatures": known error signatures
 # (checks/test_signatures.py); "ddp_parameters", "late_init", "init_everywhere", "probes",
-# "sharding": the training/test_*_e2e.py modules of those names
+# "sharding", "sampler_rules", "peer_scripts": the training/test_*_e2e.py modules of those names
 GROUPS: dict[str, dict[str, Scenario]] = {
     "cause": {
         "uneven": Scenario("uneven_inputs.py"),
@@ -162,6 +162,13 @@ GROUPS: dict[str, dict[str, Scenario]] = {
         "too_few_gpus": Scenario("too_few_gpus.py", NO_SWEEP, bounds=SHARDING_BOUNDS),
         "cpu_shards": Scenario("cpu_skips_ddp_shards_data.py", NO_SWEEP, bounds=SHARDING_BOUNDS),
     },
+    # loaders read in full on purpose (a reference model, evaluation) beside a sharded DDP loader,
+    # and the same DDP model fed by an unsharded loader
+    "sampler_rules": {"reference_eval": Scenario("sampler_reference_and_eval.py", NO_SWEEP),
+                      "unsharded": Scenario("sampler_reference_and_eval.py", NO_SWEEP, args=("--unsharded",))},
+    # gradients all-reduced by hand, no DDP model: over one unsharded loader, and with no process group
+    "peer_scripts": {"by_hand": Scenario("grads_by_hand.py", NO_SWEEP),
+                     "no_group": Scenario("grads_by_hand.py", NO_SWEEP, args=("--no-group",))},
 }
 
 

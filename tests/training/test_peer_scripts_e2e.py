@@ -12,7 +12,10 @@ DDP wrapper, wait_for_everyone a no-op): every rank trains alone on all the data
 and test_script's own main_process_first check races on its file (it fails about one run in five,
 under plain torchrun too).
 
-The runs start together from one module fixture, then each test reads its own run's report.
+The runs start together from one module fixture, then each test reads its own run's report. The
+gradients all-reduced by hand (tests/run_scripts/grads_by_hand.py, with and without a process group)
+are judged from their recorded evidence (tests/corpus/peer_scripts/, helpers/scenarios.py's group
+"peer_scripts").
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from helpers import corpus
 from helpers.procs import DDP, TIMING_WARNINGS, Launch, clean_env, ids, load_json, result_of, run_all
+from helpers.scenarios import GROUPS
 
-pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 PEERS = ("test_script", "test_sync", "test_ops")
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("accelerate", "transformers")}
@@ -35,10 +39,7 @@ def env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("peers")
-    target: dict[str, tuple[list[str], dict[str, str]]] = {
-        "by_hand": ([str(SCRIPTS / "grads_by_hand.py")], env()),
-        "no_group": ([str(SCRIPTS / "grads_by_hand.py"), "--no-group"], env()),
-    }
+    target: dict[str, tuple[list[str], dict[str, str]]] = {}
     if HAVE["accelerate"]:
         target |= {name: (["-m", f"accelerate.test_utils.scripts.{name}"], env(ACCELERATE_USE_CPU="1"))
                    for name in PEERS}
@@ -49,7 +50,7 @@ def runs(tmp_path_factory):
         (base / name).mkdir()  # each its own working directory: test_script writes files in it
         launches[name] = Launch([*DDP, "run", "--nproc-per-node", "2", "--skip", "communication",
                                  "--report", str(base / name / "r.json"), *what], e, str(base / name), 240)
-    return base, run_all(launches, at_once=2)
+    return base, run_all(launches, at_once=2) if launches else {}
 
 
 def report_of(runs, name: str) -> tuple:
@@ -59,6 +60,7 @@ def report_of(runs, name: str) -> tuple:
     return res, load_json(str(base / name / "r.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PEERS)
 def test_accelerate_test_scripts_leave_no_sampler_error_or_warning(runs, name):
     if not HAVE["accelerate"]:
@@ -71,6 +73,7 @@ def test_accelerate_test_scripts_leave_no_sampler_error_or_warning(runs, name):
     assert rep["status"] in ("pass", "warn")  # warn only from the load-dependent timing warnings
 
 
+@pytest.mark.slow
 def test_trainer_that_never_saw_the_launcher_says_so_not_distributed_sampler(runs):
     if not (HAVE["transformers"] and HAVE["accelerate"]):
         pytest.skip("transformers and accelerate are needed")
@@ -87,17 +90,30 @@ def test_trainer_that_never_saw_the_launcher_says_so_not_distributed_sampler(run
     assert rep["status"] == "fail"
 
 
-def test_script_without_a_process_group_says_it_formed_none(runs):
-    _, rep = report_of(runs, "no_group")
+def ended_well(name: str) -> dict:
+    """The report of one recorded run, judged again now; both ranks' scripts ended well."""
+    code, rep, _ = corpus.replayed("peer_scripts", name)
+    assert code == 0, rep.get("root_cause")
+    outcomes = corpus.evidence_of("peer_scripts", name)["outcomes"]
+    assert {r: o["exit_code"] for r, o in outcomes.items()} == {"0": 0, "1": 0}
+    return rep
+
+
+def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
+    assert corpus.unreplayed("peer_scripts", list(GROUPS["peer_scripts"])) == []
+
+
+def test_script_without_a_process_group_says_it_formed_none():
+    rep = ended_well("no_group")
     [f] = [f for f in rep["findings"] if f["id"] == "DDP855"]
     assert f["ranks"] == [0, 1] and "the script formed no process group" in f["message"]
     assert "grads_by_hand.py:" in f["message"] and "RandomSampler over TensorDataset of 128" in f["message"]
     assert not ids(rep) & {"DDP850", "DDP853"}, rep["findings"]
 
 
-def test_gradients_all_reduced_by_hand_over_the_same_data_is_still_ddp850(runs):
+def test_gradients_all_reduced_by_hand_over_the_same_data_is_still_ddp850():
     # No DDP model, but collectives between the draws synchronise the gradients: a sharding bug.
-    _, rep = report_of(runs, "by_hand")
+    rep = ended_well("by_hand")
     [f] = [f for f in rep["findings"] if f["id"] == "DDP850"]
     assert f["severity"] == "error" and f["ranks"] == [0, 1] and "grads_by_hand.py:" in f["message"]
     assert "DDP855" not in ids(rep)
