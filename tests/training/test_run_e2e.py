@@ -61,8 +61,8 @@ def own_launches(base: Path) -> dict[str, Launch]:
     }
     if importlib.util.find_spec("transformers"):  # else its test skips
         hf = at("hf_trainer")
-        out["hf_trainer"] = Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("hf_trainer"), "-m",
-                                    "ddp_doctor.training.hf_trainer", "--max-steps", "0", "--epochs", "2",
+        out["hf_trainer"] = Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("hf_trainer"),
+                                    "-m", "ddp_doctor.training.hf_trainer", "--max-steps", "0", "--epochs", "2",
                                     "--num-samples", "64", "--eval-strategy", "epoch"],
                                    clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=f"{hf}/model",
                                              SM_OUTPUT_DATA_DIR=f"{hf}/out"), hf, timeout=300)
@@ -116,7 +116,7 @@ def by_hand(base: Path) -> dict[str, Callable[[], object]]:
             2, ["run", "--timeout", "6", "--report", str(d["failed_preflight"] / "r.json"),
                 script("writes_marker.py")], clean_env(MARKER_DIR=str(d["failed_preflight"])),
             str(d["failed_preflight"]), world_size=3),
-        "env_handover": lambda: run_ranks(2, ["run", "--timeout", "20", script("ok_allreduce_job.py"), "x"],
+        "env_handover": lambda: run_ranks(2, ["run", *QUICK, "--timeout", "20", script("ok_allreduce_job.py"), "x"],
                                           clean_env(), str(d["env_handover"])),
         "spawn_child_fails": lambda: run([*DDP, "run", "--report", str(d["spawn_child_fails"] / "r.json"),
                                           script("spawn_child_fails.py")], clean_env(TEST_PORT=str(free_port())),
