@@ -18,8 +18,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Iterator
+
+# pytest keeps each test module and each of the package's modules it imports after this point as it
+# rewrote them for assert introspection (__pycache__/*-pytest-*.pyc) only where bytecode may be
+# written: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every session, each
+# xdist worker and each inner pytest of the plugin's tests would rewrite them all again (about 10 s
+# of CPU). This process only: the processes the tests start keep the environment's setting.
+sys.dont_write_bytecode = False
 
 import pytest
 from helpers.launches import launches  # noqa: F401 - the session's shared launches, a fixture of every module
