@@ -8,6 +8,7 @@ breaks it.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,15 @@ def _imports(name: str, path: Path) -> list[tuple[str, int]]:
     return out
 
 
-GRAPH: dict[str, list[tuple[str, int]]] = {m: _imports(m, p) for m, p in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, list[tuple[str, int]]]:
+    """Every module's imports, parsed once, by the first test that reads them (not at collection:
+    each xdist worker collects this module, one runs it)."""
+    return {m: _imports(m, p) for m, p in MODULES.items()}
 
 
 def _internal_edges(module: str) -> list[tuple[str, int]]:
-    return [(t, line) for t, line in GRAPH[module] if t in MODULES and t != module]
+    return [(t, line) for t, line in graph()[module] if t in MODULES and t != module]
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -56,7 +61,7 @@ def _violations(sources: list[str], forbidden: list[str], allowed: tuple[tuple[s
     for src in MODULES:
         if not any(_under(src, s) for s in sources):
             continue
-        for target, line in GRAPH[src]:
+        for target, line in graph()[src]:
             if any(_under(target, f) for f in forbidden) and (src, target) not in allowed:
                 bad.append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {target}")
     return bad
@@ -217,7 +222,7 @@ def test_nothing_imports_the_package_itself() -> None:
     """ddp_doctor/__init__.py is the public API (lazy); parts import the module they need, so that
     importing any part never pulls in the API and no circle runs through the package."""
     bad = [f"{MODULES[m].relative_to(PKG.parent)}:{line}" for m in MODULES if m != "ddp_doctor"
-           for t, line in GRAPH[m] if t == "ddp_doctor"]
+           for t, line in graph()[m] if t == "ddp_doctor"]
     assert not bad, "rule broken: nothing imports the package ddp_doctor itself\n" + "\n".join(bad)
 
 
@@ -240,7 +245,7 @@ def test_catalogue_modules_are_imported_explicitly() -> None:
     catalogue is visible to readers and tools); none is loaded from a string."""
     assert not _string_module_loads(), "rule broken: no catalogue module loaded by string\n" + "\n".join(
         _string_module_loads())
-    loader = {t for t, _ in GRAPH["ddp_doctor.checks"]}
+    loader = {t for t, _ in graph()["ddp_doctor.checks"]}
     missing = [m for m in MODULES if m.startswith("ddp_doctor.checks.") and m not in loader]
     assert not missing, ("rule broken: every catalogue module is imported in ddp_doctor/checks/__init__.py\n"
                          + "\n".join(missing))
@@ -257,13 +262,13 @@ def test_every_check_id_is_declared_under_checks() -> None:
 def test_the_rules_see_a_violation() -> None:
     """The rules are not vacuous: a check importing the CLI is caught (on a copy of the graph)."""
     src = "ddp_doctor.checks.host"
-    saved = GRAPH[src]
+    saved = graph()[src]
     try:
-        GRAPH[src] = [*saved, ("ddp_doctor.cli.preflight", 99999)]
+        graph()[src] = [*saved, ("ddp_doctor.cli.preflight", 99999)]
         assert "ddp_doctor/checks/host.py:99999 imports ddp_doctor.cli.preflight" in _violations(
             ["ddp_doctor.checks"], ["ddp_doctor.cli"])
     finally:
-        GRAPH[src] = saved
+        graph()[src] = saved
 
 
 # Back arrows once hidden behind a lazy or type-only import; each must break a rule if it comes back.
@@ -284,14 +289,14 @@ BACK_ARROWS = [
 @pytest.mark.parametrize("src,target", BACK_ARROWS, ids=[f"{s}->{t}" for s, t in BACK_ARROWS])
 def test_the_rules_see_each_back_arrow(src: str, target: str) -> None:
     """Each back arrow, added to a copy of the graph, breaks a rule that names it."""
-    saved = GRAPH[src]
+    saved = graph()[src]
     try:
-        GRAPH[src] = [*saved, (target, 99999)]
+        graph()[src] = [*saved, (target, 99999)]
         hits = [rule for rule, sources, forbidden, allowed in RULES
                 if any(f":99999 imports {target}" in v for v in _violations(sources, forbidden, allowed))]
         assert hits, f"no rule catches {src} importing {target}"
     finally:
-        GRAPH[src] = saved
+        graph()[src] = saved
 
 
 def test_the_graph_counts_lazy_and_type_only_imports(tmp_path: Path) -> None:
