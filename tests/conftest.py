@@ -22,13 +22,6 @@ import sys
 import tempfile
 from typing import Iterator
 
-# pytest keeps each test module and each of the package's modules it imports after this point as it
-# rewrote them for assert introspection (__pycache__/*-pytest-*.pyc) only where bytecode may be
-# written: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every session, each
-# xdist worker and each inner pytest of the plugin's tests would rewrite them all again (about 10 s
-# of CPU). This process only: the processes the tests start keep the environment's setting.
-sys.dont_write_bytecode = False
-
 import pytest
 from helpers.launches import launches  # noqa: F401 - the session's shared launches, a fixture of every module
 from helpers.report_files import (  # noqa: F401 - the walk after the session (hooks, registered as this conftest's)
@@ -40,6 +33,13 @@ from helpers.report_files import (  # noqa: F401 - the walk after the session (h
 )
 
 from ddp_doctor.report.schema import TEST_ERRORS_ENV
+
+# pytest keeps each test module, and each of the package's modules imported from here on, as it
+# rewrote them for assert introspection (__pycache__/*-pytest-*.pyc) only where bytecode may be
+# written: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every session and each
+# xdist worker would rewrite them all again (about 9 s of CPU). This process only: the processes the
+# tests start keep the environment's setting.
+sys.dont_write_bytecode = False
 
 _ERRORS_DIR = tempfile.mkdtemp(prefix="ddp-doctor-schema-errors-")
 os.environ[TEST_ERRORS_ENV] = _ERRORS_DIR

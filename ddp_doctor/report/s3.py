@@ -86,13 +86,15 @@ def _error_code(e: BaseException) -> str:
 def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | None = None,
                   suffix: str = "", session: Any = None, client: Any = None, tries: int = TRIES,
                   backoff: float = BACKOFF_S, sleep: Callable[[float], None] = time.sleep,
-                  deadline: float = DEADLINE_S, stop: Callable[[float], Any] | None = None) -> str | None:
+                  deadline: float | None = None, stop: Callable[[float], Any] | None = None) -> str | None:
     """Upload the redacted report as JSON to `uri` (see the module doc for the key).
     Returns None on success, else why it failed (after up to `tries` attempts). The whole upload
-    (credentials, connection, every try and its backoff) is bounded by `deadline` seconds: an
+    (credentials, connection, every try and its backoff) is bounded by `deadline` seconds (None:
+    DEADLINE_S, read at the call): an
     endpoint that never answers, or answers a byte at a time, is left behind in its thread (botocore's
     read timeout bounds each read, not a trickling answer). `stop(s)` waits up to s seconds for a
     stop signal and returns it: one that comes ends the wait at once (STOPPED in the text)."""
+    deadline = DEADLINE_S if deadline is None else deadline
     try:
         bucket, key = report_location(uri, env, suffix)
     except S3UriError as e:

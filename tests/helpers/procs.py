@@ -24,11 +24,11 @@ LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GR
 DDP = [sys.executable, "-m", "ddp_doctor"]
 
 
-def ddp_with_bounds(**bounds: float) -> list[str]:
-    """DDP, with some of the parent's bounds (ddp_doctor.training.run.stall_watch's constants, by
-    name) shortened: a test of what happens at a bound waits seconds, not the minute a user gets."""
+def ddp_with_bounds(module: str = "ddp_doctor.training.run.stall_watch", **bounds: float) -> list[str]:
+    """DDP, with some of the command's own bounds (`module`'s constants, by name: the parent's, by
+    default) shortened: a test of what happens at a bound waits seconds, not the minute a user gets."""
     sets = "; ".join(f"w.{name} = {value!r}" for name, value in bounds.items())
-    return [sys.executable, "-c", f"import sys; import ddp_doctor.training.run.stall_watch as w; {sets}; "
+    return [sys.executable, "-c", f"import sys; import {module} as w; {sets}; "
             "from ddp_doctor.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
