@@ -35,7 +35,10 @@ def _node(tmp_path, name, ranks, exit_codes):
 
 
 @pytest.mark.slow
-def test_the_last_rank_of_the_job_copies_every_ending_and_a_gone_rank_is_named_on_the_other_node(tmp_path, store_env):
+def test_the_last_rank_of_the_job_copies_every_ending_and_a_gone_rank_is_named_on_the_other_node(tmp_path, store_env,
+                                                                                             monkeypatch):
+    # a failed rank waits out its bound for the others' endings (10 s): what it saw by then is the subject
+    monkeypatch.setattr(endings, "FAILED_BOUND", 3.0)
     node1 = _node(tmp_path, "node1", [2], {2: 1})
     records.write_heartbeat(node1, 3, {"time": 1.0, "phase": "training", "where": "train.py:9 in step"})
     node0 = _node(tmp_path, "node0", [0, 1], {})
@@ -213,9 +216,10 @@ def test_a_stalled_rank_watches_for_another_nodes_hang_in_one_wait_on_the_stores
 
 
 @pytest.mark.slow
-def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_path, capsys):
+def test_a_hang_shared_with_no_store_to_meet_at_copies_nothing_and_says_why(tmp_path, capsys, monkeypatch):
     """No store answers (the master node is gone): the share gives up at its bound, copies
     nothing, says so on stderr, and still writes the file its node's parent waits for."""
+    monkeypatch.setattr(endings, "HANG_SHARE_WAIT", 2.0)  # the bound given up at (6 s), shorter
     from helpers.procs import free_port
     node1 = str(tmp_path / "node1")
     os.makedirs(node1)
