@@ -90,10 +90,10 @@ def upload_report(report: dict[str, Any], uri: str, *, env: Mapping[str, str] | 
     """Upload the redacted report as JSON to `uri` (see the module doc for the key).
     Returns None on success, else why it failed (after up to `tries` attempts). The whole upload
     (credentials, connection, every try and its backoff) is bounded by `deadline` seconds (None:
-    DEADLINE_S, read at the call): an
-    endpoint that never answers, or answers a byte at a time, is left behind in its thread (botocore's
-    read timeout bounds each read, not a trickling answer). `stop(s)` waits up to s seconds for a
-    stop signal and returns it: one that comes ends the wait at once (STOPPED in the text)."""
+    DEADLINE_S, read at the call): an endpoint that never answers, or answers a byte at a time, is
+    left behind in its thread (botocore's read timeout bounds each read, not a trickling answer).
+    `stop(s)` waits up to s seconds for a stop signal and returns it: one that comes ends the wait at
+    once (STOPPED in the text)."""
     deadline = DEADLINE_S if deadline is None else deadline
     try:
         bucket, key = report_location(uri, env, suffix)

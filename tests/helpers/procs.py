@@ -22,6 +22,9 @@ LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GR
                      "MASTER_", "TORCHELASTIC_", "OMPI_", "PMI_", "SLURM_", "SM_", "SMDATAPARALLEL_",
                      "DDP_DOCTOR_", "NCCL_", "GLOO_")
 DDP = [sys.executable, "-m", "ddp_doctor"]
+# for a launch whose subject is not the preflight's communication checks: the all_reduce sweep and the
+# straggler rounds (about 1.5 s of CPU a launch on 2 busy cores) are skipped
+NO_SWEEP = ("--skip", "communication")
 
 
 def ddp_with_bounds(module: str = "ddp_doctor.training.run.stall_watch", **bounds: float) -> list[str]:

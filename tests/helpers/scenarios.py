@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from helpers.procs import DDP, Launch, clean_env, free_port
+from helpers.procs import DDP, NO_SWEEP, Launch, clean_env, free_port
 
 TESTS = Path(__file__).resolve().parents[1]
 SCRIPTS = TESTS / "run_scripts"
@@ -73,8 +73,6 @@ def _signature(script: str, *, nproc: int | None = None, env: dict[str, str] | N
                     scripts=FAILURE_SCRIPTS, env={**SIGNATURE_ENV, **(env or {})}, timeout=120.0, **more)
 
 
-# what the ranks drew and how they formed their group is the subject: the bandwidth sweep is skipped
-NO_SWEEP = ("--skip", "communication")
 SHARDING_BOUNDS = ("--timeout", "60", "--hang-timeout", "120")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import (
     DDP,
+    NO_SWEEP,
     Launch,
     Result,
     assert_clean_output,
@@ -38,9 +39,8 @@ SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ROOT = str(Path(__file__).resolve().parents[2])
 AT_ONCE = 3  # launches at a time on 2 cores
 NODES = ["algo-1", "algo-2"]
-# launches whose subject is the environment or the launcher, not the all_reduce sweep (~1.5 s of CPU a
-# launch); the CPU default, torchrun, mpirun, two nodes and the crashing check keep it
-NO_SWEEP = ("--skip", "communication")
+# NO_SWEEP: the launches whose subject is the environment or the launcher; the CPU default,
+# torchrun, mpirun, two nodes and the crashing check keep the sweep
 SLURM_MPICH = {
     "slurm": lambda r, n: {"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NTASKS": str(n),
                            "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",

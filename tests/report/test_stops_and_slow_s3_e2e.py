@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from helpers.procs import (
     DDP,
+    NO_SWEEP,
     Launch,
     clean_env,
     ddp_with_bounds,
@@ -105,11 +106,7 @@ def valid_report(path: Path) -> dict[str, Any]:
     return rep
 
 
-# the subject of these launches is the report's upload, a plugin or the environment: the all_reduce
-# sweep (~1.5 s of CPU a launch) is skipped
-NO_SWEEP = ("--skip", "communication")
-
-
+# the subject of these launches is the report's upload, a plugin or the environment: NO_SWEEP
 def _preflight(tmp: Path, *more: str, ddp: tuple[str, ...] = tuple(DDP)) -> list[str]:
     return [*ddp, "preflight", "--nproc-per-node", "1", "--timeout", "30", "--report", str(tmp / "r.json"), *more]
 

@@ -18,6 +18,7 @@ import pytest
 from helpers import corpus
 from helpers.procs import (
     DDP,
+    NO_SWEEP,
     Launch,
     assert_healthy,
     clean_env,
@@ -45,16 +46,16 @@ AT_ONCE = 3  # runs at a time on 2 cores
 # their report without it (spawn, two_nodes) show the exit 0 it changes.
 def launches(base: Path) -> dict[str, Launch]:
     """One command each, for run_all, each in its own directory base/<name> (its cwd). The probes are
-    the subject: the preflight's bandwidth sweep (CPU on 2 busy cores) is skipped in every launch."""
+    the subject: every launch of this module skips the sweep (NO_SWEEP)."""
     (base / "no_sampler_no_destroy").mkdir()
     out = {"no_sampler_no_destroy": Launch(
-        [*DDP, "run", "--nproc-per-node", "2", "--skip", "communication", "--fail-on", "error",
+        [*DDP, "run", "--nproc-per-node", "2", *NO_SWEEP, "--fail-on", "error",
          "--report", str(base / "no_sampler_no_destroy" / "r.json"), str(SCRIPTS / "loop.py"), "--no-sampler",
          "--no-destroy"], clean_env(), str(base / "no_sampler_no_destroy"), timeout=180)}
     (base / "torchrun").mkdir()
     out["torchrun"] = Launch(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
-         "-m", "ddp_doctor", "run", "--skip", "communication", "--report", str(base / "torchrun" / "r.json"),
+         "-m", "ddp_doctor", "run", *NO_SWEEP, "--report", str(base / "torchrun" / "r.json"),
          str(SCRIPTS / "loop.py"), "--no-sampler"], clean_env(DDP_DOCTOR_FAIL_ON="error"), str(base / "torchrun"),
         timeout=180)
     return out
@@ -64,7 +65,7 @@ def spawned(d: Path):
     """The script spawns its ranks on a port picked as the run starts."""
     tmp = d / "tmp"
     tmp.mkdir(parents=True)
-    return run([*DDP, "run", "--skip", "communication", "--report", str(d / "r.json"), str(SCRIPTS / "spawn_loop.py")],
+    return run([*DDP, "run", *NO_SWEEP, "--report", str(d / "r.json"), str(SCRIPTS / "spawn_loop.py")],
                clean_env(PORT=str(free_port()), TMPDIR=str(tmp)), str(d), timeout=180)
 
 
@@ -79,7 +80,7 @@ def two_nodes(d: Path) -> list:
         tmp.mkdir(exist_ok=True)
         return clean_env(TMPDIR=str(tmp))
 
-    return run_nodes(d, ["algo-1", "algo-2"], ["run", "--skip", "communication", "--report", str(d / "r.json"),
+    return run_nodes(d, ["algo-1", "algo-2"], ["run", *NO_SWEEP, "--report", str(d / "r.json"),
                                                str(SCRIPTS / "loop.py"), "--no-sampler"], env_for=env_for, timeout=180)
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 import pytest
 from helpers.procs import (
     DDP,
+    NO_SWEEP,
     TIMING_WARNINGS,
     Launch,
     assert_clean_output,
@@ -37,9 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SCRIPTS_OK = str(SCRIPTS / "ok_allreduce.py")
 AT_ONCE = 3  # runs at a time on 2 cores
-# the runs whose subject is not the preflight leave out its communication checks (the sweep, the
-# straggler rounds: about 1.5 s of CPU a launch); "raises" keeps them (its trace shows DDP401)
-QUICK = ("--skip", "communication")
+# the runs whose subject is not the preflight leave out its communication checks (NO_SWEEP); "raises"
+# keeps them (its trace shows DDP401)
 
 
 def script(name: str) -> str:
@@ -56,12 +56,12 @@ def own_launches(base: Path) -> dict[str, Launch]:
         return str(base / name / "r.json")
 
     out = {
-        "hang": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--hang-timeout", "3", "--progress",
+        "hang": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--hang-timeout", "3", "--progress",
                         "--report", report("hang"), script("rank1_sleeps.py")], clean_env(), at("hang"), timeout=90),
     }
     if importlib.util.find_spec("transformers"):  # else its test skips
         hf = at("hf_trainer")
-        out["hf_trainer"] = Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("hf_trainer"),
+        out["hf_trainer"] = Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--report", report("hf_trainer"),
                                     "-m", "ddp_doctor.training.hf_trainer", "--max-steps", "0", "--epochs", "2",
                                     "--num-samples", "64", "--eval-strategy", "epoch"],
                                    clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", SM_MODEL_DIR=f"{hf}/model",
@@ -70,16 +70,16 @@ def own_launches(base: Path) -> dict[str, Launch]:
         "raises": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("raises"), "--timeout", "20",
                           "--trace", str(base / "raises" / "trace.json"), script("rank1_raises.py")],
                          clean_env(), at("raises"), timeout=120),
-        "segfault": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--timeout", "20", "--report",
+        "segfault": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--timeout", "20", "--report",
                             report("segfault"), script("rank1_segfaults.py")], clean_env(), at("segfault"),
                             timeout=120),
-        "passthrough": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("passthrough"),
+        "passthrough": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--report", report("passthrough"),
                                script("ok_allreduce.py"), "a", "--flag"], clean_env(EXIT="7"), at("passthrough"),
                               timeout=120),
         "stuck_at_exit": Launch([*ddp_with_bounds(TEARDOWN_BOUND=2.0), "run", "--nproc-per-node", "2",
-            *QUICK, "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(), at("stuck_at_exit"),
-            timeout=120),
-        "abort_at_exit": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--report", report("abort_at_exit"),
+            *NO_SWEEP, "--report", report("stuck_at_exit"), script("stuck_at_exit.py")], clean_env(),
+            at("stuck_at_exit"), timeout=120),
+        "abort_at_exit": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--report", report("abort_at_exit"),
                                  script("abort_at_exit.py")], clean_env(), at("abort_at_exit"), timeout=120),
         "api_torchrun": Launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", script("api_one_line.py")],
                                clean_env(PYTHONPATH=str(ROOT)), at("api_torchrun"), timeout=120),
@@ -87,10 +87,10 @@ def own_launches(base: Path) -> dict[str, Launch]:
                             clean_env(PYTHONPATH=str(ROOT), SM_HOSTS="algo-1,algo-2", SM_CURRENT_HOST="algo-1",
                                       DDP_DOCTOR_SM_ROOT=str(base / "api_fails" / "opt_ml")),
                             at("api_fails"), timeout=120),
-        "module_form": Launch([*DDP, "run", *QUICK, "-m", "tests.run_scripts.as_module", "--x", "1"],
+        "module_form": Launch([*DDP, "run", *NO_SWEEP, "-m", "tests.run_scripts.as_module", "--x", "1"],
                               clean_env(PYTHONPATH=str(ROOT)), at("module_form"), timeout=120),
-        "ranks_filter": Launch([*DDP, "run", *QUICK, "--nproc-per-node", "2", "--local-ranks-filter", "0", "--report",
-                                report("ranks_filter"), script("rank0_raises_both_print.py")], clean_env(),
+        "ranks_filter": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--local-ranks-filter", "0",
+                                "--report", report("ranks_filter"), script("rank0_raises_both_print.py")], clean_env(),
                                at("ranks_filter"), timeout=120),
     }
     return out
@@ -116,7 +116,7 @@ def by_hand(base: Path) -> dict[str, Callable[[], object]]:
             2, ["run", "--timeout", "6", "--report", str(d["failed_preflight"] / "r.json"),
                 script("writes_marker.py")], clean_env(MARKER_DIR=str(d["failed_preflight"])),
             str(d["failed_preflight"]), world_size=3),
-        "env_handover": lambda: run_ranks(2, ["run", *QUICK, "--timeout", "20", script("ok_allreduce_job.py"), "x"],
+        "env_handover": lambda: run_ranks(2, ["run", *NO_SWEEP, "--timeout", "20", script("ok_allreduce_job.py"), "x"],
                                           clean_env(), str(d["env_handover"])),
         "spawn_child_fails": lambda: run([*DDP, "run", "--report", str(d["spawn_child_fails"] / "r.json"),
                                           script("spawn_child_fails.py")], clean_env(TEST_PORT=str(free_port())),
