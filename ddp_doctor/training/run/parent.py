@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from ddp_doctor.training.run.stall_watch import LauncherExit
 
 
+POLL_S = 0.5  # the run directory's poll (hangs, a bad init, progress lines)
+EXIT_LOOK_S = 0.05  # the launcher's exit, looked at this often within a poll: a waitpid each
+
+
 def launch(torchrun: list[str], doctor: list[str], target: Target, opts: Any) -> int:
     """Start the ranks through torch's elastic launcher (agent.py), watch them, and write the report.
     Stop signals stay blocked until the report is written and published: each stop is reported
@@ -106,7 +110,7 @@ def _watch_launch(proc: subprocess.Popen[Any], run_dir: str, torchrun: list[str]
     hang = None
     stuck_in_init = False
     overdue = False  # the ranks ended, the launcher did not exit within its bound
-    while proc.poll() is None and stop.wait(0.5) is None:
+    while _still_runs_after(proc, stop, POLL_S) and stop.caught is None:
         stall_watch.end_stuck_at_exit(run_dir, stall_watch.TEARDOWN_BOUND)
         hang = stall_watch.detect_hang(run_dir, opts.hang_timeout, slow)
         if lines is not None and hang is None:
@@ -122,6 +126,18 @@ def _watch_launch(proc: subprocess.Popen[Any], run_dir: str, torchrun: list[str]
     if proc.poll() is not None and hang is None and not stuck_in_init and stop.caught is None:
         stuck_in_init = stall_watch.ended_by_bad_init(run_dir)  # another node ended it first
     return hang, stuck_in_init, overdue
+
+
+def _still_runs_after(proc: subprocess.Popen[Any], stop: SignalCatcher, seconds: float) -> bool:
+    """Whether the launcher still runs after a wait of up to `seconds` for a stop signal; it is
+    looked at every EXIT_LOOK_S meanwhile, so that its exit ends the wait at once (the report then
+    comes without waiting out the poll)."""
+    end = time.monotonic() + seconds
+    while proc.poll() is None:
+        left = end - time.monotonic()
+        if left <= 0 or stop.wait(min(EXIT_LOOK_S, left)) is not None:
+            return True
+    return False
 
 
 def _end_launch(proc: subprocess.Popen[Any], run_dir: str, torchrun: list[str], since: float, stop: SignalCatcher,
