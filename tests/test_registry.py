@@ -505,3 +505,19 @@ def test_severity_scan_follows_helpers(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     found = severity_overrides()
     assert found == {"DDP998": {"warning"}, "DDP999": {"info"}, "DDP997": {"info"}}
+
+
+def test_selectors_are_checked_against_the_catalogue_only_when_an_id_is_among_them():
+    # a `run` with no --select/--skip, or with categories only, never imports the check modules
+    # (a tenth of a second in the parent); an ID or a misspelled name still is a usage error
+    import subprocess
+    script = textwrap.dedent("""
+        import sys
+        from ddp_doctor import checks
+        assert checks.unknown_selectors([]) == [] and checks.unknown_selectors(["communication"]) == []
+        assert "ddp_doctor.checks.communication" not in sys.modules
+        assert checks.unknown_selectors(["DDP401", "DDP9", "comunication"]) == ["comunication"]
+        print("ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
