@@ -297,14 +297,16 @@ def _said(now: RunRecord, d: dict[str, Any]) -> str:
             f"{NOISE_TIMES:g} x {MAD_SIGMA} x MAD and {FLOOR:.0%})")
 
 
-PAST = 500  # the newest records read per host
+PAST = 5 * LAST_RUNS  # the newest comparable records read per host: enough quiet ones among them
 
 
 def read_past(history: Any, current: list[RunRecord]) -> list[RunRecord]:
-    """What `current` is compared with: each host's newest PAST records and its instance type's."""
-    past = [r for now in current for r in history.records(host=now.host, limit=PAST)]
-    for itype in sorted({now.instance_type for now in current if now.instance_type}):
-        past += history.records(instance_type=itype, limit=PAST)
+    """What `current` is compared with: each host's newest PAST records of its series (series_of:
+    only those are compared, and the history holds every other job of the host too) and its
+    instance type's."""
+    past = [r for now in current for r in history.records(host=now.host, limit=PAST, like=now)]
+    for itype, now in sorted({now.instance_type: now for now in current if now.instance_type}.items()):
+        past += history.records(instance_type=itype, limit=PAST, like=now)
     return past
 
 

@@ -90,6 +90,7 @@ class RunRecord:
         return asdict(self)
 
 
+SERIES_COLUMNS = ("kind", "world_size", "nnodes", "nproc_per_node", "backend")
 SERIES_VERSIONS = ("torch", "nccl", "cuda")
 BUSBW = ".busbw_gbps@"  # a collective's bus bandwidth at a message size: COLL.busbw_gbps@BYTES
 POSITIVE = (BUSBW, "training.median_step_s@")  # rates and step times: zero is no measurement
@@ -126,8 +127,7 @@ def possible_figures(rec: RunRecord) -> dict[str, float]:
 def series_of(rec: RunRecord) -> tuple[Any, ...]:
     """What makes two records comparable: the same layout, backend and versions that set the
     figures (another torch or NCCL, another world size, is another series)."""
-    return (rec.kind, rec.world_size, rec.nnodes, rec.nproc_per_node, rec.backend,
-            *(rec.versions.get(k) for k in SERIES_VERSIONS))
+    return (*(getattr(rec, c) for c in SERIES_COLUMNS), *(rec.versions.get(k) for k in SERIES_VERSIONS))
 
 
 def default_path(env: dict[str, str] | None = None) -> str | None:
@@ -232,18 +232,19 @@ class History:
         return f"the history {self.path} could not be written: {type(last).__name__}: {last}{hint}"
 
     def records(self, *, host: str | None = None, instance_type: str | None = None,
-                limit: int = 1000) -> list[RunRecord]:
-        """The newest records (of a host, of an instance type), oldest first; [] when none or when
-        the file cannot be read (rows that are not records are left out). Never raises."""
+                limit: int = 1000, like: RunRecord | None = None) -> list[RunRecord]:
+        """The newest records (of a host, of an instance type, of `like`'s series: series_of),
+        oldest first; [] when none or when the file cannot be read (rows that are not records are
+        left out). Never raises."""
         try:
-            return self.read(host=host, instance_type=instance_type, limit=limit)[0]
+            return self.read(host=host, instance_type=instance_type, limit=limit, like=like)[0]
         except (HistoryUnreadable, FileNotFoundError):
             return []
 
     def read(self, *, host: str | None = None, instance_type: str | None = None,
-             limit: int = 1000) -> tuple[list[RunRecord], int]:
-        """(the newest records, oldest first; how many rows among the newest `limit` were not
-        records and were skipped). FileNotFoundError when there is no file; HistoryUnreadable when
+             limit: int = 1000, like: RunRecord | None = None) -> tuple[list[RunRecord], int]:
+        """(the newest records (of `like`'s series: series_of), oldest first; how many rows read
+        were not records and were skipped). FileNotFoundError when there is no file; HistoryUnreadable when
         the file is not a history that can be read."""
         from ddp_doctor.facts.env_values import not_regular
         try:
@@ -261,25 +262,35 @@ class History:
         if instance_type:
             where.append("instance_type = ?")
             args.append(instance_type)
+        if like is not None:  # the series' columns here, its versions (JSON) below
+            for column in SERIES_COLUMNS:
+                where.append(f"{column} IS ?")
+                args.append(getattr(like, column))
         sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + \
-              " ORDER BY time DESC, id DESC LIMIT ?"
+              " ORDER BY time DESC, id DESC" + ("" if like else " LIMIT ?")
+        out: list[RunRecord] = []
+        skipped = 0
         try:
             with _closing(self._connect(write=False)) as conn:
                 conn.row_factory = sqlite3.Row
-                rows = conn.execute(sql, (*args, int(limit))).fetchall()
+                # newest first, read until `limit` records (of the series: its versions are checked here)
+                for row in conn.execute(sql, args if like else (*args, int(limit))):
+                    try:
+                        rec = _record(row)
+                    except (KeyError, TypeError, ValueError):
+                        skipped += 1
+                        continue
+                    if like is None or series_of(rec) == series_of(like):
+                        out.append(rec)
+                        if len(out) >= limit:
+                            break
         except FileNotFoundError:
             raise
         except OSError as e:
             raise HistoryUnreadable(self.path, f"cannot be read: {e.strerror or e}") from None
         except sqlite3.Error as e:
             raise HistoryUnreadable(self.path, self._unreadable(e)) from None
-        out = []
-        for row in reversed(rows):
-            try:
-                out.append(_record(row))
-            except (KeyError, TypeError, ValueError):
-                continue
-        return out, len(rows) - len(out)
+        return out[::-1], skipped
 
     def _unreadable(self, e: sqlite3.Error) -> str:
         """Why the file cannot be read, from SQLite's error."""

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Callable, TypeVar
 
-from ddp_doctor.history.database import RunRecord, record_from_dict
+from ddp_doctor.history.database import RunRecord, record_from_dict, series_of
 from ddp_doctor.report.redact import redact_text
 from ddp_doctor.report.s3 import PERMANENT, parse_s3_uri
 from ddp_doctor.time_limit import call_until
@@ -146,8 +146,9 @@ class S3History:
         return f"the history s3://{self.bucket}/{key} could not be written: {last}"
 
     def records(self, *, host: str | None = None, instance_type: str | None = None,
-                limit: int = 1000) -> list[RunRecord]:
-        """The newest records (of a host, of an instance type), oldest first; [] when none or
+                limit: int = 1000, like: RunRecord | None = None) -> list[RunRecord]:
+        """The newest records (of a host, of an instance type, of `like`'s series: series_of),
+        oldest first; [] when none or
         unreadable, as when the read (every page and object) outlasts its deadline (READ_DEADLINE_S)
         or a stop comes: a history that cannot be read compares nothing (`read_error` says why)."""
         prefix = "/".join(p for p in (self.prefix, _safe(host) if host else "") if p)
@@ -181,7 +182,8 @@ class S3History:
                     for d in json.loads(body):
                         rec = record_from_dict(d)
                         if rec is not None and (not host or rec.host == host) and \
-                                (not instance_type or rec.instance_type == instance_type):
+                                (not instance_type or rec.instance_type == instance_type) and \
+                                (like is None or series_of(rec) == series_of(like)):
                             out.append(rec)
             except Exception as e:  # noqa: BLE001 - a history that cannot be read compares nothing
                 self.read_error = redact_text(f"{type(e).__name__}: {e}")

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -37,6 +38,19 @@ def test_a_series_is_only_what_is_comparable():
     recs = [_rec(t=1, busbw=10), _rec(t=2, busbw=11, torch="2.14.0"), _rec(t=3, busbw=12)]
     assert list(iter_series(recs, recs[0], "all_reduce.busbw_gbps@268435456")) == [(1, 10.0), (3, 12.0)]
     assert series_of(recs[0]) != series_of(recs[1])
+
+
+def test_a_read_of_one_series_skips_the_hosts_other_jobs_before_its_limit(tmp_path):
+    # DDP409 reads the newest records of the run's own series: a host's newer runs of other jobs
+    # (another world size, another torch) must not push its comparable past out of the read
+    h = History(str(tmp_path / "history.sqlite"))
+    mine = [_rec(t=t) for t in (1, 2, 3)]
+    others = [replace(_rec(t=10 + t), world_size=8) for t in range(5)] + [_rec(t=20, torch="2.14.0")]
+    assert h.add(mine + others) is None
+    assert [r.time for r in h.records(host="algo-1", limit=3, like=mine[0])] == [1, 2, 3]
+    assert [r.time for r in h.records(host="algo-1", limit=2, like=mine[0])] == [2, 3]
+    assert [r.time for r in h.records(limit=9, like=others[0])] == [10, 11, 12, 13, 14]
+    assert len(h.records(host="algo-1", limit=3)) == 3  # without `like`: the newest of any series
 
 
 def test_the_file_keeps_the_newest_records_up_to_its_cap(tmp_path, monkeypatch):
