@@ -63,7 +63,7 @@ def add_comm_options(p: argparse.ArgumentParser) -> None:
                    help=f"smallest all_reduce size of the sweep (default: {format_bytes(sweep.DEFAULT_MIN_BYTES)})")
     g.add_argument("--comm-max-bytes", type=byte_size, default=None, metavar="SIZE",
                    help=f"largest all_reduce size (default: {format_bytes(sweep.DEFAULT_MAX_BYTES_GPU)} on GPU, "
-                        f"{format_bytes(sweep.DEFAULT_MAX_BYTES_CPU)} on CPU)")
+                        f"{format_bytes(sweep.PREFLIGHT_MAX_BYTES_CPU)} on CPU)")
     g.add_argument("--comm-iters", type=positive_int, default=None, metavar="N",
                    help=f"at most N timed iterations per size (default: {sweep.PREFLIGHT_ITERS} in a preflight, "
                         f"{sweep.BENCH_ITERS} in bench-comm)")
