@@ -270,9 +270,11 @@ def straggler_problems(rounds: Mapping[int, list[float]], loads: Mapping[int, ho
 def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Every rank times the same fixed amount of compute (float32 matmuls; on the GPU when
-    it has one) in 12 rounds (more past 8 ranks), each started together after a barrier, and
-    reads how busy its host was meanwhile (other processes' CPU on its CPUs, steal, load
-    average). A rank is named when it is slower beyond doubt: its median round above
+    it has one) in up to 12 rounds (more past 8 ranks), each started together, and reads how busy
+    its host was meanwhile (other processes' CPU on its CPUs, steal, load average). The rounds stop
+    as soon as no rank can be named whatever the rest would measure (each rank was as fast as the
+    others in more rounds than the sign test below allows). A rank is named when it is slower
+    beyond doubt: its median round above
     --straggler-factor (1.5) x the others' median and --straggler-min-ms (10) more, that excess
     above 3 x the others' own spread from round to round (1.4826 x MAD), and slower than the
     others in so many rounds that chance would do it with a probability under 1% (a one-sided

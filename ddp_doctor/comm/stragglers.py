@@ -57,13 +57,22 @@ def rounds_for(world: int, alpha: float = ALPHA) -> int:
     return n
 
 
-def fixed_work_rounds(comm: Comm, rounds: int = ROUNDS) -> list[float]:
-    """Seconds of one run of the fixed work in each of `rounds` rounds, every round started
-    together after a barrier: the ranks are compared round by round, under the same moment's load."""
-    out = []
+def fixed_work_rounds(comm: Comm, rounds: int = ROUNDS, alpha: float = ALPHA) -> list[float]:
+    """Seconds of one run of the fixed work in each of up to `rounds` rounds, every round started
+    together: the ranks are compared round by round, under the same moment's load. Every rank's
+    time of a round is gathered after it (the gather is also the start of the next round), and the
+    rounds stop as soon as slow_ranks could name no rank whatever the rounds left measured
+    (nobody_can_be_named): a healthy job stops after about a third of them, a straggler's job
+    measures them all."""
+    out: list[float] = []
+    seen: dict[int, list[float]] = {r: [] for r in range(comm.size)}
+    comm.wait(barrier(comm))
     for _ in range(rounds):
-        comm.wait(barrier(comm))
         out += fixed_work(comm.device, reps=1)
+        for r, got in enumerate(comm.gather_floats(out[-1:])):  # the same on every rank: one decision
+            seen[r].append(got[0])
+        if nobody_can_be_named(seen, rounds, alpha):
+            break
     return out
 
 
@@ -156,6 +165,30 @@ def spread(vals: Sequence[float]) -> float:
         return 0.0
     mid = median(vals)
     return 1.4826 * median([abs(v - mid) for v in vals])
+
+
+def wins_needed(n: int, entries: int, alpha: float = ALPHA) -> int:
+    """The fewest of `n` rounds a rank must be slower in for slow_ranks's sign test among `entries`
+    ranks (n + 1: none is enough)."""
+    return next((w for w in range(n + 1) if sign_test_p(w, n) <= alpha / max(entries, 1)), n + 1)
+
+
+def nobody_can_be_named(rounds: Mapping[Any, Sequence[float]], n: int, alpha: float = ALPHA) -> bool:
+    """Whether slow_ranks over `n` rounds can name no rank, whatever the rounds not yet measured
+    hold, given the first `rounds` (the same count for every rank): every rank was no slower than
+    the others' median in more of them than the sign test allows (its other conditions come on top
+    of that one, so its verdict is then known)."""
+    keys = [k for k, v in rounds.items() if v]
+    if len(keys) < 2:
+        return False
+    m = min(len(rounds[k]) for k in keys)
+    need = wins_needed(n, len(keys), alpha)
+    for k in keys:
+        others = [j for j in keys if j != k]
+        not_slower = sum(1 for i in range(m) if rounds[k][i] <= median([rounds[j][i] for j in others]))
+        if n - not_slower >= need:
+            return False
+    return True
 
 
 def slow_ranks(rounds: Mapping[Any, Sequence[float]], factor: float = DEFAULT_STRAGGLER_FACTOR,

@@ -152,8 +152,10 @@ def test_sweep_budget_cuts_iterations_not_sizes():
 
 def test_sweep_config_modes():
     pf = sweep.sweep_config({}, "cpu")
-    assert pf.max_bytes == 64 * arithmetic.MIB and pf.budget_s == sweep.PREFLIGHT_BUDGET_S_CPU
+    assert pf.max_bytes == 16 * arithmetic.MIB and pf.budget_s == sweep.PREFLIGHT_BUDGET_S_CPU
     assert pf.iters == sweep.PREFLIGHT_ITERS
+    assert sweep.sweep_config({"comm_mode": "bench"}, "cpu").max_bytes == 64 * arithmetic.MIB
+    assert sweep.sweep_config({}, "cuda:0").max_bytes == 256 * arithmetic.MIB
     bench = sweep.sweep_config({"comm_mode": "bench"}, "cuda:0")
     assert bench.max_bytes == 256 * arithmetic.MIB and bench.budget_s is None and bench.iters == sweep.BENCH_ITERS
     custom = sweep.sweep_config({"comm_max_bytes": 1 << 20, "comm_iters": 7, "comm_budget_s": 0}, "cpu")
@@ -282,6 +284,40 @@ def test_the_sign_test_and_the_rounds_it_needs():
     for world in (2, 8, 1000):  # enough to name a rank slower in all but one round
         n = stragglers.rounds_for(world)
         assert stragglers.sign_test_p(n - 1, n) <= 0.01 / world
+
+
+def test_the_rounds_stop_once_no_rank_can_be_named():
+    assert [stragglers.wins_needed(n, 2) for n in (12, 8, 4)] == [11, 8, 5]  # 5: four rounds can name nobody
+    alike = {0: [1.0, 3.0, 1.0, 3.0], 1: [2.0, 2.0, 2.0, 2.0]}  # each no slower than the other in 2 rounds
+    assert stragglers.nobody_can_be_named(alike, 12)
+    assert not stragglers.nobody_can_be_named({r: v[:3] for r, v in alike.items()}, 12)  # rank 1: one round
+    slow = {0: [3.0] * 12, 1: [1.0] * 11 + [4.0]}  # rank 0 slower in 11 of 12: still nameable
+    assert not stragglers.nobody_can_be_named(slow, 12)
+    assert stragglers.nobody_can_be_named({0: [1.0, 3.0, 1.0, 3.0]}, 12) is False  # one rank: nothing to compare
+
+
+class PeerPaced(SimulatedComm):
+    """Rank 0 of two whose peer's round times are `pace(i, mine)`; the barrier is a no-op."""
+
+    def __init__(self, pace):
+        super().__init__(2)
+        self.pace, self.round = pace, 0
+
+    def wait(self, work):
+        pass
+
+    def gather_floats(self, values):
+        self.round += 1
+        return [list(values), [self.pace(self.round - 1, values[0])]]
+
+
+def test_fixed_work_measures_every_round_only_while_a_straggler_is_possible(monkeypatch):
+    monkeypatch.setattr(stragglers, "barrier", lambda comm: None)
+    monkeypatch.setattr(stragglers, "fixed_work", lambda device, reps=1: [0.02] * reps)
+    alike = PeerPaced(lambda i, mine: mine * (2 if i % 2 else 0.5))  # slower every other round
+    assert len(stragglers.fixed_work_rounds(alike, 12)) == 4 == alike.round
+    behind = PeerPaced(lambda i, mine: mine / 2)  # rank 0 slower in every round: measured to the end
+    assert len(stragglers.fixed_work_rounds(behind, 12)) == 12
 
 
 def test_on_a_busy_host_a_slow_rank_is_at_most_info_and_says_why():
