@@ -10,7 +10,6 @@ exit status 3 (SystemExit), before any GPU hour is spent.
 """
 from __future__ import annotations
 
-import gc
 from typing import Any, Iterable
 
 
@@ -25,6 +24,7 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
     from ddp_doctor.context import current_context
     from ddp_doctor.exit_codes import EXIT_FAILED
     from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight
+    from ddp_doctor.processes.collector import garbage_of_block_collected
     from ddp_doctor.report.build import exit_code
     from ddp_doctor.report.publish import Output
 
@@ -37,11 +37,11 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
                    output=Output(report_path=report, only_if_not_pass=True, stderr=True))
     from ddp_doctor.checks.launcher_env import SCRIPT_FOLLOWS_OPTION
     # The script goes on to its own init_process_group(): DDP110 checks it will find its variables.
-    pf = RankPreflight(current_context(backend=backend, rank=rank, world_size=world_size,
-                                       local_rank=local_rank, options={SCRIPT_FOLLOWS_OPTION: True}), opts)
-    rep = pf.run()
-    del pf  # the store and process group go with it, before the script creates its own
-    gc.collect()
+    with garbage_of_block_collected():  # the store and process group go, before the script creates its own
+        pf = RankPreflight(current_context(backend=backend, rank=rank, world_size=world_size,
+                                           local_rank=local_rank, options={SCRIPT_FOLLOWS_OPTION: True}), opts)
+        rep = pf.run()
+        del pf
     if exit_on_failure and exit_code(rep) == EXIT_FAILED:
         raise SystemExit(EXIT_FAILED)
     return rep

@@ -46,9 +46,11 @@ def _write_result(exits: dict[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from ddp_doctor.processes.collector import imports_uncollected
+    with imports_uncollected():  # the ranks start sooner
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
     quiet = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
     for name in [*quiet, *logging.root.manager.loggerDict]:

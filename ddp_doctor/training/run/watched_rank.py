@@ -10,7 +10,6 @@ process, without a launcher, its stops are stops_alone.py's.
 from __future__ import annotations
 
 import faulthandler
-import gc
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from ddp_doctor.context import current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL
 from ddp_doctor.facts.launchers import detect, multi_node
 from ddp_doctor.preflight_ranks.one_rank import PreflightOptions, RankPreflight
+from ddp_doctor.processes.collector import garbage_of_block_collected, imports_uncollected
 from ddp_doctor.processes.progress import enabled
 from ddp_doctor.processes.stop_signals import release_early
 from ddp_doctor.processes.tree import die_with_parent
@@ -78,15 +78,15 @@ def preflight(opts: RunOptions, run_dir: str, records_note: str | None = None) -
             records.make_private_dir(pf_opts.launch_dir)
         except OSError:
             pass  # the rank's preflight report then goes unwritten; its exit status still tells
-    pf = RankPreflight(current_context(backend=opts.backend, entry_script=opts.target.path,
-                                       options=opts.check_options), pf_opts)
-    if records_note:  # a warning in the report, never the verdict
-        pf.findings.append(records_moved_finding(records_note, pf.rank, run_dir))
-    rep = pf.run()
-    failed = pf.failed
-    records.join_job(pf.job_token)  # the job every rank agreed on: this rank's records name it
-    del pf  # release the store and process group before the script creates its own
-    gc.collect()
+    with garbage_of_block_collected():  # the store and process group go, before the script creates its own
+        pf = RankPreflight(current_context(backend=opts.backend, entry_script=opts.target.path,
+                                           options=opts.check_options), pf_opts)
+        if records_note:  # a warning in the report, never the verdict
+            pf.findings.append(records_moved_finding(records_note, pf.rank, run_dir))
+        rep = pf.run()
+        failed = pf.failed
+        records.join_job(pf.job_token)  # the job every rank agreed on: this rank's records name it
+        del pf
     return rep, EXIT_INTERNAL if failed else reportlib.exit_code(rep)
 
 
@@ -110,8 +110,9 @@ class _Rank:
 
 def run_training_rank(opts: RunOptions) -> int:
     """The whole life of one rank; returns the exit status the process should end with."""
-    me = _begin(opts)
-    watch, alone = _watch(me)
+    with imports_uncollected():  # torch's import, in _watch
+        me = _begin(opts)
+        watch, alone = _watch(me)
     _preflight_first(me, watch)  # a preflight that did not pass ends the process here
     outcome, probe, children = _run_script(me, watch)
     # A stop signal that ended the script (a peer stopped first: "Connection closed") is reported
