@@ -32,12 +32,22 @@ from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks import rank_view as views
 from ddp_doctor.preflight_ranks.group_plan import group_plan, plans_differ
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, note_stage, rank_path
-from ddp_doctor.processes.tcp_store import connect_store, op_bound, prefixed, read_json_keys, store_call, wait_keys
+from ddp_doctor.processes.tcp_store import (
+    connect_store,
+    op_bound,
+    prefixed,
+    read_json_keys,
+    store_call,
+    wait_closed,
+    wait_keys,
+)
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.report.private_files import write_private
 from ddp_doctor.report.publish import Output, apply_fail_on, deliver
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.time_limit import call_with_time_limit
+
+HOST_CLOSE_WAIT_S = 5.0  # a rank's wait, after the verdict, for rank 0's preflight store to close
 
 
 @dataclass
@@ -378,6 +388,10 @@ class RankPreflight:
                 store_call(lambda: store.set("done/all", "1"), "the done count", op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
+        if not self.ctx.launcher.agent_store and (self.ctx.world_size or 1) > 1:
+            # rank 0's own store on MASTER_PORT: the script's init_process_group that may come next
+            # must find rank 0's new store there, never this one about to close under it
+            wait_closed(store, HOST_CLOSE_WAIT_S)
         if crowded:
             return self._alone()
         rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}

@@ -302,6 +302,23 @@ def wait_keys(store: Any, keys: list[str], what: str, deadline: float) -> bool:
     return bool(store_call(lambda: store.check(keys), f"check({what})", op_bound(1.0)))
 
 
+def wait_closed(store: Any, bound: float) -> bool:
+    """Wait up to `bound` seconds for the store's host to close it: a wait on a key no one sets
+    fails at once when its server goes (the connection is closed under it), and times out while
+    it stays. True when it closed."""
+    try:
+        store_call(lambda: store.wait([NEVER_SET], timedelta(seconds=bound)), "wait(the store's close)",
+                   bound + op_bound(bound))
+    except StoreTimeout:
+        return False
+    except Exception as e:  # noqa: BLE001 - torch says "wait timeout" in several ways; anything else: gone
+        return "timeout" not in str(e).lower() and "timed out" not in str(e).lower()
+    return False
+
+
+NEVER_SET = "ddp-doctor/never-set"
+
+
 def op_bound(timeout: float) -> float:
     """How long one store operation may take: far above a working store's milliseconds."""
     return max(2.0, min(timeout, 30.0))
