@@ -15,7 +15,8 @@ from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
                   "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1, "--progress": 0,
-                  "--no-progress": 0, "--history": 1, "--no-history": 0}
+                  "--no-progress": 0, "--quiet": 0, "--history": 1, "--no-history": 0, "--verbose": 0}
+DOCTOR_SHORT = {"-v": "--verbose", "-q": "--quiet"}  # written out in full for the ranks' command line
 # torchrun's own options come from torch's launcher parser (torchrun_options.py); these of its
 # spellings ddp-doctor acts on itself:
 HELP_NAMES = ("-h", "--help")
@@ -127,6 +128,7 @@ class _OptionLookup:
         with its value attached (`-t3`), or a unique prefix of a long option (`--nproc-per 2`)."""
         name, eq, value = arg.partition("=")
         inline = None if not eq else arg
+        name = DOCTOR_SHORT.get(name, name)
         if name in DOCTOR_OPTIONS:
             return name, DOCTOR_OPTIONS[name], True, inline
         if name in HELP_NAMES or name in MODULE_NAMES:
@@ -179,13 +181,15 @@ def doctor_parser() -> argparse.ArgumentParser:
                    help="also write the ranks' timelines as a Chrome trace there (ui.perfetto.dev)")
     p.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
                    help="say on stderr which rank has made no progress, where, and when the job will be ended "
-                        "(default: $DDP_DOCTOR_PROGRESS, else only when stdout is a terminal)")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                   help="no progress lines, even on a terminal")
+                        "(default: $DDP_DOCTOR_PROGRESS, else on)")
+    p.add_argument("--no-progress", "--quiet", "-q", dest="progress", action="store_const", const=False,
+                   help="no progress lines")
     p.add_argument("--history", default=None, metavar="PATH",
                    help="append this job's figures to the history there (default: $DDP_DOCTOR_HISTORY, else "
                         "~/.cache/ddp-doctor/history.sqlite)")
     p.add_argument("--no-history", action="store_true", help="record nothing in the history")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show every finding of the verdict, info ones and hints included")
     from ddp_doctor.exit_codes import FAIL_ON_LEVELS  # exit 3 after a training that exited 0 (fail_on_exit)
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None,
                    help="after a training that exited 0: exit 3 when the report holds a finding of this "
@@ -350,4 +354,4 @@ def run_options(doctor: list[str], target: Target) -> Any:
         raise RunUsageError(str(e)) from None
     return RunOptions(target=target, timeout=ns.timeout, hang_timeout=ns.hang_timeout,
                       select=select, skip=skip, backend=ns.backend, report_path=ns.report, run_dir=ns.run_dir,
-                      trace_path=ns.trace, fail_on=fail_on, progress=ns.progress)
+                      trace_path=ns.trace, fail_on=fail_on, progress=ns.progress, verbose=ns.verbose)

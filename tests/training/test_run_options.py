@@ -82,6 +82,15 @@ def test_ddp_doctor_options_and_torchruns_mix_before_the_script():
     assert target == Target("train.py", None, ["--report", "mine"])  # after the script: the script's
 
 
+def test_verbose_is_an_option_of_run_as_of_every_command_that_prints_a_verdict():
+    # the verdict's "Info: N (shown with --verbose ...)" names an option run takes
+    for flag in ("-v", "--verbose"):
+        torchrun, doctor, target = split_argv(["--nproc-per-node", "2", flag, "train.py", "-v"])
+        assert torchrun == ["--nproc-per-node", "2"] and doctor == ["--verbose"] and target.args == ["-v"]
+        assert run_argv.run_options(doctor, target).verbose is True
+    assert run_argv.run_options([], Target("train.py", None, [])).verbose is False
+
+
 def test_a_unique_prefix_is_written_out_in_full_and_an_ambiguous_one_is_refused():
     torchrun, doctor, _ = split_argv(["--nproc-per", "2", "--hang", "5", "--stand", "x.py"])
     assert torchrun == ["--nproc-per-node", "2", "--standalone"] and doctor == ["--hang-timeout", "5"]

@@ -31,4 +31,5 @@ class RunOptions:
     # ended well and wrote it) exits 3 instead of 0 on a finding that severe
     fail_on: FailOn | None = None
     progress: bool | None = None  # --progress / --no-progress (None: DDP_DOCTOR_PROGRESS, else a terminal)
+    verbose: bool = False  # --verbose: the verdict shows its info findings too
 

@@ -77,7 +77,8 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
     judged = judge(ev, world=reportlib.world_of(ctx), ranks=(pf or {}).get("ranks") or None, earlier=earlier,
                    measurements=(pf or {}).get("measurements") or None, history_env=ctx.env)
     rep = judged.report
-    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True)
+    verbose = getattr(opts, "verbose", False)
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verbose=verbose)
     path = out.path()
     if interrupted is not None:  # every rank was stopped: each keeps its file, rank 0 shows its report
         own = path if rank == 0 else f"{path}.rank{rank}.json"
@@ -88,7 +89,7 @@ def write_outside_report(rank: int, run_dir: str, started: float, failed: bool, 
         return None
     shown = not failed or rank in (rep.get("root_cause") or {}).get("ranks", []) or (ctx.world_size or 1) == 1
     publish(rep, Output(report_path=path, only_if_not_pass=True, stderr=True, quiet=not shown,
-                        verdict_if_pass=True), path=path, evidence=judged.evidence)
+                        verdict_if_pass=True, verbose=verbose), path=path, evidence=judged.evidence)
     if failed or rep.get("status") == "fail":  # a rank that ended well may report another node's failure
         platform_sinks(rep, ctx.env, ctx.sagemaker)
     return rep

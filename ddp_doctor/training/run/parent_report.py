@@ -42,7 +42,8 @@ def finish(run_dir: str, agent_code: int | None, hang: dict[int, dict[str, Any]]
     from ddp_doctor.training import records
     from ddp_doctor.training.run.run_dir import read_run
 
-    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True)
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, verdict_if_pass=True,
+                 verbose=getattr(opts, "verbose", False))
     pf_dir = records.preflight_dir(run_dir)
     run = read_run(run_dir)
     heartbeats = run.heartbeats

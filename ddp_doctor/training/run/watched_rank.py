@@ -68,7 +68,8 @@ def run_dir_for(env: Any) -> str:
 def preflight(opts: RunOptions, run_dir: str, records_note: str | None = None) -> tuple[dict[str, Any], int]:
     """The preflight of this rank; `records_note`: why the records are not where asked (DDP813)."""
     under_parent = bool(os.environ.get(PARENT_ENV))
-    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, running_if_pass=True)
+    out = Output(report_path=opts.report_path, only_if_not_pass=True, stderr=True, running_if_pass=True,
+                 verbose=opts.verbose)
     pf_opts = PreflightOptions(timeout=opts.timeout, select=opts.select, skip=opts.skip, backend=opts.backend,
                       output=out, check_options=opts.check_options,
                       launch_dir=records.preflight_dir(run_dir) if under_parent else None,
