@@ -58,12 +58,19 @@ def fail_on_setting(given: str | None, env: Mapping[str, str]) -> FailOn | None:
     return FailOn(value, source)
 
 
+FAIL_LEFT_AT_0 = (f"ddp-doctor: exit {EXIT_OK}, the training's own status, though the verdict is FAIL; to make CI "
+                  f"fail on it, add --fail-on error (or set DDP_DOCTOR_FAIL_ON=error): exit {EXIT_FAILED} then")
+
+
 def fail_on_exit(code: int, report: Mapping[str, Any], fail_on: FailOn | None) -> tuple[int, str | None]:
     """The exit status once --fail-on is applied, and the line that says why it changed (None when
     it did not). Only a status of 0 changes (a failing training, a hang, a stop keep their own),
     to EXIT_FAILED when the report holds a finding of `fail_on.level` or worse. A report that holds
     only the verdict (a rank of a preflight that did not write the report) is judged by its status,
-    silently: the reporting rank says why."""
+    silently: the reporting rank says why. A FAIL verdict of a training that exited 0, with no
+    --fail-on asked, keeps 0 and gets the line that says so and how to fail CI on it."""
+    if fail_on is None and code == EXIT_OK and report.get("status") == "fail":
+        return code, FAIL_LEFT_AT_0
     if fail_on is None or code != EXIT_OK:
         return code, None
     worse = FAIL_ON_LEVELS[:FAIL_ON_LEVELS.index(fail_on.level) + 1]

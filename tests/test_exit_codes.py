@@ -13,6 +13,7 @@ from ddp_doctor.exit_codes import (
     EXIT_FAILED,
     EXIT_HANG,
     EXIT_OK,
+    FAIL_LEFT_AT_0,
     FAIL_ON_ENV,
     FAIL_ON_IDS_SHOWN,
     FailOn,
@@ -57,8 +58,12 @@ def test_a_bad_value_names_where_it_came_from(given, env, needle) -> None:
 
 # ------------------------------------------------------------------ the rule
 
-def test_without_a_setting_the_exit_status_is_untouched() -> None:
-    assert fail_on_exit(EXIT_OK, report(("DDP850", "error")), None) == (EXIT_OK, None)
+def test_without_a_setting_the_exit_status_is_untouched_and_a_fail_left_at_0_is_said() -> None:
+    failed = {**report(("DDP850", "error")), "status": "fail"}
+    assert fail_on_exit(EXIT_OK, failed, None) == (EXIT_OK, FAIL_LEFT_AT_0)
+    assert "--fail-on error" in FAIL_LEFT_AT_0 and "DDP_DOCTOR_FAIL_ON=error" in FAIL_LEFT_AT_0
+    assert fail_on_exit(EXIT_OK, {**failed, "status": "warn"}, None) == (EXIT_OK, None)
+    assert fail_on_exit(1, failed, None) == (1, None)  # the training's own failure: its status says it
 
 
 def test_error_fails_on_an_error_only() -> None:
@@ -112,8 +117,9 @@ def test_apply_fail_on_says_it_once_on_stderr_only_when_it_changed(capsys) -> No
         "ddp-doctor: exit 3 instead of 0, as --fail-on error asks: the report holds DDP850 (error)"]
     assert apply_fail_on(1, report(("DDP850", "error")), ERROR) == 1
     assert apply_fail_on(EXIT_OK, report(("DDP603", "warning")), ERROR) == EXIT_OK
-    assert apply_fail_on(EXIT_OK, report(("DDP850", "error")), None) == EXIT_OK
     assert capsys.readouterr() == ("", "")
+    assert apply_fail_on(EXIT_OK, report(("DDP850", "error")), None) == EXIT_OK  # FAIL, nothing asked: said
+    assert capsys.readouterr() == ("", FAIL_LEFT_AT_0 + "\n")
 
 
 def test_preflight_reads_the_option_then_the_variable() -> None:

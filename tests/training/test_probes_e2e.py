@@ -31,6 +31,8 @@ from helpers.procs import (
 )
 from helpers.scenarios import GROUPS
 
+from ddp_doctor.exit_codes import FAIL_LEFT_AT_0
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "probe_scripts"
 ROOT = Path(__file__).resolve().parents[2]
 # Not DDP872 (a data-loading straggler): a busy 2-core machine can cause it (helpers.procs.TIMING_WARNINGS);
@@ -199,7 +201,8 @@ def test_fail_on_error_exits_3_where_a_job_without_it_exits_0(runs):
     """`ddp-doctor run --fail-on error` of a job whose ranks train on the same data (DDP850) and that
     ends well: exit 3, said on one line naming the errors; the script's output passes through
     (loop_report). A job without --fail-on that ends well with an error in its report (DDP850, the
-    ranks spawned by the script) keeps the training's own exit status (0), and says nothing of the kind."""
+    ranks spawned by the script) keeps the training's own exit status (0), and its last line says so
+    and how to make CI fail on it."""
     rep = loop_report(runs, "no_sampler_no_destroy", expect_rc=3)
     res = result_of(runs["results"], "no_sampler_no_destroy")
     errors = sorted(ids(rep, "error"))
@@ -210,6 +213,7 @@ def test_fail_on_error_exits_3_where_a_job_without_it_exits_0(runs):
     assert without.rc == 0, without.output
     assert "DDP850" in ids(load_json(str(runs["base"] / "spawn" / "r.json")), "error")
     assert "exit 3 instead of 0" not in without.stderr
+    assert without.stderr.rstrip().splitlines()[-1] == FAIL_LEFT_AT_0, without.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -259,5 +263,6 @@ def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(run
     # under torchrun, without --fail-on: a run that ended well (exit 0) still says what was found
     assert any("DDP850" in r.stderr for r in results), [r.stderr[-3000:] for r in results]
     assert not any("exit 3 instead of 0" in r.stderr for r in results)
+    assert [r.stderr.count(FAIL_LEFT_AT_0) for r in results] in ([1, 0], [0, 1]), [r.stderr for r in results]
     assert list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-1.json"))
     assert not list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-0.json"))
