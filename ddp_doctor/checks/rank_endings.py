@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import replace
 from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
@@ -34,6 +35,10 @@ RANK_RAISED = declare(
     Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that
     failed after it) and fix that error first.
     """)
+
+
+SAME_ON_ALL_HINT = ("Each rank named raised this error itself, none after another's failure: fix it once, in the "
+                    "code they all ran (the traceback above is the first rank's).")
 
 
 PEER_FAILED = declare(
@@ -296,7 +301,7 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
         return event_finding(SPAWN_CHILD_FAILED, f"{who} (torch.multiprocessing.spawn) failed: "
                              f"{summary}{where}", rank=rank, evidence=evidence, phase="training", time=time)
     return event_finding(RANK_RAISED, f"{who} raised {summary}{where}{tail}", rank=rank, ranks=ranks,
-                         evidence=evidence, phase="training", time=time)
+                         evidence=evidence, phase="training", time=time, hint=SAME_ON_ALL_HINT if same_on else None)
 
 
 def crashing_frames(dump: str) -> list[tuple[str, int, str]]:
@@ -350,7 +355,7 @@ def training_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]
     causes = [r for r in failed if not ((sig := sig_of[r]) is not None and sig.consequence)]
     first_rank = causes[0] if causes else (failed[0] if failed else None)
     findings = _exception_findings(outcomes, failed, sig_of, first_rank, first_rank in causes)
-    findings += _exited_findings(outcomes, bool(failed) or any((c or 0) != 0 for c in exits.values()))
+    findings += _exited_findings(outcomes, exits)
     for r in ranks:
         code = exits.get(r)
         f = _exit_status_finding(r, code, outcomes, exits, crashes, unlogged) if code else None
@@ -387,6 +392,9 @@ def _exception_findings(outcomes: dict[int, dict[str, Any]], failed: list[int],
     alike = _alike_ranks(outcomes, failed, first_rank) if first_rank is not None and first_is_cause else {}
     findings: list[Finding] = []
     grouped: set[int] = set()  # listed in the first rank's finding (a spawned child's is not grouped)
+    # the first rank's very text raised by others too: each its own error (merged as "ranks 0-1 raised")
+    equal = first_is_cause and sum((outcomes[r]["exception"].get("type"), outcomes[r]["exception"].get("message"))
+                                   == first_key for r in failed) > 1
     for r in failed:  # the alike ranks failed after the first one (else one of them would be first)
         if r in grouped:
             continue
@@ -398,6 +406,8 @@ def _exception_findings(outcomes: dict[int, dict[str, Any]], failed: list[int],
                               time=e.get("time"))
         if r == first_rank:
             grouped = set(alike) if f.ranks == sorted({r, *alike}) else set()
+        if equal and f.id == RANK_RAISED.id and (e.get("type"), e.get("message")) == first_key:
+            f = replace(f, hint=SAME_ON_ALL_HINT)
         findings.append(f)
     return findings
 
@@ -455,17 +465,22 @@ def _stuck_at_exit_finding(r: int, code: int, o: dict[str, Any], outcomes: dict[
     ended it past the teardown bound; SIGTERM, the launcher did, once a peer stuck the same way was
     ended first. After another rank failed (this one was blocked with it in a collective) it is a
     consequence: info, said so; else what held the process decides error or warning."""
-    after = _failed_first(r, outcomes, exits)
+    # a rank that raised an error of its own (not a lost peer's symptom) is judged by that error,
+    # never as a consequence of another rank's: the teardown its script skipped held it (info)
+    raised = bool(o.get("exception")) and not _lost_peer_error(o)
+    after = None if raised else _failed_first(r, outcomes, exits)
     # what the process held past the bound (non-daemon threads, children): the script's, an error
     held = exit_holders(o.get("held_by"))
     return event_finding(
         STUCK_AT_EXIT, f"rank {r}: the script ended with status {o.get('exit_code')}, "
         f"but the process did not exit and was ended ({_signal_name(code)})"
         + (f"; what kept it alive: {held}" if held else "")
-        + (f", after rank {after} failed (a consequence)" if after is not None else ""),
+        + (f", after rank {after} failed (a consequence)" if after is not None else "")
+        + (", after its own error above (the teardown the script would have run never did)"
+           if raised and not held else ""),
         rank=r, phase="teardown",
-        severity="info" if after is not None else "error" if held else "warning",
-        hint=None if after is not None else (
+        severity="info" if after is not None or (raised and not held) else "error" if held else "warning",
+        hint=None if after is not None or (raised and not held) else (
             "Stop and join what the script starts before it ends (a sentinel on the queue or the "
             "Event set, then thread.join(); Pool.close() and join(); Popen.wait()), or make "
             "background threads daemons: Python's exit waits for them, so the rank never exits."
@@ -513,19 +528,37 @@ def _job_exit_code(outcomes: dict[int, dict[str, Any]], exits: dict[int, int], r
     return 0
 
 
-def _exited_findings(outcomes: dict[int, dict[str, Any]], others_failed: bool) -> list[Finding]:
+def _ended_itself(o: dict[str, Any] | None) -> bool:
+    """Whether a rank's script ended itself with sys.exit(N != 0): no exception, no stop, no hang."""
+    return bool(o and o.get("exit_code") and not (o.get("exception") or o.get("interrupted") or o.get("hung"))
+                and o.get("phase") in (None, "training"))
+
+
+def _lost_peer_error(o: dict[str, Any]) -> bool:
+    """Whether a rank raised a known symptom of a lost peer (a signature marked as a consequence)."""
+    exc = o.get("exception")
+    if not exc:
+        return False
+    sig = signature_of(exc, real_error_of(exc))
+    return sig is not None and sig.consequence
+
+
+def _exited_findings(outcomes: dict[int, dict[str, Any]], exits: dict[int, int]) -> list[Finding]:
     """DDP814 for each rank whose script ended itself with sys.exit(N != 0), without an exception
     or a stop: the cause, whose peers' lost-peer errors are consequences. With no other rank
-    failing either, it is still the job's failure: the status the script asked for."""
+    failing either, it is still the job's failure: the status the script asked for. Ranks that
+    ended themselves alike are not each other's consequence."""
     out = []
     for r, o in sorted(outcomes.items()):
-        if not o.get("exit_code") or o.get("exception") or o.get("interrupted") or o.get("hung"):
-            continue
-        if o.get("phase") not in (None, "training"):
+        if not _ended_itself(o):
             continue
         site = o.get("exited") or {}
         where = site.get("where")
-        others = " while the other ranks still ran (their errors below are its consequence)" if others_failed else ""
+        # other ranks whose ending is this one's consequence: a lost peer's error, or an end with no
+        # record of its own (stopped by the launcher, killed); not a rank that raised or exited on its own
+        failed_after = any(_lost_peer_error(o2) for r2, o2 in outcomes.items() if r2 != r) or any(
+            c for r2, c in exits.items() if r2 != r and outcomes.get(r2) is None)
+        others = " while the other ranks still ran (their errors below are its consequence)" if failed_after else ""
         n = int(o["exit_code"])
         if site.get("aborted_at_exit"):  # a log's reading: no Python error, then the teardown abort
             last = site.get("last_line")

@@ -43,6 +43,39 @@ def test_scripts_own_exit_status_passes_through_and_is_a_failure_never_a_pass():
     assert [(f.id, f.severity, f.ranks) for f in findings] == [("DDP814", "error", [0]), ("DDP814", "error", [1])]
     merged = merge_findings(findings)  # one finding: "ranks 0-1"
     assert len(merged) == 1 and merged[0].ranks == [0, 1] and "status 7" in merged[0].message
+    # every rank ended itself alike: none is the others' cause, and no "errors below" that are not there
+    assert "other ranks" not in merged[0].message and "consequence" not in merged[0].message
+
+
+def test_an_own_exit_names_as_consequences_only_lost_peers_and_stopped_ranks():
+    lost = exc(11.0, "RuntimeError", "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    for others, exits, said in [
+            ({1: outcome(1, lost)}, {1: 1}, True),  # its peer's lost-peer error: its consequence
+            ({}, {1: -signal.SIGTERM}, True),  # stopped by the launcher after it left
+            ({1: outcome(1, exc(10.5))}, {1: 1}, False),  # a peer that raised its own error: no consequence
+    ]:
+        findings, _ = training_findings({0: outcome(7), **others}, {0: 7, **exits}, [0, 1])
+        [own] = [f for f in findings if f.id == "DDP814"]
+        assert ("their errors below are its consequence" in own.message) is said, own.message
+
+
+def test_the_same_error_raised_by_every_rank_says_fix_it_once_not_read_the_first():
+    for texts in (("bad batch", "bad batch"), ("bad batch on rank 0", "bad batch on rank 1")):
+        findings, _ = training_findings({r: outcome(1, exc(10.0 + r, message=t)) for r, t in enumerate(texts)},
+                                        {0: 1, 1: 1}, [0, 1])
+        [f] = merge_findings(findings)
+        assert f.id == "DDP800" and f.ranks == [0, 1] and "fix it once" in f.hint and "peers" not in f.hint, f.hint
+    findings, _ = training_findings({0: outcome(1, exc(12.0, "RuntimeError", "odd")), 1: outcome(1, exc(10.0))},
+                                    {0: 1, 1: 1}, [0, 1])
+    assert "fix it once" not in by_id(findings)["DDP800"].hint  # one rank's own error: read that one
+
+
+def test_a_rank_that_raised_on_its_own_and_then_hung_at_exit_is_no_consequence():
+    # both ranks raised the same error on their own; rank 1's process then did not exit (SIGKILL past the bound)
+    outcomes = {0: outcome(1, exc(10.0)), 1: outcome(1, exc(10.2))}
+    stuck = by_id(training_findings(outcomes, {0: 1, 1: -signal.SIGKILL}, [0, 1])[0])["DDP806"]
+    assert "consequence" not in stuck.message and stuck.caused_by is None and stuck.severity == "info"
+    assert "after its own error" in stuck.message
 
 
 def test_abort_at_exit_after_status_0_is_teardown_info_and_exit_0():
