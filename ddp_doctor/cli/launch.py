@@ -12,7 +12,8 @@ import sys
 # other option is passed on to the ranks as given, so options added for checks need no forwarding code.
 PARENT_ONLY = {"--nproc-per-node": True, "--nproc_per_node": True, "--report": True, "--report-s3-uri": True,
                "--trace": True, "--fail-on": True,
-               "--json": False, "--verbose": False, "-v": False, "--progress": False, "--no-progress": False}
+               "--json": False, "--verbose": False, "-v": False, "--progress": False, "--no-progress": False,
+               "--quiet": False, "-q": False}
 
 
 def add_nproc_option(p: argparse.ArgumentParser) -> None:

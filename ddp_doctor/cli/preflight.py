@@ -44,8 +44,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
                    help="with no launcher: say on stderr which stage the ranks are in when the preflight "
                         "takes long (default: $DDP_DOCTOR_PROGRESS, else only when stdout is a terminal)")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                   help="no progress lines, even on a terminal")
+    p.add_argument("--no-progress", "--quiet", "-q", dest="progress", action="store_const", const=False,
+                   help="no progress lines")
     p.add_argument("--report-s3-uri", metavar="S3_URI", default=None,
                    help="also upload the merged report there, e.g. s3://bucket/prefix/ (needs boto3; "
                         "default: $DDP_DOCTOR_REPORT_S3_URI); a failed upload is only a warning")

@@ -5,8 +5,10 @@ waiting for when a wait grows long: which stage the preflight's ranks are in (pr
 stage_lines.py), or which rank has made no progress, where, and when the job will be ended
 (training/run/hang_lines.py). Never on stdout: the script's stdout is its own.
 
-Whether they print (`enabled`): `--progress` / `--no-progress`, else DDP_DOCTOR_PROGRESS (1 or 0),
-else only when stdout is a terminal (a person watching; a log or a pipe stays quiet).
+Whether they print (`enabled`): `--progress` / `--no-progress` (`-q` / `--quiet`), else
+DDP_DOCTOR_PROGRESS (1 or 0), else yes, to a terminal or not: a CI log shows a hang coming as a
+person at a terminal sees it. The lines come only once a wait grows long, so a job that goes well
+prints none.
 """
 from __future__ import annotations
 
@@ -20,21 +22,13 @@ MAX_NAMED = 4  # ranks named with their stage or place in one line; the others a
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
-def enabled(flag: bool | None, env: Mapping[str, str] | None = None, stream: Any = None) -> bool:
-    """--progress (True) / --no-progress (False) win; else DDP_DOCTOR_PROGRESS; else whether
-    `stream` (default: stdout) is a terminal. A value of the variable that is neither yes nor no
-    is taken as unset."""
+def enabled(flag: bool | None, env: Mapping[str, str] | None = None) -> bool:
+    """--progress (True) / --no-progress, --quiet (False) win; else DDP_DOCTOR_PROGRESS; else on.
+    A value of the variable that is neither yes nor no is taken as unset."""
     if flag is not None:
         return flag
     value = (os.environ if env is None else env).get(PROGRESS_ENV)
-    if value is not None and value.strip().lower() in _YES:
-        return True
-    if value is not None and value.strip().lower() in _NO:
-        return False
-    try:
-        return bool((stream or sys.stdout).isatty())
-    except (AttributeError, ValueError, OSError):  # closed or replaced stdout
-        return False
+    return not (value is not None and value.strip().lower() in _NO)
 
 
 def say(line: str | None, stream: Any = None) -> None:

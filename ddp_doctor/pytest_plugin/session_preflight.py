@@ -124,7 +124,8 @@ def run_one_preflight(backend: str, nproc: int, report: str, settings: Settings)
     from ddp_doctor.processes.tree import own_session_dying_with_parent  # its own session, ends when we do
     t = settings.preflight_timeout
     cmd = [sys.executable, "-m", "ddp_doctor", "preflight", "--nproc-per-node", str(nproc),
-           "--backend", backend, "--timeout", f"{t:g}", "--report", report, "--json"]
+           "--backend", backend, "--timeout", f"{t:g}", "--report", report, "--json",
+           "--quiet"]  # its stderr is read here, not shown: no progress lines
     if settings.expect_gpus is not None:
         cmd += ["--expect-gpus", str(settings.expect_gpus)]
     cmd += settings.preflight_args

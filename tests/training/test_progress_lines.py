@@ -99,23 +99,17 @@ def test_lines_are_redacted_and_a_closed_stream_takes_nothing(monkeypatch):
     say("anything", out)  # raises nothing
 
 
-class _Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-@pytest.mark.parametrize(("flag", "env", "stream", "want"), [
-    (None, {}, io.StringIO(), False),  # not a terminal: quiet
-    (None, {}, _Tty(), True),  # a terminal: on
-    (True, {}, io.StringIO(), True),  # --progress
-    (False, {}, _Tty(), False),  # --no-progress
-    (None, {"DDP_DOCTOR_PROGRESS": "1"}, io.StringIO(), True),
-    (None, {"DDP_DOCTOR_PROGRESS": "0"}, _Tty(), False),
-    (False, {"DDP_DOCTOR_PROGRESS": "1"}, _Tty(), False),  # the option wins
-    (None, {"DDP_DOCTOR_PROGRESS": "maybe"}, io.StringIO(), False),  # neither: as unset
+@pytest.mark.parametrize(("flag", "env", "want"), [
+    (None, {}, True),  # a terminal or a CI log: on (the lines come only when a wait grows long)
+    (True, {}, True),  # --progress
+    (False, {}, False),  # --no-progress, --quiet
+    (None, {"DDP_DOCTOR_PROGRESS": "1"}, True),
+    (None, {"DDP_DOCTOR_PROGRESS": "0"}, False),
+    (False, {"DDP_DOCTOR_PROGRESS": "1"}, False),  # the option wins
+    (None, {"DDP_DOCTOR_PROGRESS": "maybe"}, True),  # neither: as unset
 ])
-def test_progress_is_on_for_a_terminal_unless_asked(flag, env, stream, want):
-    assert enabled(flag, env, stream) is want
+def test_progress_is_on_unless_asked_off(flag, env, want):
+    assert enabled(flag, env) is want
 
 
 def test_preflight_lines_come_at_doubling_steps_naming_each_stage(tmp_path):
@@ -145,6 +139,10 @@ def test_the_options_are_the_parents_own():
     assert doctor == ["--progress"] and target.args == ["--progress"]  # the script's own stays its own
     assert run_options(doctor, target).progress is True
     assert run_options(["--no-progress"], target).progress is False
+    for quiet in ("-q", "--quiet"):
+        assert split_argv([quiet, "train.py"])[1] == ["--quiet"]
+        assert run_options(["--quiet"], target).progress is False
+    assert rank_argv(["-q", "--quiet", "--timeout", "5"]) == ["--timeout", "5"]
     assert run_options([], target).progress is None
 
 
