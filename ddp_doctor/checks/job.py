@@ -97,6 +97,9 @@ class JobEvidence:
     # rank -> its last heartbeat (where it was, "where": its innermost line of the user's code, and
     # when), whatever the ending: where a rank late to init was when a peer's wait for it expired
     heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # a post-mortem whose logs name no rank (plain torchrun prints the ranks' lines unprefixed): how
+    # many lines the script printed before the stop and the last one ({"lines", "last"}), else None
+    unplaced_output: dict[str, Any] | None = None
 
 
 def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple[list[Finding], int]:
@@ -104,7 +107,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     earlier = list(earlier or [])
     findings: list[Finding] = []
     if ev.interrupted is not None:
-        findings.append(interrupted_finding(ev.interrupted, ev.stopped_at, ev.stacks))
+        findings.append(interrupted_finding(ev.interrupted, ev.stopped_at, ev.stacks, ev.unplaced_output))
         code = int(ev.interrupted.exit_code)
         findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
     elif ev.hung:

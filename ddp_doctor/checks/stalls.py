@@ -61,13 +61,23 @@ def _whereabouts(heartbeats: dict[int, dict[str, Any]]) -> tuple[dict[int, Any],
     return where, {r for r, hb in heartbeats.items() if hb.get("in_collective")}
 
 
-def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str]) -> Finding:
-    """The job stopped by a signal (DDP808), with where each rank was when it came."""
+def interrupted_finding(interrupt: Any, heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str],
+                        unplaced: dict[str, Any] | None = None) -> Finding:
+    """The job stopped by a signal (DDP808), with where each rank was when it came; `unplaced`: the
+    script's output a log gave without naming its ranks ({"lines", "last"}), when no rank is placed."""
     where, in_coll = _whereabouts(heartbeats)
     parts = "; ".join(f"rank {r}: {where[r]}" + (" (in a collective)" if r in in_coll else "")
                       + (f", {int(heartbeats[r].get('steps') or 0)} steps" if "steps" in heartbeats[r] else "")
                       for r in sorted(where))
-    message = f"stopped by {interrupt.describe()}" + (f". {parts}" if parts else " before any rank started its script")
+    if parts:
+        said = f". {parts}"
+    elif unplaced and unplaced.get("lines"):  # the script ran: its lines name no rank
+        said = (f" after the script printed {int(unplaced['lines'])} line(s) (the last: {str(unplaced.get('last'))!r}) "
+                f"that name no rank, so where each rank was is not known (torchrun --tee 3 prefixes each "
+                f"rank's lines with its rank)")
+    else:
+        said = " before any rank started its script"
+    message = f"stopped by {interrupt.describe()}{said}"
     return event_finding(INTERRUPTED, message, rank=None, ranks=sorted(heartbeats),
                          evidence={**interrupt.to_dict(), "where": {str(r): w for r, w in where.items()},
                                    "stacks": {str(r): s for r, s in stacks.items()}}, phase="training")

@@ -44,7 +44,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from ddp_doctor.postmortem.analyze import analyze, trace
-    from ddp_doctor.report import build as reportlib
     from ddp_doctor.report.publish import Output, publish
     if not args.paths and not args.sagemaker_job:
         raise UsageError("give the job's artifacts (PATH...), --sagemaker-job NAME, or both")
@@ -98,20 +97,28 @@ def command(args: argparse.Namespace) -> int:
         elif args.trace:
             _say(f"ddp-doctor analyze: no trace written to {args.trace}: the analysis was stopped before its end")
     first = stop.first()  # the exit status a stop signal asks for, whenever it came
-    return first.exit_code if first is not None else reportlib.exit_code(rep)
+    return first.exit_code if first is not None else verdict_exit_code(rep)
+
+
+def verdict_exit_code(rep: dict[str, Any]) -> int:
+    """analyze's own status, never the analysed job's (a job stopped by SIGTERM does not make
+    analyze exit 143): 0 when no failure was found (pass, warn), 3 when one was (a job that failed,
+    was stopped or hung, or whose logs end while it ran)."""
+    from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
+    return EXIT_OK if rep.get("status") in ("pass", "warn") else EXIT_FAILED
 
 
 def _replay(path: str) -> tuple[dict[str, Any], Any] | int:
     """The verdict judged again from an evidence file, or the exit status when it cannot be read.
     A verdict other than the one the file recorded (a ddp-doctor whose rules changed) is said."""
-    from ddp_doctor.exit_codes import EXIT_INTERNAL
+    from ddp_doctor.exit_codes import EXIT_USAGE
     from ddp_doctor.postmortem.analyze import replay
     from ddp_doctor.training.evidence_file import NotEvidence
     try:
         rep, pm, recorded = replay(path)
-    except NotEvidence as e:
+    except NotEvidence as e:  # bad input
         _say(f"ddp-doctor analyze: error: {e}")
-        return EXIT_INTERNAL
+        return EXIT_USAGE
     now, then = _verdict_line(rep.get("status"), rep.get("root_cause")), _verdict_line(
         recorded.get("status"), recorded.get("root_cause"))
     if recorded and now != then:

@@ -293,6 +293,8 @@ def _note_interruption(ev: JobEvidence, art: Artifacts, stopped: tuple[int, int 
     signo, pid = stopped
     agent = f"{art.launcher.launcher or 'the launcher'}'s agent" + (f" (pid {pid})" if pid else "")
     ev.interrupted = Interrupt(signo=signo, to=agent, at=max(art.mtimes.values(), default=base))
+    if not ranks and art.launcher.unplaced_lines:
+        ev.unplaced_output = {"lines": art.launcher.unplaced_lines, "last": art.launcher.last_unplaced}
     for r in ranks:
         last = per_rank[r].get("last_line")
         ev.stopped_at[r] = {"where": f"its output's last line {str(last).strip()[:160]!r}" if last and

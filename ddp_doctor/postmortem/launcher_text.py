@@ -69,6 +69,10 @@ class LauncherText:
     world_sizes: set[int] = field(default_factory=set)
     launcher: str | None = None  # whose summary it was: "torchrun", "mpirun"
     stopped: tuple[int, int | None] | None = None  # torchrun's agent stopped by a signal: (signo, its pid)
+    # lines among the launcher's that are not its own, before any stop: the ranks' output printed
+    # without a rank prefix (plain torchrun); how many, and the last one
+    unplaced_lines: int = 0
+    last_unplaced: str | None = None
     _current: dict[str, str] | None = None
     _root: bool = False
     _tb: list[str] | None = None
@@ -83,6 +87,7 @@ class LauncherText:
             self._close()
         self._mpirun(text)
         self._agent(text)
+        self._unplaced(text)
         if _FAILED.search(text) or "ChildFailedError" in text:
             self.summaries += text.rstrip().endswith("FAILED")
         if text.startswith("Root Cause"):
@@ -112,6 +117,15 @@ class LauncherText:
     def state(self) -> tuple[int, int, str | None]:
         """What the launcher's lines said so far, to tell whether a file added to it."""
         return len(self.exits), self.summaries, self.launcher
+
+    def _unplaced(self, text: str) -> None:
+        """Count a line no launcher wrote (the script's, without its rank's prefix), before a stop."""
+        line = text.strip()
+        if (self.stopped is None and line and self._current is None and not _AGENT.search(text)
+                and not line.startswith(("*****", "Traceback (most recent call last)", "File \"", "[W", "[I"))
+                and not _DEATH.search(text) and not _SIGNALLED.search(text) and not text.startswith(" ")):
+            self.unplaced_lines += 1
+            self.last_unplaced = line[:160]
 
     def _agent(self, text: str) -> None:
         """torchrun's agent's own lines: it was there, and whether a signal stopped it."""

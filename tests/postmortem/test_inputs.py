@@ -242,6 +242,22 @@ def test_a_launcher_stopped_by_a_signal_is_an_interrupted_job_never_a_ranks_erro
     assert _cause(rep) == ("DDP800", [0]), rep["findings"]
 
 
+def test_a_plain_torchrun_log_stopped_after_its_steps_says_they_ran_and_analyze_exits_3(tmp_path):
+    """Plain torchrun prints the ranks' lines without a prefix: stopped by `timeout` after ten steps,
+    the job is never said to have been stopped "before any rank started its script", and analyze's
+    exit status is its own (3: a failure found), not the stopped job's 143."""
+    import re
+    plain = re.sub(r"^\[default\d\]:", "", STOPPED, flags=re.M)
+    (tmp_path / "console.log").write_text(plain)
+    rep, _ = analyze([str(tmp_path)])
+    msg = rep["root_cause"]["message"]
+    assert rep["status"] == "interrupted" and rep["root_cause"]["id"] == "DDP808", rep["findings"]
+    assert "before any rank started" not in msg and "'step 40 loss 0.51'" in msg and "name no rank" in msg, msg
+    out = subprocess.run([sys.executable, "-m", "ddp_doctor", "analyze", str(tmp_path / "console.log")],
+                         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert out.returncode == 3 and "DDP808" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
+
+
 def test_a_rank_that_never_issued_the_collective_is_placed_at_its_outputs_last_line(tmp_path):
     """A dump says which collectives a rank issued, not where it is: the rank the others waited
     for is placed where its own output left it."""

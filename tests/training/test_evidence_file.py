@@ -114,14 +114,14 @@ def test_analyze_judges_an_evidence_file_alone_and_says_what_it_cannot_read(tmp_
     code, out, err = analyze(str(tmp_path / "old.evidence.json"), cwd=tmp_path)
     assert code == 3 and "was judged pass when it was written; this ddp-doctor judges it fail (DDP800 on rank(s) 1)" \
         in err
-    # with other artifacts: a usage error; a later version, or a broken field: a clear error, exit 1
+    # with other artifacts: a usage error; a later version, or a broken field: bad input said clearly, exit 2
     (tmp_path / "log.txt").write_text("hello\n")
     code, _, err = analyze(str(ev), str(tmp_path / "log.txt"), cwd=tmp_path)
     assert code == 2 and "it is judged alone" in err
     (tmp_path / "new.evidence.json").write_text(json.dumps({**doc, "version": 99}))
     code, out, err = analyze(str(tmp_path / "new.evidence.json"), cwd=tmp_path)
-    assert code == 1 and "version 99" in err and "Traceback" not in err and out == ""
+    assert code == 2 and "version 99" in err and "Traceback" not in err and out == ""
     doc["evidence"]["crashes"] = {"1": "one value"}
     (tmp_path / "bad.evidence.json").write_text(json.dumps(doc))
     code, out, err = analyze(str(tmp_path / "bad.evidence.json"), cwd=tmp_path)
-    assert code == 1 and "'crashes' cannot be read" in err and "Traceback" not in err
+    assert code == 2 and "'crashes' cannot be read" in err and "Traceback" not in err
