@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 from ddp_doctor.exit_codes import FailOn, fail_on_exit
 from ddp_doctor.report import sinks
 from ddp_doctor.report.redact import redact_obj, redact_text
-from ddp_doctor.report.render import render_text, verdict_line
+from ddp_doctor.report.render import coloured, render_text, verdict_line
 
 DEFAULT_REPORT = "ddp-doctor-report.json"
 REPORT_ENV = "DDP_DOCTOR_REPORT"
@@ -97,7 +97,19 @@ def show(rep: dict[str, Any], out: Output, path: str | None, stream: Any = None,
         text = redact_text(render_text(rep, report_path=path, verbose=out.verbose, command=out.command))
     if prefix:
         text = "\n".join(prefix + line for line in text.splitlines())
+    elif not out.json and wants_colour(stream):
+        text = coloured(text)
     _say(stream, text + "\n")
+
+
+def wants_colour(stream: Any, env: Any = None) -> bool:
+    """Colour for a terminal, unless NO_COLOR is set to anything but "" (no-color.org)."""
+    if (os.environ if env is None else env).get("NO_COLOR"):
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def publish(rep: dict[str, Any], out: Output, *, env: Any = None, path: str | None = None,

@@ -1,6 +1,7 @@
 """Human-readable text for a report: a verdict line, the root cause, then findings by severity."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ def _launcher(world: dict[str, Any]) -> str:
         ws, nnodes = world.get("world_size"), world.get("nnodes") or 1
         per_node = f"{ws // nnodes} local rank(s)" + (" per node" if nnodes > 1 else "") if ws else "local ranks"
         return f"ddp-doctor ({per_node})"
-    return str(world.get("launcher"))
+    return str(world.get("launcher") or "unknown")
 
 
 def _where(world: dict[str, Any]) -> str:
@@ -58,7 +59,7 @@ def _where(world: dict[str, Any]) -> str:
     ws = world.get("world_size")
     return ((f"{ws} rank(s)" if ws is not None else "world size unknown")
             + (f" on {world['nnodes']} node(s)" if world.get("nnodes") else "")
-            + f", launcher {_launcher(world)}, backend {world.get('backend')}")
+            + f", launcher {_launcher(world)}, backend {world.get('backend') or 'unknown'}")
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -78,8 +79,8 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
                 command: str | None = None) -> str:
     """The report as text, each finding once: the headline (`command`, e.g. "bench-comm", else the
     report's phase), the root cause with the user's line and, under it, its consequences; then the
-    other findings by severity. On a failure the info findings and the measurements are only
-    counted unless `verbose`: the lines that matter come first and alone. A text longer than a
+    other findings by severity. The info findings are only counted unless `verbose`, whatever the
+    status (and on a failure the measurements too): the lines that matter come first and alone. A text longer than a
     screen (SCREEN_LINES) is written tighter (FITS): the findings of one ID under one title and one
     Fix, a few of each, long messages cut; what is left out is counted and stays in the JSON."""
     for fit in FITS:
@@ -91,13 +92,10 @@ def render_text(report: dict[str, Any], *, report_path: str | None = None, verbo
 
 def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, command: str | None,
            fit: _Fit) -> list[str]:
-    world = report.get("world") or {}
     findings = report.get("findings") or []
-    counts = {s: sum(1 for f in findings if f["severity"] == s) for s, _ in HEADINGS}
     status = str(report.get("status", "fail")).upper()
     failed = status in ("FAIL", "INTERRUPTED")
-    lines = [f"ddp-doctor {command or report.get('phase', 'preflight')}: {status} "
-             f"({counts['error']} error(s), {counts['warning']} warning(s)) - {_where(world)}"]
+    lines = [headline(report, command)]
     cause = report.get("root_cause")
     shown: set[int] = set()  # id() of the findings said under the root cause
     if cause:
@@ -121,7 +119,7 @@ def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, comma
         group = [f for f in rest if f["severity"] == severity]
         if severity == "error" and cause and group:
             heading = "Other errors"
-        if not group or (severity == "info" and not verbose and (failed or len(group) > 5)):
+        if not group or (severity == "info" and not verbose):  # one rule whatever the status
             if group:
                 lines.append(f"{heading}: {len(group)} (shown with --verbose or in the JSON report)")
             continue
@@ -174,17 +172,29 @@ def _by_id(group: list[dict[str, Any]], fit: _Fit, fix: bool) -> list[str]:
     return lines
 
 
-def verdict_line(report: dict[str, Any], *, report_path: str | None = None, command: str | None = None) -> str:
-    """One line for the end of a run, pass included: the status, the root cause (or the counts) and
-    where the report is."""
-    status = str(report.get("status", "fail")).upper()
-    cause = report.get("root_cause")
+_COLOURS = {"PASS": "32", "WARN": "33", "FAIL": "31", "INTERRUPTED": "31", "RUNNING": "36"}  # ANSI SGR
+_STATUS = re.compile(r"^(ddp-doctor [^:\n]+: )(PASS|WARN|FAIL|INTERRUPTED|RUNNING)\b")
+
+
+def coloured(text: str) -> str:
+    """`text` with its headline's status in colour (green pass, yellow warn, red fail), for a terminal."""
+    return _STATUS.sub(lambda m: f"{m.group(1)}\033[1;{_COLOURS[m.group(2)]}m{m.group(2)}\033[0m", text, count=1)
+
+
+def headline(report: dict[str, Any], command: str | None = None) -> str:
+    """The first line of every command's verdict: the command (else the report's phase), the
+    status, the counts, the world, the launcher and the backend ("unknown" where not known)."""
     findings = report.get("findings") or []
-    if cause:
-        what = f"{cause['id']}{_ranks(cause.get('ranks', []))} {cause['title']}"
-    else:
-        errors = sum(1 for f in findings if f["severity"] == "error")
-        warnings = sum(1 for f in findings if f["severity"] == "warning")
-        what = f"{errors} error(s), {warnings} warning(s)"
-    return (f"ddp-doctor {command or report.get('phase', 'preflight')}: {status} - {what}"
+    counts = {s: sum(1 for f in findings if f["severity"] == s) for s, _ in HEADINGS}
+    status = str(report.get("status", "fail")).upper()
+    return (f"ddp-doctor {command or report.get('phase', 'preflight')}: {status} "
+            f"({counts['error']} error(s), {counts['warning']} warning(s)) - {_where(report.get('world') or {})}")
+
+
+def verdict_line(report: dict[str, Any], *, report_path: str | None = None, command: str | None = None) -> str:
+    """One line for the end of a run, pass included: the headline every verdict starts with, the
+    root cause when there is one, and where the report is."""
+    cause = report.get("root_cause")
+    return (headline(report, command)
+            + (f"; root cause {cause['id']}{_ranks(cause.get('ranks', []))} {cause['title']}" if cause else "")
             + (f" - report {report_path}" if report_path else ""))

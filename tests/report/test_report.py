@@ -11,7 +11,7 @@ from ddp_doctor.findings import ROOT_CAUSE, Finding, format_ranks
 from ddp_doctor.preflight_ranks.one_rank import merge_measurements
 from ddp_doctor.processes.launch_dir import merge_launch_dir
 from ddp_doctor.report import build as reportlib
-from ddp_doctor.report.render import render_text
+from ddp_doctor.report.render import render_text, verdict_line
 
 TOP_KEYS = {"schema", "schema_version", "tool_version", "status", "phase", "world", "ranks", "findings",
             "measurements", "root_cause"}
@@ -189,8 +189,12 @@ def test_render_text_pass_and_info_folding() -> None:
     assert "Info: 6 (shown with --verbose" in text and "info 3" not in text
     verbose = render_text(rep, verbose=True)
     assert "info 3" in verbose and "Fix: ih3" in verbose
+    # one rule whatever the status or the count: info findings are counted, shown with --verbose
     few = render_text(reportlib.build_report(world=WORLD, ranks=[], findings=infos[:2]))
-    assert "info 1" in few and "Fix: ih1" not in few
+    assert "Info: 2 (shown with --verbose" in few and "info 1" not in few
+    warned = render_text(reportlib.build_report(world=WORLD, ranks=[], findings=[*infos[:2], fnd(
+        "DDP603", severity="warning", message="a warning", hint="wh")]))
+    assert "Info: 2 (shown with --verbose" in warned and "info 1" not in warned and "a warning" in warned
 
 
 def test_render_text_measurements() -> None:
@@ -309,7 +313,6 @@ def test_render_text_unknown_world_size() -> None:
 
 def test_render_text_groups_consequences_under_the_cause_with_the_users_line_and_hides_info_on_failure() -> None:
     from ddp_doctor.findings import ROOT_CAUSE
-    from ddp_doctor.report.render import verdict_line
     cause = fnd("DDP800", message="rank 1 raised ValueError: bad", hint="fix it", ranks=[1], time=1.0,
                 evidence={"raised_at": "train.py:7 in <module>"})
     peer = fnd("DDP802", message="rank 0 failed after rank 1 failed", ranks=[0], time=2.0, caused_by=ROOT_CAUSE)
@@ -329,11 +332,16 @@ def test_render_text_groups_consequences_under_the_cause_with_the_users_line_and
     assert sum(line.count("rank 0 failed after") for line in lines) == 1  # each finding once
     verbose = render_text(rep, verbose=True)
     assert "no GPU" in verbose and "all_reduce: 1024 bytes" in verbose
+    # one headline for every command: the one-line verdict starts as the text does
     assert verdict_line(rep, report_path="r.json") == (
-        "ddp-doctor preflight: FAIL - DDP800 [rank 1] title DDP800 - report r.json")
+        lines[0] + "; root cause DDP800 [rank 1] title DDP800 - report r.json")
     ok = reportlib.build_report(world=WORLD, ranks=[], findings=[])
     assert verdict_line(ok, report_path="r.json", command="run") == (
-        "ddp-doctor run: PASS - 0 error(s), 0 warning(s) - report r.json")
+        "ddp-doctor run: PASS (0 error(s), 0 warning(s)) - 8 rank(s) on 2 node(s), launcher torchrun, backend gloo"
+        " - report r.json")
+    unknown = reportlib.build_report(world={}, ranks=[], findings=[])  # a rank that knows nothing of its world
+    assert verdict_line(unknown) == ("ddp-doctor preflight: PASS (0 error(s), 0 warning(s)) - world size unknown, "
+                                     "launcher unknown, backend unknown")
 
 
 def test_render_text_of_a_planned_sagemaker_job_says_the_job_not_a_launcher() -> None:
@@ -343,3 +351,21 @@ def test_render_text_of_a_planned_sagemaker_job_says_the_job_not_a_launcher() ->
     first = render_text(rep, command="sagemaker-check").splitlines()[0]
     assert first == ("ddp-doctor sagemaker-check: FAIL (1 error(s), 0 warning(s)) - planned job: 2 x ml.p4d.24xlarge, "
                      "16 rank(s), distribution torch_distributed")
+
+
+def test_the_status_is_coloured_on_a_terminal_unless_no_color() -> None:
+    import io
+
+    from ddp_doctor.report.publish import wants_colour
+    from ddp_doctor.report.render import coloured
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    line = verdict_line(reportlib.build_report(world=WORLD, ranks=[], findings=[fnd()]))
+    assert coloured(line).startswith("ddp-doctor preflight: \033[1;31mFAIL\033[0m (1 error(s)")
+    assert coloured("ddp-doctor training: PASS (0 error(s)").startswith("ddp-doctor training: \033[1;32mPASS")
+    assert coloured("no headline here: FAIL") == "no headline here: FAIL"
+    assert wants_colour(Tty(), {}) and not wants_colour(io.StringIO(), {})
+    assert not wants_colour(Tty(), {"NO_COLOR": "1"}) and wants_colour(Tty(), {"NO_COLOR": ""})
