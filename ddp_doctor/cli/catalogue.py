@@ -25,10 +25,15 @@ def catalogue_markdown() -> str:
     rows = ["| ID | category | severity | title | what it checks |", "|---|---|---|---|---|"]
     for c in sorted(checks.load_catalogue().values(), key=lambda c: c.id):
         what = c.sections.get("What", "").replace("|", "\\|")
-        rows.append(f"| {c.id} | {c.category} | {c.severity_label} | {c.title} | {what} |")
+        rows.append(f"| {docs_anchor_tag(c.id)}{c.id} | {c.category} | {c.severity_label} | {c.title} | {what} |")
     for rid, why in sorted(registry.RETIRED.items()):
         rows.append(f"| {rid} | retired | | | {why} |")
     return "\n".join(rows)
+
+
+def docs_anchor_tag(cid: str) -> str:
+    """The anchor of a check's row in docs/checks.md (`explain` points to it)."""
+    return f'<a id="{cid.lower()}"></a>'
 
 
 _ROW = "{id:<6}  {severity:<8} {category:<16} {stage:<10} {title}"
@@ -80,4 +85,6 @@ def explain_command(args: argparse.Namespace) -> int:
     print(f"{c.id}: {c.title}\ncategory: {c.category}   severity: {c.severity_label}   runs: {c.stage}\n")
     for name in (*MAIN_SECTIONS, *(k for k in s if k not in MAIN_SECTIONS)):
         print(f"{name}: {s.get(name, '')}\n")
+    print(f"Docs: docs/checks.md#{c.id.lower()} in ddp-doctor's source (`ddp-doctor list-checks --markdown` "
+          f"prints the same table)")
     return EXIT_OK

@@ -152,6 +152,10 @@ def test_explain(capsys: pytest.CaptureFixture[str], arg: str) -> None:
     entry = catalogue.get("DDP320")
     for name in ("What", "Why", "Fix"):
         assert f"{name}: {entry.sections[name]}" in out
+    # the check's row in docs/checks.md, by an anchor the table has
+    assert "Docs: docs/checks.md#ddp320 " in out
+    from pathlib import Path
+    assert '<a id="ddp320"></a>DDP320 |' in (Path(__file__).resolve().parents[2] / "docs" / "checks.md").read_text()
 
 
 def test_explain_shows_every_severity_and_when(capsys: pytest.CaptureFixture[str]) -> None:
