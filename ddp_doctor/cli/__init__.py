@@ -67,8 +67,8 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> _TopParser:
+    parser = _TopParser(
         prog="ddp-doctor",
         description="Diagnose PyTorch DistributedDataParallel jobs: preflight checks of the launcher "
                     "environment, the network and the process group, with a structured report.",
@@ -79,7 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         cmd.add_parser(p)
         p.set_defaults(func=cmd.command)
+    parser.command_parsers = dict(sub.choices)
     return parser
+
+
+class _TopParser(argparse.ArgumentParser):
+    """The top-level parser, with each command's own (`command_parsers`, name -> parser)."""
+
+    command_parsers: dict[str, argparse.ArgumentParser] = {}
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argparse's reading of `argv`, where an option a command does not take is that command's
+    usage error (its own usage line), not the top-level one's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        own = getattr(parser, "command_parsers", {}).get(getattr(args, "command", None))
+        (own or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +125,7 @@ def _main(argv: list[str]) -> int:
         # `run` takes torchrun's options and then the script's own: argparse must not see them.
         args = argparse.Namespace(command="run", argv=argv[1:], func=run.command)
     else:
-        args = parser.parse_args(argv)
+        args = parse_command_line(parser, argv)
     if args.command != "run":
         args.argv = argv[argv.index(args.command) + 1:] if args.command in argv else []
     if not getattr(args, "func", None):

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from ddp_doctor.cli.launch import add_nproc_option, exit_now, rank_argv
+from ddp_doctor.cli.launch import add_history_options, add_nproc_option, exit_now, rank_argv
 from ddp_doctor.cli.options import UsageError, byte_size, positive_int, timeout_seconds
 from ddp_doctor.comm import expected, stragglers, sweep, table
 from ddp_doctor.comm.arithmetic import format_bytes
@@ -53,6 +53,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance-type", default=None, metavar="TYPE",
                    help="judge busbw against this instance type's expected figure (e.g. ml.p4d.24xlarge)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    add_history_options(p, "the sweep's figures")
     p.add_argument("--verbose", "-v", action="store_true", help="show every info finding and hint")
 
 
@@ -147,6 +148,8 @@ def command(args: argparse.Namespace) -> int:
             raise UsageError("--plot needs matplotlib: pip install 'ddp-doctor[plot]' "
                              "(or pip install matplotlib)") from None
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, command="bench-comm")
+    from ddp_doctor.history.database import choose
+    choose(args.history, args.no_history)  # the ranks inherit it
     if launcher_name(os.environ) == "none":
         from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local
         nproc = args.nproc_per_node or default_nproc(dict(os.environ))

@@ -24,6 +24,15 @@ def add_nproc_option(p: argparse.ArgumentParser) -> None:
                         "(default: one per visible GPU, or 2 gloo ranks on CPU)")
 
 
+def add_history_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--history PATH / --no-history, for a command whose ranks record `what` (history/database.choose
+    acts on them)."""
+    p.add_argument("--history", default=None, metavar="PATH",
+                   help=f"append {what} to the history there (default: $DDP_DOCTOR_HISTORY, "
+                        "else ~/.cache/ddp-doctor/history.sqlite)")
+    p.add_argument("--no-history", action="store_true", help="record nothing in the history")
+
+
 def rank_argv(argv: list[str]) -> list[str]:
     """The preflight arguments a self-launched rank gets: `argv` less the parent-only options."""
     out: list[str] = []

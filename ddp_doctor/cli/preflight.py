@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Mapping
 
-from ddp_doctor.cli.launch import add_nproc_option, exit_now, rank_argv
+from ddp_doctor.cli.launch import add_history_options, add_nproc_option, exit_now, rank_argv
 from ddp_doctor.cli.options import UsageError, non_negative_int, threshold, timeout_seconds
 from ddp_doctor.exit_codes import FAIL_ON_ENV, FAIL_ON_LEVELS, FailOn, fail_on_setting
 
@@ -26,10 +26,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "ranks, creating the process group, each collective (default: 60; at most "
                         "86400, one day)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
-    p.add_argument("--history", default=None, metavar="PATH",
-                   help="append this preflight's figures to the history there (default: $DDP_DOCTOR_HISTORY, "
-                        "else ~/.cache/ddp-doctor/history.sqlite)")
-    p.add_argument("--no-history", action="store_true", help="record nothing in the history")
+    add_history_options(p, "this preflight's figures")
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None, help=FAIL_ON_HELP)
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "

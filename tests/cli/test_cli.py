@@ -241,3 +241,19 @@ def test_env_text() -> None:
     p = ddp_doctor("env")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()
+
+
+def test_an_option_a_command_does_not_take_is_that_commands_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, prog in ((["preflight", "--bogus"], "ddp-doctor preflight"), (["analyze", "x", "--nope"],
+                                                                            "ddp-doctor analyze"),
+                       (["--bogus"], "ddp-doctor")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"usage: {prog} ") and f"{prog}: error: unrecognized" in err, err
+
+
+def test_the_commands_that_record_history_take_its_options() -> None:
+    for command in ("preflight", "bench-comm"):
+        args = cli.build_parser().parse_args([command, "--no-history", "--history", "h.sqlite"])
+        assert args.no_history is True and args.history == "h.sqlite"
