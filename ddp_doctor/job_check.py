@@ -30,6 +30,7 @@ from ddp_doctor import checks as catalogue
 from ddp_doctor.checks.sagemaker_job import AWS_UNREACHABLE, PERMISSION_MISSING, STAGE
 from ddp_doctor.facts.instances import is_gpu_type
 from ddp_doctor.findings import Finding, Problem
+from ddp_doctor.registry import selected
 from ddp_doctor.report import build as reportlib
 from ddp_doctor.sagemaker.aws import JobContext, require_boto3
 from ddp_doctor.sagemaker.spec import JobSpec, processes_per_instance
@@ -85,7 +86,10 @@ def run_checks(ctx: JobContext, *, select: list[str] | None = None, skip: list[s
         ctx.current_check = entry.id
         findings.extend(check_runner.run_entry(entry, (ctx,), rank=None))
     ctx.current_check = None
-    findings.extend(failure_findings(ctx))
+    # DDP900 / DDP901 are selected as the checks are: `--skip DDP901` checks the settings offline
+    findings.extend(f for f in failure_findings(ctx)
+                    if selected(PERMISSION_MISSING if f.id == PERMISSION_MISSING.id else AWS_UNREACHABLE,
+                                select or [], skip or []))
     # GPUs per instance: the table's, or EC2's for a type the table lacks (asked only if AWS answers).
     reached = not any(f.kind == "unreachable" for f in ctx.failures.values())
     gpus = ctx.gpus_per_instance() if reached else ctx.spec.gpus_per_instance

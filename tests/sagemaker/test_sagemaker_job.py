@@ -427,6 +427,9 @@ def test_no_credentials_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[
     f = finding(rep, "DDP901")
     assert f["severity"] == "error" and "NoCredentialsError" in f["message"] and rep["status"] == "fail"
     assert ids(rep, "error") == ["DDP901"] * len(ids(rep, "error"))
+    # offline on purpose: --skip DDP901 checks the settings alone, as --skip does for any check
+    offline = check_job(good_spec(aws), skip=["DDP901"])
+    assert "DDP901" not in ids(offline) and offline["status"] in ("pass", "warn"), offline["findings"]
 
 
 @pytest.mark.slow
