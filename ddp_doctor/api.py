@@ -18,7 +18,9 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
               select: Iterable[str] | None = None, skip: Iterable[str] | None = None,
               backend: str | None = None, exit_on_failure: bool = True) -> dict[str, Any]:
     """Run this rank's preflight; returns the report (on the reporting rank the merged one, on the
-    others the verdict). Prints nothing when all is well; the report text goes to stderr otherwise."""
+    others the verdict). The reporting rank prints one line on stderr when all is well (the verdict
+    and the report's path), the report text otherwise; the report goes to --report, else
+    $DDP_DOCTOR_REPORT, else $SM_OUTPUT_DATA_DIR (SageMaker) or the working directory."""
     from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
     from ddp_doctor.context import current_context
@@ -34,7 +36,8 @@ def preflight(*, timeout: float = 60.0, rank: int | None = None, world_size: int
         raise ValueError(f"select/skip: {', '.join(bad)} match no check ID, ID prefix or category")
     opts = PreflightOptions(timeout=timeout, select=sel, skip=skp, backend=backend, rank=rank,
                    world_size=world_size, local_rank=local_rank,
-                   output=Output(report_path=report, only_if_not_pass=True, stderr=True))
+                   # the reporting rank says a pass in one line too: where the report went is never a surprise
+                   output=Output(report_path=report, only_if_not_pass=True, stderr=True, verdict_if_pass=True))
     from ddp_doctor.checks.launcher_env import SCRIPT_FOLLOWS_OPTION
     # The script goes on to its own init_process_group(): DDP110 checks it will find its variables.
     with garbage_of_block_collected():  # the store and process group go, before the script creates its own

@@ -16,11 +16,12 @@ from ddp_doctor.report.render import coloured, render_text, verdict_line
 
 DEFAULT_REPORT = "ddp-doctor-report.json"
 REPORT_ENV = "DDP_DOCTOR_REPORT"
+SM_OUTPUT_DATA_ENV = "SM_OUTPUT_DATA_DIR"  # SageMaker: /opt/ml/output/data, uploaded with the job's output
 
 
 @dataclass
 class Output:
-    report_path: str | None = None   # --report; falls back to DDP_DOCTOR_REPORT, then DEFAULT_REPORT
+    report_path: str | None = None   # --report; falls back to DDP_DOCTOR_REPORT, then DEFAULT_REPORT (path())
     json: bool = False               # --json: the report as JSON on stdout instead of text
     verbose: bool = False
     quiet: bool = False              # no text at all
@@ -38,8 +39,13 @@ class Output:
     verdict_if_pass: bool = False
 
     def path(self, env: Any = None) -> str:
+        """--report, else DDP_DOCTOR_REPORT, else DEFAULT_REPORT in $SM_OUTPUT_DATA_DIR (SageMaker's
+        directory kept with the job's output: the working directory, /opt/ml/code, goes with the
+        container), else in the working directory."""
         env = os.environ if env is None else env
-        return self.report_path or env.get(REPORT_ENV) or DEFAULT_REPORT
+        kept = env.get(SM_OUTPUT_DATA_ENV)
+        return (self.report_path or env.get(REPORT_ENV)
+                or (os.path.join(kept, DEFAULT_REPORT) if kept else DEFAULT_REPORT))
 
 
 def warn(message: str) -> None:

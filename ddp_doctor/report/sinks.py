@@ -108,15 +108,6 @@ def diagnosis_text(report: dict[str, Any], limit: int = FAILURE_LIMIT) -> str:
                          f"report could not be summarised ({type(e).__name__})", limit)
 
 
-def _findings_text(report: dict[str, Any]) -> str:
-    try:
-        from ddp_doctor.report.render import render_text
-        return render_text(report, verbose=True)
-    except Exception:  # noqa: BLE001 - a half-built report: list the findings plainly
-        return "\n".join(f"{f.get('id')} {f.get('severity')}: {f.get('title')}: {f.get('message')}"
-                         for f in report.get("findings") or [] if isinstance(f, dict))
-
-
 def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     """The sinks' atomic write (private_files.write_atomically, fsynced): `mode` 0600 for a file
     left in a run directory, 0644 for a report meant to be read by others. A path that is not a
@@ -274,11 +265,11 @@ def write_sagemaker_failure(report: dict[str, Any], root: str = "/opt/ml") -> st
 
 def torchelastic_error_data(report: dict[str, Any], timestamp: float | None = None) -> dict[str, Any]:
     """The error file torch's ErrorHandler.record_exception writes. torchrun's failure summary
-    prints `py_callstack` (not `message`) as the root cause's "traceback", so it starts with the
-    diagnosis too."""
+    prints `py_callstack` (not `message`) as the root cause's "traceback": the diagnosis alone,
+    one paragraph (the report itself is printed once, by the rank that wrote it, and kept in its file)."""
     safe = redact_obj(report)
     line = f"{exception_name(safe)}: {diagnosis_text(safe)}"
-    callstack = redact_text(f"{line}\n\n{_findings_text(safe)}\n")
+    callstack = redact_text(f"{line}\n")
     return {"message": {"message": line, "extraInfo": {
         "py_callstack": callstack,
         "timestamp": str(int(time.time() if timestamp is None else timestamp)),

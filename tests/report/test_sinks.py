@@ -194,8 +194,8 @@ def test_torchelastic_error_file_format_is_what_torch_reads(tmp_path: Path,
     assert msg["message"] == "DDPDoctorPreflightError: " + sinks.diagnosis_text(make_report())
     assert set(msg["extraInfo"]) == {"py_callstack", "timestamp"}
     assert isinstance(msg["extraInfo"]["timestamp"], str) and int(msg["extraInfo"]["timestamp"]) >= before
-    assert msg["extraInfo"]["py_callstack"].startswith(msg["message"] + "\n")
-    assert "DDP201" in msg["extraInfo"]["py_callstack"]
+    # the diagnosis alone: torchrun prints it per failed rank; the full report is printed once, elsewhere
+    assert msg["extraInfo"]["py_callstack"] == msg["message"] + "\n" and "DDP201" in msg["message"]
 
     # torch's agent parses it into the failure it names as root cause.
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure

@@ -143,7 +143,9 @@ def test_hf_trainer_two_ranks_reads_sagemaker_channel(runs):
     # Loss is the per-example mean, not world_size times it (the Trainer's num_items_in_batch scaling).
     assert float(fields["train_loss"]) < 2 * math.log(3), fields
     # DoctorCallback ran on both ranks; rank 0 wrote the report: nothing but the batch-size note.
-    rep = json.loads((here / "ddp-doctor-report.json").read_text(encoding="utf-8"))
+    # on SageMaker (SM_OUTPUT_DATA_DIR) the report goes with the job's output, not the code's directory
+    assert not (here / "ddp-doctor-report.json").exists()
+    rep = json.loads((here / "output" / "data" / "ddp-doctor-report.json").read_text(encoding="utf-8"))
     assert [f["id"] for f in rep["findings"]] == ["DDP873"] and rep["status"] == "pass", rep["findings"]
 
 

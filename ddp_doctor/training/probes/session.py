@@ -98,6 +98,7 @@ class ProbeSession:
         from ddp_doctor.training.job_report import judge
         more = [probe_records_missing(missing, self.gather_timeout)] if missing else []
         judged = judge(JobEvidence(probes=records), world=reportlib.world_of(current_context()), more=more)
-        publish(judged.report, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True),
-                evidence=judged.evidence)
+        # rank 0 only: a pass gets one line too, so the report file it leaves is never a surprise
+        publish(judged.report, Output(report_path=self.report_path, only_if_not_pass=True, stderr=True,
+                                      verdict_if_pass=True), evidence=judged.evidence)
         return judged.report
