@@ -34,7 +34,8 @@ def fewer_gpus_than_expected(ctx: RankContext) -> Iterator[Problem]:
     cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
     nvml = ctx.host.physical_gpus
     yield Problem(
-        message=f"{visible} GPU(s) usable (torch.cuda.device_count()), {expected} expected (--expect-gpus); "
+        message=f"{visible} GPU(s) usable (torch.cuda.device_count()), {expected} expected (as declared: "
+                f"preflight --expect-gpus, or the pytest plugin's --ddp-expect-gpus / ddp_expect_gpus); "
                 f"NVML counts {'no driver' if nvml is None else nvml}; CUDA_VISIBLE_DEVICES="
                 f"{'(unset)' if cvd is None else repr(cvd)}",
         evidence={"expected": int(expected), "visible_gpus": visible, "nvml_gpus": nvml,

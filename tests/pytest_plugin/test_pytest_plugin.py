@@ -723,6 +723,7 @@ def test_preflight_failure_is_one_failure_plus_skips_and_junit(slow_runs):
         "SKIPPED [[]3[]] *runner preflight failed: DDP590*",
     ])
     assert str(report) in result.stdout.str()
+    assert "--ddp-expect-gpus" in result.stdout.str()  # the option a pytest user set, by its own name
     assert report.exists()
     suite = ET.parse(path / "junit.xml").getroot().find("testsuite")
     assert suite is not None
