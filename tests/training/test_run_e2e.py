@@ -427,7 +427,7 @@ def test_hf_trainer_entrypoint_trains_under_ddp_doctor_run(runs):
     said = res.stderr.splitlines()  # a pass says so in one line, with the report's path; a warn in full
     path = str(hf / "r.json")
     assert (f"Report: {path}" in said if rep["status"] == "warn"
-            else any(line.startswith("ddp-doctor training: PASS (0 error(s), 0 warning(s)) - 2 rank(s), ")
+            else any(line.startswith("ddp-doctor training: PASS (0 error(s), 0 warning(s)) - 2 rank(s) ")
                      and line.endswith(" - report " + path) for line in said)), res.stderr
     # No false positive from the probes on a correct Trainer run; the callback's note made it in.
     training = {f["id"] for f in rep["findings"] if f["phase"] != "preflight"}
