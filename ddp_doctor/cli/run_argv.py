@@ -319,6 +319,10 @@ def _nproc_problem(value: str) -> str | None:
         return None if n >= 1 else "no process would start"
     if value in ("cpu", "auto"):
         return None
+    if value not in ("gpu", "xpu") and not _device_extensions():
+        # the one other word torch takes is the name of an out-of-tree device (privateuse1), which only
+        # an installed extension gives it: without one, no need to import torch (seconds) to say no
+        return "no such device type (no torch device extension is installed)"
     try:
         from torch.distributed.run import determine_local_world_size
         n = determine_local_world_size(value)
@@ -328,6 +332,16 @@ def _nproc_problem(value: str) -> str | None:
         said = (str(e).splitlines() or [type(e).__name__])[0]
         return f"torch says {said[:160]!r}"
     return None if isinstance(n, int) and n >= 1 else f"no {value} device on this host"
+
+
+def _device_extensions() -> bool:
+    """Whether a torch device extension is installed (the "torch.backends" entry points torch loads
+    at import): only such a one names a device other than cpu, gpu (cuda) and xpu."""
+    from importlib.metadata import entry_points
+    try:
+        return bool(entry_points(group="torch.backends"))
+    except Exception:  # noqa: BLE001 - unreadable metadata: ask torch, as before
+        return True
 
 
 def run_options(doctor: list[str], target: Target) -> Any:

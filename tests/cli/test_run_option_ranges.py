@@ -3,11 +3,15 @@ usage error naming the option (exit 2), never "read the launcher's error" (exit 
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from helpers.procs import DDP, clean_env
 
 from ddp_doctor.cli.run_argv import RunUsageError, check_torchrun_ranges
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -49,3 +53,19 @@ def test_the_command_exits_2_naming_the_option(tmp_path, argv, option):
     assert res.returncode == 2, res.stderr
     assert option in res.stderr and "trained" not in res.stdout
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_device_word_torch_cannot_take_is_refused_without_importing_torch():
+    # no torch device extension here: "gpux" is no device, said at once (torch's import takes seconds)
+    script = (
+        "import sys\n"
+        "from ddp_doctor.cli.run_argv import RunUsageError, check_nproc_per_node\n"
+        "try:\n"
+        "    check_nproc_per_node(['--nproc-per-node', 'gpux'])\n"
+        "except RunUsageError as e:\n"
+        "    print(e)\n"
+        "print('torch' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=clean_env(PYTHONPATH=str(ROOT)))
+    said, imported = res.stdout.strip().splitlines()
+    assert "--nproc-per-node 'gpux': no such device type" in said and imported == "False", res.stdout + res.stderr
