@@ -166,6 +166,17 @@ def test_root_cause_is_the_earliest_failure():
     assert "rank 0: a peer that failed after rank 1" in v.text
 
 
+def test_the_same_failure_on_every_rank_is_shown_once_naming_them_all():
+    tb = 'Traceback (most recent call last):\n  File "t.py", line 9, in test_x\nAssertionError: x'
+    res = RunResult(2, {r: _end(r, "failed", 0, t=1.0 + r / 10, message="AssertionError: x", tb=tb) for r in (0, 1)})
+    j = {"root_cause": {"id": "DDP800", "message": "ranks 0-1 raised AssertionError: x"}, "cause_ranks": [0, 1],
+         "findings": []}
+    v = classify(res, j)
+    assert v.outcome == "failed"
+    assert v.text.count('File "t.py", line 9') == 1, v.text  # the traceback once
+    assert "---- ranks 0, 1, the same text: root cause (DDP800): " in v.text, v.text
+
+
 def _fr_entry(seq: int, retired: bool = True, site: str = "t.py:8") -> dict:
     """A flight recorder entry as torch 2.13 dumps it on gloo, with its call site."""
     return {"record_id": seq - 1, "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",

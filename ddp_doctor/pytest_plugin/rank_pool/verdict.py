@@ -264,11 +264,20 @@ def _judged(res: RunResult, j: dict[str, Any], events: list[tuple[float, int, st
         lines.append(f"  {f['id']} {f['severity']}{tag}: {f['message']}")
     t0 = next((t for t, r, *_ in events if r == root), None)
     ordered = sorted(events, key=lambda ev: (ev[1] not in causes,))
+    # root-cause ranks that failed with the very same text: shown once, with every rank named
+    alike: dict[str, list[int]] = {}
+    for _, r, kind, one, detail in ordered:
+        if r in causes:
+            alike.setdefault(f"{kind}\0{detail or one}", []).append(r)
     for t, r, kind, one, detail in ordered:
+        same = alike.get(f"{kind}\0{detail or one}", [r]) if r in causes else [r]
+        if same[0] != r:
+            continue  # said with the first of them
         p = part(r)
         after = (f" (+{max(t - t0, 0.0):.2f} s after rank {root})" if t0 is not None and r not in causes
                  else "")
-        lines.append(f"\n---- rank {r}: " + (f"{p}: " if p else "") + f"{kind}{after} ----")
+        ranks = f"rank {r}" if len(same) == 1 else f"ranks {', '.join(str(x) for x in same)}, the same text"
+        lines.append(f"\n---- {ranks}: " + (f"{p}: " if p else "") + f"{kind}{after} ----")
         lines.append(detail.rstrip() if detail else one)
     for e in sorted(hung, key=lambda e: (e.rank not in causes, e.rank)):
         p = part(e.rank)
