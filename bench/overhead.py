@@ -88,6 +88,8 @@ FR_ON = "2000"  # ddp_doctor/training/run/ledger.py DEFAULT_BUFFER, what `ddp-do
 AB_LINE = re.compile(r"epoch_s_off=([\d.]+) epoch_s_first=([\d.]+) epoch_s_steady=([\d.]+) steps=(\d+) "
                      r"batch_us_off=([\d.]+) batch_us_on=([\d.]+) hook_us=([\d.]+) hash_ms=([\d.]+) "
                      r"flush_ms=([\d.]+)")
+AB_CPU_LINE = re.compile(r"cpu_epoch_s_off=([\d.]+) cpu_epoch_s_first=([\d.]+) cpu_epoch_s_steady=([\d.]+) "
+                         r"cpu_batch_us_off=([\d.]+) cpu_batch_us_on=([\d.]+) cpu_hook_us=([\d.]+)")
 LOOP_LINE = re.compile(r"steps_per_second=([\d.]+) median_step_ms=([\d.]+) cpu_ms_per_step=([\d.]+)")
 CASES = {  # case: (title, label without, label with)
     "plain": ("plain loop, 2 ranks", "torchrun", "ddp-doctor run"),
@@ -346,12 +348,13 @@ def main() -> int:
             for case in launched:
                 for probes in ((False, True) if i % 2 == 0 else (True, False)):
                     runs[case, probes].append(measure(case, probes, args, cwd))
-        ab = None
+        ab = ab_cpu = None
         if "inproc" in args.cases:
-            found = AB_LINE.findall(run([sys.executable, AB, "--pairs", str(args.pairs)], cwd, args.timeout))
-            if not found:
-                sys.exit("bench/_probe_ab.py printed no epoch_s_on line")
-            ab = tuple(float(v) for v in found[-1])
+            said = run([sys.executable, AB, "--pairs", str(args.pairs)], cwd, args.timeout)
+            found, found_cpu = AB_LINE.findall(said), AB_CPU_LINE.findall(said)
+            if not found or not found_cpu:
+                sys.exit("bench/_probe_ab.py printed no epoch_s_off / cpu_epoch_s_off line")
+            ab, ab_cpu = tuple(float(v) for v in found[-1]), tuple(float(v) for v in found_cpu[-1])
         ledger_figures = measure_ledger(args, cwd) if "ledger" in args.cases else None
     if ab is not None:
         off, first, steady, steps, b_off, b_on, hook, hash_ms, flush_ms = ab
@@ -374,6 +377,13 @@ def main() -> int:
               f"{flush_ms:.3f} ms (once): {first_ms:.2f} ms = {first_ms / (off * 1e3) * 100:.2f}% of the first "
               f"{off * 1e3:.0f} ms epoch, {later_ms / (off * 1e3) * 100:.2f}% of the next "
               f"{MAX_ITERATIONS - 1}, nothing after")
+        if ab_cpu is not None:
+            c_off, c_first, c_steady, cb_off, cb_on, c_hook = ab_cpu
+            print(f"the probes' CPU per step (the training thread's CPU time, time.thread_time: load does not move "
+                  f"it; aim at most 50 us): steady state {(c_steady - c_off) / steps * 1e6:+.1f} us from the "
+                  f"epochs ({c_off / steps * 1e6:.0f} -> {c_steady / steps * 1e6:.0f} us a step), "
+                  f"{cb_on - cb_off + c_hook:.1f} us measured alone (DataLoader wrappers {cb_on - cb_off:+.1f} us, "
+                  f"step hook {c_hook:.1f} us); a loader's first epochs {(c_first - c_off) / steps * 1e6:+.1f} us")
         print()
     if ledger_figures is not None:
         print_ledger(ledger_figures, args)
