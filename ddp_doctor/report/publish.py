@@ -183,10 +183,10 @@ def apply_fail_on(code: int, rep: dict[str, Any], fail_on: FailOn | None) -> int
     return new
 
 
-def platform_sinks(rep: dict[str, Any], env: Mapping[str, str], sm: Any) -> None:
+def platform_sinks(rep: dict[str, Any], env: Mapping[str, str], sm: Any, say: bool = True) -> None:
     """On failure: torchelastic's error file (torchrun's summary names it) and, on SageMaker (`sm`:
-    the container's view, None elsewhere), the failure file (first writer wins) and a stderr line
-    naming an exception."""
+    the container's view, None elsewhere), the failure file (first writer wins) and, with `say`, a
+    stderr line naming an exception (one process of a host says it: the toolkit reads each host's)."""
     if rep.get("status") != "fail":
         return
     err = sinks.write_torchelastic_error_file(rep, env.get("TORCHELASTIC_ERROR_FILE"))
@@ -196,7 +196,8 @@ def platform_sinks(rep: dict[str, Any], env: Mapping[str, str], sm: Any) -> None
         err = sinks.write_sagemaker_failure(rep, sm.root)
         if err and "already" not in err:
             warn(err)
-        _say(sys.stderr, sinks.sm_failure_line(rep) + "\n")
+        if say:
+            _say(sys.stderr, sinks.sm_failure_line(rep) + "\n")
 
 
 def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone: bool = False,
@@ -218,4 +219,5 @@ def deliver(rep: dict[str, Any], ctx: Any, out: Output, *, reporter: bool, alone
         publish(rep, out, env=ctx.env, path=path if rank == 0 else f"{path}.rank{rank}.json",
                 suffix="" if rank == 0 else f".rank{rank}", stream=sys.stdout if rank == 0 else sys.stderr,
                 prefix="" if rank == 0 else f"[rank {rank}] ")
-    platform_sinks(rep, ctx.env, ctx.sagemaker)
+    # one line per host for the toolkit: the reporting rank's, else the host's local rank 0's
+    platform_sinks(rep, ctx.env, ctx.sagemaker, say=reporter or alone or ctx.local_rank in (0, None))

@@ -132,6 +132,19 @@ def test_sm_failure_line_is_one_line_naming_an_exception_the_toolkit_watches() -
     assert len(line) <= len("DDPDoctorPreflightError (RuntimeError): ") + 300
 
 
+def test_one_process_of_a_host_gives_the_toolkit_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # every rank of a failed preflight writes the failure file (first writer wins); the stderr line the
+    # toolkit reads is said by the reporting rank and by each host's local rank 0, not by all ranks
+    from types import SimpleNamespace
+
+    from ddp_doctor.report.publish import Output, deliver
+    rep = make_report([finding("DDP101", "Root", "m")])
+    for rank, local, reporter, said in ((0, 0, True, 1), (1, 1, False, 0), (8, 0, False, 1)):
+        ctx = SimpleNamespace(rank=rank, local_rank=local, env={}, sagemaker=SimpleNamespace(root=str(tmp_path)))
+        deliver(rep, ctx, Output(report_path=str(tmp_path / "r.json"), quiet=True), reporter=reporter)
+        assert capsys.readouterr().err.count("(RuntimeError): ") == said, (rank, local)
+
+
 # ---------------------------------------------------------------- SageMaker failure file
 def test_sagemaker_failure_file_first_writer_wins(tmp_path: Path) -> None:
     first, second = make_report(), make_report([finding("DDP999", "Second writer", "m")])
