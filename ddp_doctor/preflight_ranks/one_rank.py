@@ -388,7 +388,7 @@ class RankPreflight:
                 store_call(lambda: store.set("done/all", "1"), "the done count", op_bound(self.opts.timeout))
         except Exception:  # noqa: BLE001 - the reporter may already be gone; nothing is lost
             pass
-        if not self.ctx.launcher.agent_store and (self.ctx.world_size or 1) > 1:
+        if not self.ctx.launcher.agent_store and (self.ctx.world_size or 1) > 1 and not self.opts.keep_group:
             # rank 0's own store on MASTER_PORT: the script's init_process_group that may come next
             # must find rank 0's new store there, never this one about to close under it
             wait_closed(store, HOST_CLOSE_WAIT_S)
