@@ -141,6 +141,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 128 + STOPPED_BY[0]
 
 
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """The session preflight's pass is counted apart ("1 preflight passed"), never among the tests
+    in "N passed"; its failure stays a failure, the first thing reported."""
+    if report.nodeid == preflight.PREFLIGHT_NODEID and report.when == "call" and report.passed:
+        return "preflight passed", "p", "PREFLIGHT PASSED"
+    return None
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = get_state(config)
     if state.verdict is None or state.worker:
