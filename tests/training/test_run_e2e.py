@@ -392,6 +392,10 @@ def test_one_line_api_under_torchrun_then_the_scripts_own_init(runs):
     res = ran(runs, "api_torchrun")
     assert res.rc == 0, res.output
     assert "after preflight rank 0 [2.0, 2.0]" in res.stdout and "after preflight rank 1" in res.stdout
+    # the reporting rank says the verdict once, with where the report went; the other rank says nothing
+    heads = [ln for ln in res.stderr.splitlines() if ln.startswith("ddp-doctor preflight: ")]
+    assert len(heads) == 1 and ("- report ddp-doctor-report.json" in heads[0] or "Report: ddp-doctor-report.json"
+                                in res.stderr), res.stderr[-3000:]
 
 
 def test_one_line_api_under_an_env_launch(runs):
