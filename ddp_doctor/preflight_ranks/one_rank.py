@@ -391,7 +391,7 @@ class RankPreflight:
         if not self.ctx.launcher.agent_store and (self.ctx.world_size or 1) > 1 and not self.opts.keep_group:
             # rank 0's own store on MASTER_PORT: the script's init_process_group that may come next
             # must find rank 0's new store there, never this one about to close under it
-            wait_closed(store, HOST_CLOSE_WAIT_S)
+            wait_closed(self._master()[1], HOST_CLOSE_WAIT_S)
         if crowded:
             return self._alone()
         rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}

@@ -302,21 +302,35 @@ def wait_keys(store: Any, keys: list[str], what: str, deadline: float) -> bool:
     return bool(store_call(lambda: store.check(keys), f"check({what})", op_bound(1.0)))
 
 
-def wait_closed(store: Any, bound: float) -> bool:
-    """Wait up to `bound` seconds for the store's host to close it: a wait on a key no one sets
-    fails at once when its server goes (the connection is closed under it), and times out while
-    it stays. True when it closed."""
-    try:
-        store_call(lambda: store.wait([NEVER_SET], timedelta(seconds=bound)), "wait(the store's close)",
-                   bound + op_bound(bound))
-    except StoreTimeout:
-        return False
-    except Exception as e:  # noqa: BLE001 - torch says "wait timeout" in several ways; anything else: gone
-        return "timeout" not in str(e).lower() and "timed out" not in str(e).lower()
+def wait_closed(port: int, bound: float) -> bool:
+    """Wait up to `bound` seconds for the server on `port` to close this process's connections to
+    it (its store client's): True once one of them reads end-of-file, or when there is none. Read
+    from the sockets themselves (a peek, never a read: the bytes stay the client's), because any
+    store operation on a server that goes away fails loudly (torch logs a warning with its C++
+    stack on stderr)."""
+    import select
+    fds = [fd for fd in _socket_links() if _peer_port(fd) == port]
+    if not fds:
+        return True
+    poller = select.poll()
+    gone = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+    for fd in fds:
+        poller.register(fd, select.POLLIN | gone)
+    deadline = time.monotonic() + bound
+    while (left := deadline - time.monotonic()) > 0:
+        for fd, events in poller.poll(max(1, int(left * 1000))):
+            if events & gone:
+                return True
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    if s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        return True
+            except BlockingIOError:
+                continue
+            except OSError:  # reset by the peer, or closed under us: gone either way
+                return True
+            poller.unregister(fd)  # bytes for the client (not ours to read): no end-of-file to see here
     return False
-
-
-NEVER_SET = "ddp-doctor/never-set"
 
 
 def op_bound(timeout: float) -> float:

@@ -341,3 +341,26 @@ def test_an_idle_guard_worker_ends_quietly_and_the_next_call_starts_another(monk
     wait_for(lambda: guard._worker is None and not first.is_alive(), 30.0, "the idle worker to end")
     assert guard.call(lambda: 2, "add", 5.0) == 2 and guard._worker is not first
     assert raised == []
+
+
+@pytest.mark.slow
+def test_wait_closed_sees_the_host_close_without_a_store_call():
+    """A rank's wait for rank 0's preflight store to go (one_rank._await_verdict) reads its own
+    socket's end-of-file: no store operation, so torch logs no C++ warning when the server goes."""
+    from helpers.procs import free_port
+    script = (
+        "import gc, sys, time\n"
+        "import torch.distributed as d\n"
+        "from ddp_doctor.processes.tcp_store import wait_closed\n"
+        f"port = {free_port()}\n"
+        "host = d.TCPStore('127.0.0.1', port, is_master=True, wait_for_workers=False)\n"
+        "client = d.TCPStore('127.0.0.1', port, is_master=False)\n"
+        "client.set('k', 'v')\n"
+        "print('open', wait_closed(port, 0.2), flush=True)\n"  # the host still serves: bound reached
+        "del host\n"
+        "gc.collect()\n"
+        "print('closed', wait_closed(port, 30.0), flush=True)\n"
+        "print('none', wait_closed(1, 0.1), flush=True)\n")  # no connection to that port: nothing to wait for
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["open", "False", "closed", "True", "none", "True"], res.stdout + res.stderr
+    assert "TCPStore.cpp" not in res.stderr, res.stderr
