@@ -263,6 +263,9 @@ def test_two_nodes_without_a_shared_directory_are_compared_through_the_store(run
     # under torchrun, without --fail-on: a run that ended well (exit 0) still says what was found
     assert any("DDP850" in r.stderr for r in results), [r.stderr[-3000:] for r in results]
     assert not any("exit 3 instead of 0" in r.stderr for r in results)
-    assert [r.stderr.count(FAIL_LEFT_AT_0) for r in results] in ([1, 0], [0, 1]), [r.stderr for r in results]
+    # each node that wrote the verdict (no shared directory: the last rank to end on its node, and rank 0
+    # when it saw every ending; which of them depends on the timing) says it once
+    said = [r.stderr.count(FAIL_LEFT_AT_0) for r in results]
+    assert max(said) == 1 and all(c in (0, 1) for c in said), [r.stderr for r in results]
     assert list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-1.json"))
     assert not list((d / "tmp-algo-1").glob("ddp-doctor-run-*/probe-remote-0.json"))
