@@ -40,7 +40,7 @@ def simulated_sagemaker(hosts: Sequence[str] = ("algo-1",), current_host: str | 
                         extra_env: Mapping[str, str] | None = None) -> Iterator[SimulatedSageMaker]:
     """Inside the block, this process looks like a SageMaker training container on `current_host`
     (default: the first host): SM_HOSTS (a JSON list), SM_CURRENT_HOST, SM_NUM_GPUS,
-    SM_FRAMEWORK_PARAMS (with the flag of `distribution`), SM_TRAINING_ENV, ... and
+    SM_FRAMEWORK_PARAMS (with the flag of `distribution`), SM_TRAINING_ENV, SM_OUTPUT_DATA_DIR, ... and
     <root>/input/config/resourceconfig.json (and hyperparameters.json). The environment is put
     back exactly as it was afterwards. `root` defaults to a temporary directory, removed after."""
     hosts = list(hosts)
@@ -66,12 +66,17 @@ def simulated_sagemaker(hosts: Sequence[str] = ("algo-1",), current_host: str | 
         hp = {**fp, **dict(hyperparameters or {})}
         with open(os.path.join(cfg, "hyperparameters.json"), "w", encoding="utf-8") as f:
             json.dump({k: json.dumps(v) for k, v in hp.items()}, f)
+        for d in ("model", os.path.join("output", "data")):
+            os.makedirs(os.path.join(base, d), exist_ok=True)
         env = {
             "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": current, "SM_NUM_GPUS": str(num_gpus),
             "SM_CURRENT_INSTANCE_TYPE": instance_type, "SM_NETWORK_INTERFACE_NAME": "eth0",
             "SM_IS_HETERO": "false", "SM_FRAMEWORK_PARAMS": json.dumps(fp),
             "SM_TRAINING_ENV": json.dumps({"hosts": hosts, "current_host": current,
                                            "num_gpus": num_gpus, "master_hostname": hosts[0]}),
+            # the directories the toolkit names (uploaded with the job's output); the report defaults there
+            "SM_MODEL_DIR": os.path.join(base, "model"), "SM_OUTPUT_DIR": os.path.join(base, "output"),
+            "SM_OUTPUT_DATA_DIR": os.path.join(base, "output", "data"),
             SM_ROOT_ENV: base, **dict(extra_env or {}),
         }
         saved = {k: os.environ.get(k) for k in env}

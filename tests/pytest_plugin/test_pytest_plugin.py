@@ -878,7 +878,12 @@ def test_simulated_sagemaker_sets_and_restores(tmp_path, monkeypatch: pytest.Mon
         view = sagemaker.read(os.environ)
         assert view is not None and view.distribution == "torch_distributed"
         assert view.rc_current_host == "algo-2" and view.master_hostname == "algo-1"
+        # the toolkit's output directory exists and a report goes there by default, as in a container
+        from ddp_doctor.report.publish import Output
+        assert Output().path() == str(tmp_path / "output" / "data" / "ddp-doctor-report.json")
+        assert (tmp_path / "output" / "data").is_dir() and (tmp_path / "model").is_dir()
     assert os.environ["SM_NUM_GPUS"] == "99" and "SM_HOSTS" not in os.environ
+    assert os.environ.get("SM_OUTPUT_DATA_DIR") != str(tmp_path / "output" / "data")
     assert "DDP_DOCTOR_SM_ROOT" not in os.environ
 
 
