@@ -25,18 +25,26 @@ def main(argv: list[str]) -> int:
         RunUsageError,
         check_nproc_per_node,
         check_torchrun_ranges,
+        env_defaults,
         help_text,
         run_options,
         split_argv,
+        with_env_defaults,
     )
+    from ddp_doctor.facts.launchers import launcher_name, torchrun_pod
+    # torchrun's PET_* defaults (Kubeflow's operators configure torchrun with them), as torchrun
+    # reads them; under a launcher the ranks inherit them and the launcher has used them already
+    here = launcher_name(os.environ) == "none" or torchrun_pod(os.environ)
+    defaults = env_defaults(os.environ) if here else []
     try:
-        torchrun, doctor, target = split_argv(argv)
+        torchrun, doctor, target = split_argv(argv, defaults)
     except RunHelpAsked:
         sys.stdout.write(help_text())
         return 0
     opts = run_options(doctor, target)
-    check_nproc_per_node(torchrun)
-    check_torchrun_ranges(torchrun)
+    torchrun, origin = with_env_defaults(torchrun, defaults)
+    check_nproc_per_node(torchrun, origin)
+    check_torchrun_ranges(torchrun, origin)
     if target.path and not os.path.isfile(target.path):
         raise RunUsageError(f"no such script: {target.path}")
     from ddp_doctor.training.run.start import start_run

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ddp_doctor.cli.options import UsageError
@@ -35,16 +37,22 @@ class RunHelpAsked(Exception):
     """-h / --help before the script: main prints the help."""
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], list[str], Target]:
+def split_argv(argv: list[str], defaults: Sequence[EnvDefault] = ()) -> tuple[list[str], list[str], Target]:
     """(torchrun options, ddp-doctor options, target), as torchrun splits its own command line:
     options end at the script (or module, after `-m` / `--module` among the options) or at `--`;
     everything after belongs to the script. Every option torch's launcher parser declares is taken
     (torchrun_options.py), with its values; a unique prefix of an option (argparse's
     abbreviation) is written out in full. `--run-path` is dropped (the ranks run the script with
-    runpy already); `--no-python` is a usage error (the ranks run Python)."""
+    runpy already); `--no-python` is a usage error (the ranks run Python). `defaults`: torchrun's
+    PET_* defaults (env_defaults); the flags among them that change how the command line splits
+    (PET_MODULE, PET_RUN_PATH, PET_NO_PYTHON) are taken here, the others by with_env_defaults."""
     torchrun: list[str] = []
     doctor: list[str] = []
-    module = run_path = False
+    flags = {n for d in defaults if d.value is None for n in d.names}
+    module, run_path = bool(flags & set(MODULE_NAMES)), bool(flags & set(RUN_PATH_NAMES))
+    if flags & set(NO_PYTHON_NAMES):
+        raise RunUsageError("PET_NO_PYTHON asks torchrun to run a program that is not Python; ddp-doctor run runs "
+                            "the script in Python, in the rank's own process (to watch it): unset PET_NO_PYTHON")
     lookup = _OptionLookup()
     i = 0
     while i < len(argv):
@@ -87,6 +95,72 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], Target]:
         raise RunUsageError("--run-path runs a script file, not a module (-m)")
     name, rest = argv[i], argv[i + 1:]
     return torchrun, doctor, (Target(None, name, rest) if module else Target(name, None, rest))
+
+
+SPLITTING_FLAGS = (*MODULE_NAMES, *RUN_PATH_NAMES, *NO_PYTHON_NAMES)  # taken by split_argv
+
+
+def with_env_defaults(torchrun: list[str], defaults: Sequence[EnvDefault]) -> tuple[list[str], dict[str, str]]:
+    """torchrun's options as given, with each PET_* default (env_defaults) added where the command
+    line does not give that option, as torchrun takes them; and each added option's spellings ->
+    its variable (a usage error about that value names the variable)."""
+    out, origin = list(torchrun), {}
+    for d in defaults:
+        if _given(torchrun, *d.names) or any(a in d.names for a in torchrun) or set(d.names) & set(SPLITTING_FLAGS):
+            continue
+        out += [d.spelling] if d.value is None else [d.spelling, d.value]
+        origin.update({n: d.env for n in d.names})
+    return out, origin
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    """A torchrun option's default from its PET_* variable (torch's argparse_util `env` and
+    `check_env` actions): what Kubeflow's operators set to configure torchrun in a pod."""
+    names: tuple[str, ...]  # the option's spellings
+    env: str                # PET_<DEST>
+    value: str | None       # the variable's text; None for a flag it turns on
+
+    @property
+    def spelling(self) -> str:
+        return next((n for n in self.names if n.startswith("--") and "_" not in n), self.names[0])
+
+
+def env_defaults(env: Mapping[str, str]) -> list[EnvDefault]:
+    """torchrun's options whose PET_* variable is set in `env`, read as torchrun reads them: a
+    value option takes the variable's text; a flag is on when the text is a whole number other than
+    0 (torch raises on another text: here one RunUsageError line). torchrun's table is loaded only
+    when some PET_ variable is set."""
+    if not any(k.startswith("PET_") for k in env):
+        return []
+    from ddp_doctor.cli import torchrun_options
+    try:
+        options = torchrun_options.table().options
+    except ImportError:
+        return []  # no torch: torchrun could not run either; the launch says so
+    out = []
+    for o in options:
+        if not o.env or o.env not in env:
+            continue
+        text = env[o.env]
+        if o.nargs != 0:
+            out.append(EnvDefault(o.names, o.env, text))
+            continue
+        try:
+            on = int(text) != 0
+        except ValueError:
+            raise RunUsageError(f"{o.env}={text!r}: torchrun reads it as a whole number (0: off, else on) "
+                                f"for {o.names[-1]}") from None
+        if on:
+            out.append(EnvDefault(o.names, o.env, None))
+    return out
+
+
+def _called(spelling: str, value: str, origin: Mapping[str, str]) -> str:
+    """An option's value as a usage error names it: `--nnodes '0'`, or `PET_NNODES='0' (torchrun's
+    default for --nnodes)` when the value came from the variable."""
+    env = origin.get(spelling)
+    return f"{env}={value!r} (torchrun's default for {spelling})" if env else f"{spelling} {value!r}"
 
 
 def _values(argv: list[str], at: int, nargs: int | str) -> list[str] | None:
@@ -248,7 +322,7 @@ def help_text() -> str:
 NPROC_ACCEPTED = "a whole number of processes above 0, cpu, auto, or gpu / xpu where that device is present"
 
 
-def check_nproc_per_node(torchrun: list[str]) -> None:
+def check_nproc_per_node(torchrun: list[str], origin: Mapping[str, str] | None = None) -> None:
     """Every --nproc-per-node given for torchrun, judged as torch.distributed.run takes it
     (determine_local_world_size): a whole number as int() reads it, and above 0 (torchrun takes 0 or
     -3 and fails later with a bare AssertionError), or cpu or auto; another word (gpu, xpu, the
@@ -262,7 +336,7 @@ def check_nproc_per_node(torchrun: list[str]) -> None:
         value = val if eq else (torchrun[i + 1] if i + 1 < len(torchrun) else "")
         why = _nproc_problem(value)
         if why:
-            raise RunUsageError(f"--nproc-per-node {value!r}: {why}; torchrun takes {NPROC_ACCEPTED}")
+            raise RunUsageError(f"{_called(key, value, origin or {})}: {why}; torchrun takes {NPROC_ACCEPTED}")
 
 
 def _given(torchrun: list[str], *names: str) -> list[str]:
@@ -282,32 +356,35 @@ def _whole(value: str) -> int | None:
         return None
 
 
-def check_torchrun_ranges(torchrun: list[str]) -> None:
+def check_torchrun_ranges(torchrun: list[str], origin: Mapping[str, str] | None = None) -> None:
     """The torchrun options whose range ddp-doctor can judge itself, before any launch: --nnodes
     (N or MIN:MAX, each at least 1, MIN at most MAX), --master-port (1-65535) and --node-rank
     (0 to the number of nodes - 1). RunUsageError, one line naming the option, otherwise (torchrun
     would fail later, or wait, with an error of its own)."""
+    said = origin or {}
     max_nodes: int | None = None
     for value in _given(torchrun, "--nnodes"):
         low, colon, high = value.partition(":")
         lo, hi = _whole(low), (_whole(high) if colon else _whole(low))
+        named = _called("--nnodes", value, said)
         if lo is None or hi is None:
-            raise RunUsageError(f"--nnodes {value!r}: torchrun takes a number of nodes N or a range MIN:MAX")
+            raise RunUsageError(f"{named}: torchrun takes a number of nodes N or a range MIN:MAX")
         if lo < 1 or hi < 1:
-            raise RunUsageError(f"--nnodes {value!r}: a job needs at least 1 node")
+            raise RunUsageError(f"{named}: a job needs at least 1 node")
         if lo > hi:
-            raise RunUsageError(f"--nnodes {value!r}: the minimum ({lo}) is above the maximum ({hi})")
+            raise RunUsageError(f"{named}: the minimum ({lo}) is above the maximum ({hi})")
         max_nodes = hi
     for value in _given(torchrun, "--master-port", "--master_port"):
         port = _whole(value)
         if port is None or not 1 <= port <= 65535:
-            raise RunUsageError(f"--master-port {value!r}: a TCP port is a whole number from 1 to 65535")
+            raise RunUsageError(f"{_called('--master-port', value, said)}: a TCP port is a whole number from 1 "
+                                f"to 65535")
     for value in _given(torchrun, "--node-rank", "--node_rank"):
         node = _whole(value)
         nodes = max_nodes if max_nodes is not None else 1
         if node is None or not 0 <= node < nodes:
-            raise RunUsageError(f"--node-rank {value!r}: with --nnodes {nodes} a node's rank is a whole number "
-                                f"from 0 to {nodes - 1}")
+            raise RunUsageError(f"{_called('--node-rank', value, said)}: with --nnodes {nodes} a node's rank is a "
+                                f"whole number from 0 to {nodes - 1}")
 
 
 def _nproc_problem(value: str) -> str | None:

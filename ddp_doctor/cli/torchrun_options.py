@@ -1,6 +1,8 @@
 """torchrun's options, as the installed torch's own launcher parser declares them
 (`torch.distributed.run.get_args_parser`): every spelling (`--nproc-per-node`, `--nproc_per_node`,
-`-t`), how many values each takes (0 for a flag), and its help shortened to one line. `ddp-doctor
+`-t`), how many values each takes (0 for a flag), the PET_* variable that gives its default (torch's
+argparse_util actions `env` and `check_env`: Kubeflow's operators configure torchrun through them)
+and its help shortened to one line. `ddp-doctor
 run` splits its command line with this table (run_argv.py split_argv) and prints it in its help, so
 it takes whatever torchrun of this torch takes.
 
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 CACHE_ENV = "DDP_DOCTOR_CACHE_DIR"
-FORMAT = 1  # of the cache file; a change makes every older file stale
+FORMAT = 2  # of the cache file; a change makes every older file stale
 # torch's files that make the table: the options (run.py) and their actions (argparse_util.py)
 SOURCES = ("distributed/run.py", "distributed/argparse_util.py")
 HELP_WIDTH = 100  # a torchrun option's help is cut to this many characters
@@ -32,6 +34,7 @@ class Option:
     nargs: int | str         # values it takes: 0 (a flag), 1, 2, ... or argparse's "?", "*", "+"
     metavar: str             # what the value is called in the help ("" for a flag)
     help: str                # torch's help, one line
+    env: str = ""            # PET_<DEST>: the variable torchrun takes the default from ("" when none)
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,18 @@ def from_parser() -> Table:
             continue  # training_script, training_script_args: the script and its arguments
         nargs = 1 if action.nargs is None else action.nargs
         metavar = "" if nargs == 0 else _metavar(action)
-        options.append(Option(tuple(action.option_strings), nargs, metavar, one_line(_help_of(action))))
+        options.append(Option(tuple(action.option_strings), nargs, metavar, one_line(_help_of(action)),
+                              _env_of(action)))
     return Table(tuple(options), str(torch.__version__))
+
+
+def _env_of(action: Any) -> str:
+    """PET_<DEST> for an option declared with torch's `env` / `check_env` action (argparse_util.py:
+    the default read from that variable), else ""."""
+    kind = type(action)
+    if kind.__module__.endswith("argparse_util") and kind.__name__ in ("env", "check_env"):
+        return f"PET_{str(action.dest).upper()}"
+    return ""
 
 
 def _metavar(action: Any) -> str:
@@ -150,8 +163,8 @@ def _read_cache(path: str, key: list[Any] | None) -> Table | None:
             data = json.load(f)
         if data.get("key") != key:
             return None
-        return Table(tuple(Option(tuple(o["names"]), o["nargs"], o["metavar"], o["help"]) for o in data["options"]),
-                     str(data["torch_version"]))
+        return Table(tuple(Option(tuple(o["names"]), o["nargs"], o["metavar"], o["help"], o["env"])
+                           for o in data["options"]), str(data["torch_version"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -70,6 +70,28 @@ def launcher_name(env: Mapping[str, str]) -> str:
     return "none"
 
 
+PET_LAYOUT = ("PET_NNODES", "PET_NPROC_PER_NODE")  # torchrun's layout, as Kubeflow's operators set it
+
+
+def torchrun_pod(env: Mapping[str, str]) -> bool:
+    """Whether this process stands where a torchrun command is meant to start, not as one of its
+    ranks: a pod that Kubeflow's PyTorchJob or TrainJob configured through torchrun's PET_*
+    variables (PET_NNODES, PET_NPROC_PER_NODE), with no torchrun, MPI or SLURM task above it, and
+    either no RANK / WORLD_SIZE (a TrainJob sets none) or a WORLD_SIZE that counts processes,
+    PET_NNODES x PET_NPROC_PER_NODE with more than one per node (a PyTorchJob: its RANK is then the
+    pod's). A PyTorchJob pod whose WORLD_SIZE counts pods (nprocPerNode "auto") runs `python
+    train.py` as one rank of the job: RANK and WORLD_SIZE are its launcher's ("env")."""
+    if not any(k in env for k in PET_LAYOUT):
+        return False
+    name = launcher_name(env)
+    if name != "env":
+        return name == "none"
+    nproc, nnodes = as_int(env_int(env, "PET_NPROC_PER_NODE")), as_int(env_int(env, "PET_NNODES"))
+    world = as_int(env_int(env, "WORLD_SIZE"))
+    return (nproc is not None and nproc > 1
+            and (world is None or world == (nnodes if nnodes is not None else 1) * nproc))
+
+
 def _slurm_tasks_per_node(raw: str | None, node_id: int | None = None) -> str | None:
     # SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE look like "8" or "8(x2)" or "8(x2),4":
     # per-node counts in node order; this node's count is the entry at SLURM_NODEID.

@@ -296,3 +296,23 @@ def test_build_context_with_explicit_spawn_layout() -> None:
     ctx = build_context({}, facts(), rank=1, world_size=2, sm_root=NO_SM, entry_script="train.py")
     assert ctx.launcher.name == "spawn" and ctx.rank == 1 and ctx.world_size == 2
     assert ctx.entry_script == "train.py"
+
+
+# Kubeflow's operators configure torchrun through PET_*; the PyTorchJob also sets the pod's RANK and
+# WORLD_SIZE (pods x nprocPerNode when that is a number, else the pods)
+@pytest.mark.parametrize("env, expected", [
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1"}, True),  # TrainJob: no RANK
+    ({"PET_NPROC_PER_NODE": "2"}, True),
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "RANK": "1", "WORLD_SIZE": "8"}, True),  # PyTorchJob
+    ({"PET_NPROC_PER_NODE": "2", "RANK": "0", "WORLD_SIZE": "2"}, True),
+    # nprocPerNode "auto": WORLD_SIZE counts pods, `python train.py` is one rank of it
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "RANK": "1", "WORLD_SIZE": "2"}, False),
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "RANK": "1", "WORLD_SIZE": "2"}, False),
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "RANK": "1", "WORLD_SIZE": "2"}, False),  # counts pods
+    ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "TORCHELASTIC_RUN_ID": "x", "RANK": "3"}, False),  # a rank
+    ({"PET_NPROC_PER_NODE": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, False),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, False),
+    ({}, False),
+])
+def test_torchrun_pod(env: dict[str, str], expected: bool) -> None:
+    assert launchers.torchrun_pod(env) is expected

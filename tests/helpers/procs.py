@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 # Variables a launcher or SageMaker sets; stripped so the test decides what a rank sees.
 LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_", "ROLE_",
                      "MASTER_", "TORCHELASTIC_", "OMPI_", "PMI_", "SLURM_", "SM_", "SMDATAPARALLEL_",
-                     "DDP_DOCTOR_", "NCCL_", "GLOO_")
+                     "DDP_DOCTOR_", "NCCL_", "GLOO_", "PET_")
 DDP = [sys.executable, "-m", "ddp_doctor"]
 # for a launch whose subject is not the preflight's communication checks: the all_reduce sweep and the
 # straggler rounds (about 1.5 s of CPU a launch on 2 busy cores) are skipped

@@ -16,9 +16,10 @@ from typing import Any
 def start_run(torchrun: list[str], doctor: list[str], opts: Any) -> int:
     """Run `opts.target` (RunOptions) with the torchrun and ddp-doctor options as given; returns
     the exit status (the script's own after a preflight)."""
-    from ddp_doctor.facts.launchers import launcher_name
+    from ddp_doctor.facts.launchers import launcher_name, torchrun_pod
     from ddp_doctor.training.run.agent import torchrun_value
-    under_launcher = launcher_name(os.environ) != "none"
+    # a Kubeflow pod's RANK / WORLD_SIZE meant for torchrun are the pod's: this process launches
+    under_launcher = launcher_name(os.environ) != "none" and not torchrun_pod(os.environ)
     if under_launcher or not (
             torchrun_value(torchrun, "--nproc-per-node", "--nproc_per_node") or torchrun_value(torchrun, "--nnodes")):
         if torchrun and under_launcher:
