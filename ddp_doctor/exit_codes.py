@@ -14,6 +14,17 @@ shell would.
 `--fail-on error|warning` (or DDP_DOCTOR_FAIL_ON) on `run` and `preflight`: an exit status of 0
 becomes EXIT_FAILED when the final report holds a finding of that severity or worse (fail_on_exit,
 the one rule every command applies); any other status is kept.
+
+`--exit-by-action` (or DDP_DOCTOR_EXIT_BY_ACTION=1) on `run` and `preflight`, for an orchestrator
+that acts on exit codes (a Kubernetes pod failure policy, a SLURM requeue script): a failing
+status becomes the code of the root cause's action (action_exit, the sysexits.h numbers):
+
+    EXIT_FIX_CODE           70  the code is wrong (EX_SOFTWARE): a retry fails the same way
+    EXIT_FIX_CONFIGURATION  78  the configuration is wrong (EX_CONFIG): a retry fails the same way
+    EXIT_RETRY              75  a transient fault (EX_TEMPFAIL): run the job again
+    EXIT_EXCLUDE_HOST       69  a bad host (EX_UNAVAILABLE): run again without it (root_cause.hosts)
+
+A root cause to investigate, a stop signal's 128 + N and a status of 0 are kept.
 """
 from __future__ import annotations
 
@@ -25,6 +36,12 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_FAILED = 3
 EXIT_HANG = 124
+EXIT_FIX_CODE, EXIT_FIX_CONFIGURATION, EXIT_RETRY, EXIT_EXCLUDE_HOST = 70, 78, 75, 69
+EXIT_OF_ACTION = {"fix_code": EXIT_FIX_CODE, "fix_configuration": EXIT_FIX_CONFIGURATION, "retry": EXIT_RETRY,
+                  "exclude_host": EXIT_EXCLUDE_HOST}
+EXIT_BY_ACTION_ENV = "DDP_DOCTOR_EXIT_BY_ACTION"
+EXIT_BY_ACTION_HELP = ("on a FAIL verdict, exit with the code of the root cause's action: 70 fix the code, 78 fix "
+                       "the configuration, 75 retry, 69 exclude the host (default: $DDP_DOCTOR_EXIT_BY_ACTION)")
 
 
 FAIL_ON_ENV = "DDP_DOCTOR_FAIL_ON"
@@ -86,3 +103,25 @@ def fail_on_exit(code: int, report: Mapping[str, Any], fail_on: FailOn | None) -
     more = f" and {len(named) - FAIL_ON_IDS_SHOWN} more" if len(named) > FAIL_ON_IDS_SHOWN else ""
     return EXIT_FAILED, (f"ddp-doctor: exit {EXIT_FAILED} instead of {code}, as {fail_on.source} asks: "
                          f"the report holds {shown}{more}")
+
+
+def exit_by_action(env: Mapping[str, str]) -> bool:
+    """Whether DDP_DOCTOR_EXIT_BY_ACTION asks for the action's exit codes (`--exit-by-action` sets it,
+    so that every rank sees it): any value but empty, 0, false, no, off."""
+    return env.get(EXIT_BY_ACTION_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def action_exit(code: int, report: Mapping[str, Any], asked: bool) -> tuple[int, str | None]:
+    """The exit status once --exit-by-action is applied (`asked`), and the line that says why it
+    changed (None when it did not): a failing status (not 0, not a stop's 128 + N) of a report
+    whose root cause has an action with a code (EXIT_OF_ACTION) becomes that code."""
+    cause = report.get("root_cause") or {}
+    action = str(cause.get("action") or "")
+    if not asked or code == EXIT_OK or report.get("status") != "fail" or action not in EXIT_OF_ACTION:
+        return code, None
+    new = EXIT_OF_ACTION[action]
+    if new == code:
+        return code, None
+    hosts = f" {', '.join(cause.get('hosts') or [])}" if action == "exclude_host" and cause.get("hosts") else ""
+    return new, (f"ddp-doctor: exit {new} ({action}{hosts}) instead of {code}, as --exit-by-action "
+                 f"({EXIT_BY_ACTION_ENV}) asks: root cause {cause.get('id')}, cause class {cause.get('cause_class')}")

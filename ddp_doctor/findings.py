@@ -16,6 +16,21 @@ CATEGORIES = (
 SEVERITIES = ("error", "warning", "info")
 PHASES = ("preflight", "training", "teardown")
 
+# What kind of cause a finding is, and what an orchestrator should do with a job it ended
+# (docs/report-schema.md): the code or the configuration is wrong (a retry only burns money), a
+# host is bad (run again without it), a transient network fault (run again), or nobody can tell yet.
+CAUSE_CLASSES = ("code", "configuration", "host", "network", "unknown")
+ACTIONS = ("fix_code", "fix_configuration", "retry", "exclude_host", "investigate")
+ACTION_OF_CLASS = {"code": "fix_code", "configuration": "fix_configuration", "host": "exclude_host",
+                   "network": "retry", "unknown": "investigate"}
+# an ID that declares no class of its own takes its category's (registry.check / declare)
+CLASS_OF_CATEGORY = {
+    "launcher_env": "configuration", "topology": "configuration", "network": "network",
+    "communication": "unknown", "gpu": "host", "host": "host", "consistency": "configuration",
+    "sampler": "code", "init_order": "code", "teardown": "code", "training_failure": "code",
+    "sagemaker_job": "configuration", "post_mortem": "unknown", "internal": "unknown",
+}
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -29,6 +44,10 @@ class Problem:
     evidence: dict[str, Any] = field(default_factory=dict)
     severity: str | None = None
     ranks: tuple[int, ...] | None = None  # cross-rank checks name the ranks involved
+    # this problem's kind of cause and action, where the evidence decides it rather than the ID
+    # (a SIGKILL the OOM killer sent); None: the check's declared ones
+    cause_class: str | None = None
+    action: str | None = None
 
 
 # `caused_by` of a consequence whose rule knows another rank's failure caused it, but not which
@@ -55,6 +74,14 @@ class Finding:
     phase: str = "preflight"
     time: float = field(default_factory=time.time)
     caused_by: str | None = None
+    cause_class: str = ""  # one of CAUSE_CLASSES; "" for the category's (CLASS_OF_CATEGORY)
+    action: str = ""       # one of ACTIONS; "" for the class's (ACTION_OF_CLASS)
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        """(cause_class, action): as declared, else the category's class and that class's action."""
+        cause = self.cause_class or CLASS_OF_CATEGORY.get(self.category, "unknown")
+        return cause, self.action or ACTION_OF_CLASS[cause]
 
     def to_dict(self) -> dict[str, Any]:
         evidence = self.evidence
@@ -66,6 +93,7 @@ class Finding:
             "title": self.title, "message": self.message, "hint": self.hint,
             "ranks": sorted(r for r in self.ranks if r >= 0), "evidence": evidence, "phase": self.phase,
             "time": self.time, "caused_by": self.caused_by,
+            "cause_class": self.kind[0], "action": self.kind[1],
         }
 
     @classmethod
@@ -81,6 +109,8 @@ class Finding:
             ranks=[int(r) for r in d.get("ranks", [])], evidence=evidence,
             phase=str(d.get("phase", "preflight")), time=float(d.get("time", 0.0)),
             caused_by=str(caused_by) if caused_by is not None else None,
+            cause_class=str(d.get("cause_class") or "") if d.get("cause_class") in CAUSE_CLASSES else "",
+            action=str(d.get("action") or "") if d.get("action") in ACTIONS else "",
         )
 
 

@@ -17,7 +17,16 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from ddp_doctor.findings import CATEGORIES, SEVERITIES, Finding, Problem
+from ddp_doctor.findings import (
+    ACTION_OF_CLASS,
+    ACTIONS,
+    CATEGORIES,
+    CAUSE_CLASSES,
+    CLASS_OF_CATEGORY,
+    SEVERITIES,
+    Finding,
+    Problem,
+)
 
 # Stages, in the order the preflight runs them:
 #   local      - (ctx) -> problems; on every rank, no process group needed
@@ -56,6 +65,11 @@ class Check:
     severities: tuple[str, ...] = ()
     # Its findings' evidence holds figures the history keeps with the run (history/from_report.py).
     kept_in_history: bool = False
+    # What kind of cause its findings are and what to do with the job (findings.CAUSE_CLASSES,
+    # ACTIONS): declared where the category's default (CLASS_OF_CATEGORY) does not fit; filled in
+    # at registration.
+    cause_class: str = ""
+    action: str = ""
 
     @property
     def severity_label(self) -> str:
@@ -79,17 +93,20 @@ class Check:
             raise ValueError(f"{self.id}: a problem with severity {severity!r}, which the ID does not declare "
                              f"(severities={self.severities}); declare it and explain it in the Severity section")
         ranks = list(problem.ranks) if problem.ranks is not None else ([] if rank is None else [rank])
+        cause = problem.cause_class or self.cause_class
+        action = problem.action or (ACTION_OF_CLASS[cause] if problem.cause_class else self.action)
         return Finding(
             id=self.id, category=self.category, severity=severity,
             title=self.title, message=problem.message, hint=problem.hint or self.hint,
-            ranks=ranks, evidence=dict(problem.evidence), phase=phase,
+            ranks=ranks, evidence=dict(problem.evidence), phase=phase, cause_class=cause, action=action,
         )
 
     def to_dict(self) -> dict[str, Any]:
         # The Severity section becomes "severity_note" (it must not overwrite "severity").
         sections = {("severity_note" if k == "Severity" else k.lower()): v for k, v in self.sections.items()}
         return {"id": self.id, "category": self.category, "severity": self.severity,
-                "severities": list(self.severities), "title": self.title, "stage": self.stage, **sections}
+                "severities": list(self.severities), "title": self.title, "stage": self.stage,
+                "cause_class": self.cause_class, "action": self.action, **sections}
 
 
 REGISTRY: dict[str, Check] = {}
@@ -129,7 +146,13 @@ def _register(entry: Check) -> Check:
     unknown = sorted(declared - set(SEVERITIES))
     if unknown:
         raise ValueError(f"{entry.id}: unknown severities {unknown}")
-    entry = replace(entry, severities=tuple(s for s in SEVERITIES if s in declared))
+    cause = entry.cause_class or CLASS_OF_CATEGORY[entry.category]
+    if cause not in CAUSE_CLASSES:
+        raise ValueError(f"{entry.id}: unknown cause class {cause!r}")
+    action = entry.action or ACTION_OF_CLASS[cause]
+    if action not in ACTIONS:
+        raise ValueError(f"{entry.id}: unknown action {action!r}")
+    entry = replace(entry, severities=tuple(s for s in SEVERITIES if s in declared), cause_class=cause, action=action)
     if len(entry.severities) > 1 and not entry.sections.get("Severity", "").strip():
         raise ValueError(f"{entry.id} can be {' or '.join(entry.severities)}: its docstring needs a "
                          "Severity: section saying when it is which")
@@ -138,28 +161,31 @@ def _register(entry: Check) -> Check:
 
 
 def check(id: str, *, category: str, severity: str, title: str, stage: str = "local",
-          timeout: float = 10.0, severities: Iterable[str] = (), kept_in_history: bool = False
+          timeout: float = 10.0, severities: Iterable[str] = (), kept_in_history: bool = False,
+          cause_class: str = "", action: str = ""
           ) -> Callable[[Callable[..., Iterable[Problem]]], Callable[..., Iterable[Problem]]]:
     """Register a check. The decorated function's docstring is its documentation.
 
     `severity` is the default; `severities` lists the others its problems may carry
     (`Problem(severity=...)`), which the docstring's Severity section must explain;
-    `kept_in_history`: see :attr:`Check.kept_in_history`."""
+    `kept_in_history`: see :attr:`Check.kept_in_history`; `cause_class` and `action`: what kind of
+    cause its findings are and what to do with the job, where the category's default does not fit."""
     def wrap(func: Callable[..., Iterable[Problem]]) -> Callable[..., Iterable[Problem]]:
         _register(Check(id=id, category=category, severity=severity, title=title, stage=stage,
                         func=func, doc=func.__doc__ or "", timeout=timeout, severities=tuple(severities),
-                        kept_in_history=kept_in_history))
+                        kept_in_history=kept_in_history, cause_class=cause_class, action=action))
         return func
     return wrap
 
 
 def declare(id: str, *, category: str, severity: str, title: str, doc: str,
-            severities: Iterable[str] = (), kept_in_history: bool = False) -> Check:
-    """Declare an event: a finding the machinery raises, documented like a check (`severities` and
-    `kept_in_history` as for :func:`check`)."""
+            severities: Iterable[str] = (), kept_in_history: bool = False,
+            cause_class: str = "", action: str = "") -> Check:
+    """Declare an event: a finding the machinery raises, documented like a check (`severities`,
+    `kept_in_history`, `cause_class` and `action` as for :func:`check`)."""
     return _register(Check(id=id, category=category, severity=severity, title=title,
                            stage="event", func=None, doc=doc, timeout=0.0, severities=tuple(severities),
-                           kept_in_history=kept_in_history))
+                           kept_in_history=kept_in_history, cause_class=cause_class, action=action))
 
 
 EXTRA_MODULES_ENV = "DDP_DOCTOR_CHECK_MODULES"  # users' own check modules, loaded by ddp_doctor.checks

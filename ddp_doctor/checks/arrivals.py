@@ -62,7 +62,7 @@ ARRIVES_LAST = declare(
     Still a warning, saying the host was busy, when the rank stands far above that noise (last at
     90% of 30 collectives or more, its median lag 6x its own spread or more), or when other
     processes took the slow rank's own CPUs markedly more than the others' (that is said).
-    """)
+    """, cause_class="host", action="investigate")
 
 ARRIVES_LAST_NODE = declare(
     "DDP878", category="consistency", severity="warning", title="One node arrives last at the collectives",
@@ -86,7 +86,7 @@ ARRIVES_LAST_NODE = declare(
     it or take it out of the job if it stays behind.
     Severity: warning; info when a host was busy while the job trained (as DDP877 reads it), unless
     the node stands far above that noise (as DDP877).
-    """)
+    """, cause_class="host", action="investigate")
 
 MIN_COLLECTIVES = 10
 LAST_SHARE = 0.75

@@ -56,7 +56,7 @@ def wrong_result_problems(op: str, entries: list[dict[str, Any]], backend: str) 
 
 
 @check("DDP401", category="communication", severity="error", stage="group",
-       title="all_reduce gives a wrong result", timeout=900.0)
+       title="all_reduce gives a wrong result", timeout=900.0, cause_class="host")
 def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Runs the all_reduce sweep (nccl-tests methodology: sizes doubling from --comm-min-bytes
@@ -98,7 +98,7 @@ def all_reduce_correct(ctx: Any, group: Group) -> Iterator[Problem]:
 
 
 @check("DDP402", category="communication", severity="error", stage="group",
-       title="broadcast or all_gather gives a wrong result", timeout=120.0)
+       title="broadcast or all_gather gives a wrong result", timeout=120.0, cause_class="host")
 def broadcast_all_gather_correct(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Broadcasts known values from rank 0 (small size) and from the last rank (1 MiB), and
@@ -172,7 +172,8 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
 
 
 @check("DDP403", category="communication", severity="warning", stage="group",
-       title="all_reduce bandwidth below what the instance type reaches", timeout=30.0, severities=("info",))
+       title="all_reduce bandwidth below what the instance type reaches", timeout=30.0, severities=("info",),
+       cause_class="network", action="investigate")
 def bandwidth_expected(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Compares the all_reduce busbw at the largest size of the sweep (DDP401) with what a
@@ -266,7 +267,7 @@ def straggler_problems(rounds: Mapping[int, list[float]], loads: Mapping[int, ho
 
 
 @check("DDP405", category="communication", severity="warning", stage="group", severities=("warning", "info"),
-       title="a rank computes markedly slower than the others", timeout=120.0)
+       title="a rank computes markedly slower than the others", timeout=120.0, cause_class="host")
 def straggler_compute(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Every rank times the same fixed amount of compute (float32 matmuls; on the GPU when
@@ -342,7 +343,8 @@ def _busy_verdict(load: host_busy.Load, ranks: Iterator[int] | tuple[int, ...]) 
 
 
 @check("DDP406", category="communication", severity="warning", stage="group", severities=("warning", "info"),
-       title="a send/recv link is markedly slower than the others", timeout=120.0)
+       title="a send/recv link is markedly slower than the others", timeout=120.0,
+       cause_class="network", action="investigate")
 def straggler_link(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Sends 256 KiB around a ring (each rank sends to rank + 1 and receives from rank - 1 at
@@ -392,7 +394,7 @@ CLOCK_ROUNDS = 8
 
 
 @check("DDP407", category="communication", severity="warning", stage="group",
-       title="node clocks disagree", timeout=60.0)
+       title="node clocks disagree", timeout=60.0, cause_class="host", action="investigate")
 def clock_skew(ctx: Any, group: Group) -> Iterator[Problem]:
     """
     What: Reads every rank's wall clock right after each of eight barriers and compares it with

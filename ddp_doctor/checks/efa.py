@@ -156,7 +156,8 @@ def efa_environment(ctx: RankContext) -> Iterator[Problem]:
 # ---------------------------------------------------------------------------------------------
 # DDP330-DDP334: this node's EFA stack
 
-@check("DDP330", category="network", severity="error", title="Fewer EFA devices than the instance type has")
+@check("DDP330", category="network", severity="error", title="Fewer EFA devices than the instance type has",
+       cause_class="host")
 def efa_device_count(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On an EFA instance type running a multi-node NCCL job, the EFA devices this process can
@@ -204,7 +205,8 @@ def efa_device_count(ctx: RankContext) -> Iterator[Problem]:
                               + (" and falls back to TCP sockets" if not dev.uverbs else ""), evidence=ev)
 
 
-@check("DDP331", category="network", severity="error", title="libfabric has no EFA provider", timeout=15.0)
+@check("DDP331", category="network", severity="error", title="libfabric has no EFA provider", timeout=15.0,
+       cause_class="configuration")
 def libfabric_efa_provider(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On an EFA instance type running a multi-node NCCL job with EFA devices present,
@@ -239,7 +241,8 @@ def libfabric_efa_provider(ctx: RankContext) -> Iterator[Problem]:
                   "output": fi.output, "FI_PROVIDER": fp, "efa_devices": list(dev.efa)})
 
 
-@check("DDP332", category="network", severity="error", title="aws-ofi-nccl plugin not found where NCCL looks")
+@check("DDP332", category="network", severity="error", title="aws-ofi-nccl plugin not found where NCCL looks",
+       cause_class="configuration")
 def ofi_nccl_plugin(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On an EFA instance type running a multi-node NCCL job, no NCCL network plugin library
@@ -283,7 +286,7 @@ def ofi_nccl_plugin(ctx: RankContext) -> Iterator[Problem]:
 
 
 @check("DDP333", category="network", severity="error", title="Locked-memory limit too low for EFA",
-       severities=("warning",))
+       severities=("warning",), cause_class="configuration")
 def memlock_unlimited(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On an EFA instance type running a multi-node NCCL job, the locked-memory limit
@@ -311,7 +314,8 @@ def memlock_unlimited(ctx: RankContext) -> Iterator[Problem]:
                   evidence={"soft_bytes": soft, "hard_bytes": hard, "instance_type": seen.name})
 
 
-@check("DDP334", category="network", severity="warning", title="NCCL settings that cost bandwidth on EFA")
+@check("DDP334", category="network", severity="warning", title="NCCL settings that cost bandwidth on EFA",
+       cause_class="configuration")
 def nccl_costly_settings(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On an EFA instance type with NCCL, settings that take NCCL off its fast paths:
@@ -393,7 +397,7 @@ def _warm_up(group: Any) -> None:
 
 
 @check("DDP335", category="network", severity="error", stage="group", timeout=300.0,
-       title="NCCL uses TCP sockets on an EFA instance")
+       title="NCCL uses TCP sockets on an EFA instance", cause_class="configuration")
 def nccl_network_is_efa(ctx: RankContext, group: Any) -> Iterator[Problem]:
     """
     What: After the NCCL process group is up (one small all_reduce creates NCCL's communicator),

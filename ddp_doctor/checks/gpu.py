@@ -95,7 +95,7 @@ def _cpu_job(ctx: RankContext) -> tuple[Snapshot, int, dict[str, Any]] | None:
     return snap, _count(snap), ev
 
 
-@check("DDP500", category="gpu", severity="info", title="GPU checks not applicable")
+@check("DDP500", category="gpu", severity="info", title="GPU checks not applicable", cause_class="configuration")
 def gpu_not_applicable(ctx: RankContext) -> Iterator[Problem]:
     """
     What: This host has no GPU (NVML counts none, torch sees none) and the job uses a CPU backend
@@ -113,7 +113,8 @@ def gpu_not_applicable(ctx: RankContext) -> Iterator[Problem]:
                           "GPU checks not applicable", evidence=ev)
 
 
-@check("DDP515", category="gpu", severity="warning", title="GPUs present but torch sees none")
+@check("DDP515", category="gpu", severity="warning", title="GPUs present but torch sees none",
+       cause_class="configuration")
 def gpus_hidden_from_torch(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML counts GPUs on this host but torch sees none, and the job uses a CPU backend (gloo,
@@ -193,7 +194,7 @@ def gpu_count_matches(ctx: RankContext) -> Iterator[Problem]:
             evidence={"instance_type": it, "expected": expected, "counted": seen, "source": source})
 
 
-@check("DDP514", category="gpu", severity="info", title="Fewer ranks than GPUs on a node")
+@check("DDP514", category="gpu", severity="info", title="Fewer ranks than GPUs on a node", cause_class="configuration")
 def gpus_idle(ctx: RankContext) -> Iterator[Problem]:
     """
     What: With a GPU backend, this node runs fewer ranks (LOCAL_WORLD_SIZE) than it has visible
@@ -215,7 +216,8 @@ def gpus_idle(ctx: RankContext) -> Iterator[Problem]:
             evidence={"local_world_size": lws, "visible_gpus": visible})
 
 
-@check("DDP503", category="gpu", severity="error", title="CUDA_VISIBLE_DEVICES names GPUs that do not exist")
+@check("DDP503", category="gpu", severity="error", title="CUDA_VISIBLE_DEVICES names GPUs that do not exist",
+       cause_class="configuration")
 def cuda_visible_devices_valid(ctx: RankContext) -> Iterator[Problem]:
     """
     What: CUDA_VISIBLE_DEVICES holds an entry that is neither a GPU index, a GPU UUID nor a MIG
@@ -273,7 +275,7 @@ def current_device_problem(expected: int, actual: int | None, local_rank: int | 
 
 
 @check("DDP504", category="gpu", severity="error", title="Current CUDA device is not the local rank's GPU",
-       stage="group")
+       stage="group", cause_class="code")
 def current_device_matches(ctx: RankContext, group: Any) -> Iterator[Problem]:
     """
     What: Once the process group exists, torch.cuda.current_device() differs from the GPU this
@@ -292,7 +294,8 @@ def current_device_matches(ctx: RankContext, group: Any) -> Iterator[Problem]:
         yield p
 
 
-@check("DDP505", category="gpu", severity="warning", title="GPU memory already in use")
+@check("DDP505", category="gpu", severity="warning", title="GPU memory already in use",
+       cause_class="host", action="investigate")
 def gpu_memory_free(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Before training starts, this rank's GPU already has more memory in use than
@@ -484,7 +487,8 @@ def nvlink_down(ctx: RankContext) -> Iterator[Problem]:
                                   "bridge fitted?)", severity="info", evidence=ev)
 
 
-@check("DDP511", category="gpu", severity="error", title="Driver too old for torch's CUDA", severities=("warning",))
+@check("DDP511", category="gpu", severity="error", title="Driver too old for torch's CUDA", severities=("warning",),
+       cause_class="configuration")
 def driver_supports_cuda(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The CUDA version the driver supports (NVML nvmlSystemGetCudaDriverVersion) is older than
@@ -520,7 +524,7 @@ def driver_supports_cuda(ctx: RankContext) -> Iterator[Problem]:
                               "PTX JIT does not)", severity="warning", evidence=ev)
 
 
-@check("DDP512", category="gpu", severity="info", title="GPU persistence mode off")
+@check("DDP512", category="gpu", severity="info", title="GPU persistence mode off", cause_class="configuration")
 def persistence_mode(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Persistence mode is off on this rank's GPU.
@@ -533,7 +537,7 @@ def persistence_mode(ctx: RankContext) -> Iterator[Problem]:
             yield Problem(message=f"{g.label}: persistence mode is off", evidence={"gpu": g.label})
 
 
-@check("DDP513", category="gpu", severity="info", title="GPU health fields NVML could not read")
+@check("DDP513", category="gpu", severity="info", title="GPU health fields NVML could not read", cause_class="unknown")
 def unknown_fields(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NVML answered "not supported", "no permission" or an error for some health fields of this

@@ -66,7 +66,7 @@ BELOW_HISTORY = declare(
     processes used a quarter of its cores, the hypervisor stole 10% of its time, or its load
     average was above its cores): a drop on a busy machine may be the other work's, not the
     host's, and the finding says which host was busy and why.
-    """)
+    """, cause_class="host", action="investigate")
 
 MIN_RUNS = 5  # comparable quiet runs before any judgement
 LAST_RUNS = 20  # the newest comparable quiet runs compared with (and listed in the finding)

@@ -48,7 +48,8 @@ def _size(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
 
-@check("DDP600", category="host", severity="warning", title="/dev/shm too small for DataLoader workers")
+@check("DDP600", category="host", severity="warning", title="/dev/shm too small for DataLoader workers",
+       cause_class="configuration")
 def shm_size(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The shared-memory file system /dev/shm is smaller than `shm_min_mib` (default 1 GiB), or
@@ -75,7 +76,8 @@ def shm_size(ctx: RankContext) -> Iterator[Problem]:
                       evidence={"path": SHM_PATH, "size_bytes": size, "free_bytes": free, "min_mib": limit})
 
 
-@check("DDP601", category="host", severity="warning", title="Little RAM available")
+@check("DDP601", category="host", severity="warning", title="Little RAM available",
+       cause_class="host", action="investigate")
 def ram_available(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Available memory is below `ram_min_mib_per_rank` (default 1024 MiB) times the ranks on
@@ -115,7 +117,8 @@ def usable_cpus() -> int:
     return n
 
 
-@check("DDP602", category="host", severity="warning", title="More threads than CPUs", severities=("info",))
+@check("DDP602", category="host", severity="warning", title="More threads than CPUs", severities=("info",),
+       cause_class="configuration")
 def cpu_oversubscription(ctx: RankContext) -> Iterator[Problem]:
     """
     What: OMP_NUM_THREADS x the ranks on this node exceeds the CPUs this process may use, or there
@@ -179,7 +182,8 @@ def _existing(path: str) -> str | None:
     return p or None
 
 
-@check("DDP603", category="host", severity="warning", title="Little free disk where the job writes")
+@check("DDP603", category="host", severity="warning", title="Little free disk where the job writes",
+       cause_class="host", action="investigate")
 def disk_free(ctx: RankContext) -> Iterator[Problem]:
     """
     What: A file system the job writes to (--output-dir, SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, the
@@ -215,7 +219,7 @@ def disk_free(ctx: RankContext) -> Iterator[Problem]:
                                 "min_bytes": int(limit)})
 
 
-@check("DDP604", category="host", severity="warning", title="Open-files limit too low")
+@check("DDP604", category="host", severity="warning", title="Open-files limit too low", cause_class="configuration")
 def open_files_limit(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The soft limit on open files (RLIMIT_NOFILE, `ulimit -n`) is below `open_files_min`
@@ -242,7 +246,7 @@ def kernel_version(release: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-@check("DDP605", category="host", severity="warning", title="Linux kernel older than 5.5")
+@check("DDP605", category="host", severity="warning", title="Linux kernel older than 5.5", cause_class="configuration")
 def kernel_recent(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The Linux kernel is older than 5.5.
@@ -261,7 +265,7 @@ def kernel_recent(ctx: RankContext) -> Iterator[Problem]:
                       evidence={"release": release})
 
 
-@check("DDP606", category="host", severity="info", title="Swap in use")
+@check("DDP606", category="host", severity="info", title="Swap in use", cause_class="host", action="investigate")
 def swap_used(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The host has swapped memory out.

@@ -40,7 +40,7 @@ DUPLICATE_RANK = declare(
     timeout (30 minutes by default), with no error.
     Fix: Leave rank and world_size out (`init_process_group(backend)` reads RANK and WORLD_SIZE the
     launcher set), or pass `rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])`.
-    """)
+    """, cause_class="configuration")
 
 WORLD_SIZE_DIFFERS = declare(
     "DDP868", category="init_order", severity="error", title="World size differs from the processes launched",
@@ -60,7 +60,7 @@ WORLD_SIZE_DIFFERS = declare(
     os.environ["WORLD_SIZE"]), and start as many processes as the job needs (`--nproc-per-node`
     x `--nnodes`); with torch.multiprocessing.spawn, pass `world_size=nprocs` (the same number
     you give spawn).
-    """)
+    """, cause_class="configuration")
 
 RANK_DIFFERS = declare(
     "DDP869", category="init_order", severity="warning", title="Rank passed to init differs from the launcher's",
@@ -72,7 +72,7 @@ RANK_DIFFERS = declare(
     by the new number, and `LOCAL_RANK`-based device choice no longer matches).
     Fix: Use the launcher's RANK (leave rank out of init_process_group), or renumber on purpose
     and derive the device and data shard from the same number.
-    """)
+    """, cause_class="configuration")
 
 
 WORLD_SIZE_NOT_POSITIVE = declare(
@@ -89,7 +89,7 @@ WORLD_SIZE_NOT_POSITIVE = declare(
     Fix: Pass the number of processes that take part: the launcher's WORLD_SIZE (leave world_size
     out), or the `nprocs` you give torch.multiprocessing.spawn; do not derive it from a GPU count
     on a CPU host.
-    """)
+    """, cause_class="configuration")
 
 RANK_OUT_OF_RANGE = declare(
     "DDP875", category="init_order", severity="error", title="Rank at init outside the world",
@@ -104,7 +104,7 @@ RANK_OUT_OF_RANGE = declare(
     Fix: Number the processes 0 to world_size-1: with torch.multiprocessing.spawn the index it
     passes (the function's first argument), offset by node_rank x nprocs on several nodes, with
     world_size = nnodes x nprocs; under a launcher leave rank out (RANK is read).
-    """)
+    """, cause_class="configuration")
 
 NO_PROCESS_GROUP = declare(
     "DDP876", category="init_order", severity="warning", title="Ranks trained without a process group",

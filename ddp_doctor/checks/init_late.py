@@ -50,7 +50,7 @@ LATE_TO_INIT = declare(
     raise init_process_group's `timeout=` (and, under torchrun with a rendezvous backend, its
     rendezvous bound: `--rdzv-conf join_timeout=...`). A rank that ends without init must call it
     too, or the job must not wait for it.
-    """)
+    """, cause_class="unknown")
 
 _KEY = re.compile(r"wait timeout after \d+ ?ms, keys: \[?'?(?P<key>\S*?/)(?P<rank>\d+)'?\]?\s*$", re.M)
 _TIMEOUT_MS = re.compile(r"(?:wait timeout|timed out) after (?P<ms>\d+) ?ms")

@@ -54,7 +54,7 @@ INVALID_USAGE = declare(
     What: An option or environment value given to ddp-doctor itself could not be used.
     Why: ddp-doctor cannot run the checks it was asked to run.
     Fix: Correct the option named in the message; `ddp-doctor preflight --help` lists them.
-    """)
+    """, cause_class="configuration")
 
 TOOL_FAILED = declare(
     "DDP005", category="internal", severity="error", title="ddp-doctor itself failed",

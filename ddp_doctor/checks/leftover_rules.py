@@ -40,7 +40,7 @@ LEFTOVERS_NOT_ENDED = declare(
     Why: It outlives the job, holding whatever it holds (ports, memory, GPUs).
     Fix: End it by hand (`kill -9 PID` with the pid named, as its owner or root); if it stays, see
     what it waits on (`cat /proc/PID/stack`, `cat /proc/PID/wchan`), and stop it in the script.
-    """)
+    """, cause_class="unknown")
 
 LEFTOVERS_UNSEEN = declare(
     "DDP818", category="teardown", severity="info", title="A rank's leftover processes could not be looked for",
@@ -50,7 +50,7 @@ LEFTOVERS_UNSEEN = declare(
     Why: Processes the script started may outlive the job unseen.
     Fix: Look by hand: `ps -eo pid,ppid,sid,args` on the host after the job, and end what the job
     left; report the error to the ddp-doctor maintainers if it persists.
-    """)
+    """, cause_class="unknown")
 
 LISTED = 10          # processes named in a message; the evidence keeps up to EVIDENCE
 EVIDENCE = 50

@@ -45,7 +45,8 @@ def _text(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
-@check("DDP408", category="communication", severity="warning", title="NCCL version with a known hang bug")
+@check("DDP408", category="communication", severity="warning", title="NCCL version with a known hang bug",
+       cause_class="configuration")
 def nccl_known_bugs(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The NCCL that torch loads on this rank is a version with a known bug that hangs jobs

@@ -75,7 +75,7 @@ def resolve_sample(ctx: RankContext, names: list[str], limit: int = MAX_RESOLVED
 
 
 @check("DDP300", category="network", severity="error", title="Host name does not resolve", timeout=10.0,
-       severities=("info",))
+       severities=("info",), cause_class="network", action="investigate")
 def hosts_resolve(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Every host name of the job (the hosts in SM_HOSTS and in SageMaker's resourceconfig.json;
@@ -182,7 +182,7 @@ def _missing_problem(variable: str, value: str, missing: list[str], present: tup
 
 
 @check("DDP301", category="network", severity="error", title="Named network interface does not exist",
-       severities=("warning",))
+       severities=("warning",), cause_class="configuration")
 def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
     """
     What: The interfaces named by NCCL_SOCKET_IFNAME (comma-separated prefixes; `=name` is an
@@ -219,7 +219,8 @@ def interfaces_exist(ctx: RankContext) -> Iterator[Problem]:
 
 
 @check("DDP302", category="network", severity="warning",
-       title="NCCL_SOCKET_IFNAME excludes every interface but loopback", severities=("error",))
+       title="NCCL_SOCKET_IFNAME excludes every interface but loopback", severities=("error",),
+       cause_class="configuration")
 def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
     """
     What: NCCL_SOCKET_IFNAME is an exclusion list (`^docker,lo`) that leaves NCCL only the
@@ -252,7 +253,7 @@ def nccl_exclusion_leaves_loopback(ctx: RankContext) -> Iterator[Problem]:
 
 
 @check("DDP303", category="network", severity="warning",
-       title="NCCL_SOCKET_IFNAME disagrees with SageMaker's network interface")
+       title="NCCL_SOCKET_IFNAME disagrees with SageMaker's network interface", cause_class="configuration")
 def nccl_ifname_matches_sagemaker(ctx: RankContext) -> Iterator[Problem]:
     """
     What: On SageMaker, NCCL_SOCKET_IFNAME selects the interface SageMaker names in

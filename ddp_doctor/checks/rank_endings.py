@@ -50,7 +50,7 @@ PEER_FAILED = declare(
     Why: When one rank dies, its peers blocked in a collective with it fail too; their errors hide
     the real cause if read first.
     Fix: Fix the root-cause rank's error; this rank's failure should then disappear.
-    """)
+    """, cause_class="unknown")
 
 
 RANK_KILLED = declare(
@@ -62,7 +62,7 @@ RANK_KILLED = declare(
     Why: SIGKILL usually means the kernel's out-of-memory killer or a cancelled job.
     Fix: Check the host's memory (dmesg for "Out of memory: Killed process"; lower the batch size or
     the DataLoader's num_workers / prefetch_factor), and whether something outside ended the job.
-    """)
+    """, cause_class="unknown")
 
 
 SCRIPT_EXITED = declare(
@@ -91,7 +91,7 @@ ABORT_AT_EXIT = declare(
     destroy_process_group. It happens after your code ran; it is not a bug in your script.
     Fix: Nothing to fix in the script. ddp-doctor reports the script's own exit status; call
     dist.destroy_process_group() at the end of training and upgrade torch when a fix is released.
-    """)
+    """, cause_class="unknown")
 
 
 SPAWN_CHILD_FAILED = declare(
@@ -144,7 +144,7 @@ NATIVE_CRASH = declare(
     workers (docker --shm-size) or a memory-mapped file that shrank; SIGILL: a wheel built for a
     newer CPU or GPU; SIGABRT: an uncaught C++ exception or NCCL's watchdog ending a timed-out
     collective (the stderr lines just before the crash say which).
-    """)
+    """, cause_class="unknown")
 
 MESSAGE_LIMIT = 600
 # Fatal signals raised in native code: faulthandler dumps the Python stack for each of them.

@@ -29,7 +29,7 @@ MASTER_UNRESOLVABLE = declare(
     not resolve fails at once or, with some resolvers, hangs until torch's 30-minute timeout.
     Fix: Set MASTER_ADDR to a name every node can resolve (or an IP address). On SageMaker use the
     master host the toolkit picks (SM_TRAINING_ENV master_hostname), never a hard-coded algo-1.
-    """)
+    """, cause_class="configuration")
 
 MASTER_REFUSED = declare(
     "DDP311", category="network", severity="error", title="Rendezvous master refuses connections",
@@ -48,7 +48,7 @@ MASTER_TIMEOUT = declare(
     Why: Packets to the master are dropped: a firewall or security group blocks the port, or the
     address routes nowhere. Left alone, torch waits 30 minutes before failing.
     Fix: {SG_HINT}
-    """)
+    """, cause_class="network", action="investigate")
 
 PORT_IN_USE = declare(
     "DDP313", category="network", severity="error", title="MASTER_PORT already in use",
@@ -70,7 +70,7 @@ MASTER_NOT_LOCAL = declare(
     What: Rank 0 hosts the rendezvous store, but MASTER_ADDR resolves to no address of rank 0's host.
     Why: The other ranks connect to MASTER_ADDR and find no store there: they hang or are refused.
     Fix: Set MASTER_ADDR to the host where rank 0 runs (under mpirun: the first host of the host list).
-    """)
+    """, cause_class="configuration")
 
 NOT_A_STORE = declare(
     "DDP315", category="network", severity="error", title="MASTER_PORT answers, but not as a torch store",
@@ -84,7 +84,7 @@ NOT_A_STORE = declare(
     answer without any timeout: the rank hangs forever.
     Fix: Give every rank a free MASTER_PORT (torchrun --master-port, the same on every node), or
     stop the service that holds it (`ss -ltnp 'sport = :PORT'` on the master host).
-    """)
+    """, cause_class="configuration")
 
 RANKS_MISSING = declare(
     "DDP320", category="network", severity="error", title="Ranks missing at rendezvous",
@@ -95,7 +95,7 @@ RANKS_MISSING = declare(
     --nproc-per-node wrong on one node), or the missing ranks cannot reach the master.
     Fix: Make WORLD_SIZE equal the ranks you launch (nodes x processes per node), start every node,
     and read the missing ranks' own reports for why they could not connect.
-    """)
+    """, cause_class="unknown")
 
 PG_INIT_FAILED = declare(
     "DDP321", category="communication", severity="error", title="init_process_group failed",
@@ -105,7 +105,7 @@ PG_INIT_FAILED = declare(
     a wrong network interface), or the backend is broken on this machine.
     Fix: Check NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME and the network between the nodes; run with
     NCCL_DEBUG=INFO to see which connection fails.
-    """)
+    """, cause_class="network", action="investigate")
 
 DUPLICATE_RANK = declare(
     "DDP322", category="launcher_env", severity="error", title="Two processes claim the same rank",
@@ -115,7 +115,7 @@ DUPLICATE_RANK = declare(
     Why: The launcher gave two processes the same RANK (a node started twice, NODE_RANK repeated,
     a hand-written launch script with a fixed RANK), so another rank is missing and the job hangs.
     Fix: Give every node a distinct --node-rank and let the launcher set RANK.
-    """)
+    """, cause_class="configuration")
 
 STORE_LOST = declare(
     "DDP323", category="network", severity="error", title="Lost the rendezvous store",
@@ -131,7 +131,7 @@ REPORTER_LOST = declare(
     What: This rank handed its findings over but never received the merged verdict.
     Why: The reporting rank (rank 0) died or hung while merging; this rank wrote its own report.
     Fix: Read rank 0's stderr and the per-rank report files (PATH.rankN.json).
-    """)
+    """, cause_class="unknown")
 
 VIEW_UNREADABLE = declare(
     "DDP325", category="consistency", severity="error", title="A rank's view could not be read",
@@ -143,7 +143,7 @@ VIEW_UNREADABLE = declare(
     under ddp-doctor's keys in the store.
     Fix: Install one ddp-doctor version on every node (`pip show ddp-doctor` on each, or one image
     for all), then run the preflight again.
-    """)
+    """, cause_class="unknown")
 
 PLANS_DIFFER = declare(
     "DDP326", category="consistency", severity="error", title="The ranks would run different group checks",
@@ -160,7 +160,7 @@ PLANS_DIFFER = declare(
     versions (an older install or image on one node) or were given different --select / --skip.
     Fix: Install one ddp-doctor version on every node (`pip show ddp-doctor` on each, or one image
     for all) and give every rank the same --select / --skip, then run the preflight again.
-    """)
+    """, cause_class="configuration")
 
 SHARED_RENDEZVOUS = declare(
     "DDP846", category="launcher_env", severity="error",
@@ -179,7 +179,7 @@ SHARED_RENDEZVOUS = declare(
     Fix: Give each job its own MASTER_PORT (a free one: `torchrun --standalone` picks one for a
     one-node job; otherwise the same --master-port on every node of that job, and another for the
     next job), start each rank once, and end the extra processes the finding names.
-    """)
+    """, cause_class="configuration")
 
 
 # ---------------------------------------------------------------- the facts the machinery gathers

@@ -23,7 +23,7 @@ PARAMS_DIVERGED = declare(
     settings let the replicas drift, and the saved model is only rank 0's.
     Fix: Call the DDP-wrapped model for the forward pass, change parameters on every rank alike, and
     keep optimizer settings identical across ranks.
-    """)
+    """, cause_class="code")
 
 BUFFERS_DIVERGED = declare(
     "DDP871", category="consistency", severity="warning", title="Buffers differ between ranks",
@@ -32,7 +32,7 @@ BUFFERS_DIVERGED = declare(
     forward) differ between ranks at the same step.
     Why: Buffers are not averaged by DDP; a buffer changed by rank-local logic drifts silently.
     Fix: Keep broadcast_buffers=True (the default) or update such buffers identically on every rank.
-    """)
+    """, cause_class="code")
 
 
 REL_TOL = 1e-6

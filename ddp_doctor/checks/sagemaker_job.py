@@ -50,7 +50,7 @@ AWS_UNREACHABLE = declare(
     Fix: Configure credentials the way boto3 finds them (`aws configure`, AWS_PROFILE, environment
     variables or an instance role), set a region (--region or AWS_DEFAULT_REGION), and check
     AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_<SERVICE> if you use a custom endpoint.
-    """)
+    """, cause_class="network")
 
 # Framework versions each distribution supports: a snapshot of the SageMaker Python SDK's lists
 # (src/sagemaker/fw_utils.py: SM_DATAPARALLEL_SUPPORTED_FRAMEWORK_VERSIONS["pytorch"],

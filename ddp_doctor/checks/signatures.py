@@ -28,8 +28,10 @@ SIGNATURES: list[Signature] = []
 
 
 def signature(id: str, title: str, patterns: list[str], doc: str, *, consequence: bool = False,
-              severity: str = "error", collective: bool = False) -> Signature:
-    sig = Signature(declare(id, category="training_failure", severity=severity, title=title, doc=doc),
+              severity: str = "error", collective: bool = False, cause_class: str = "",
+              action: str = "") -> Signature:
+    sig = Signature(declare(id, category="training_failure", severity=severity, title=title, doc=doc,
+                            cause_class=cause_class, action=action),
                     tuple(re.compile(p, re.I | re.S) for p in patterns), consequence, collective)
     SIGNATURES.append(sig)
     return sig
@@ -50,14 +52,14 @@ signature("DDP820", "MASTER_ADDR / MASTER_PORT / RANK expected but not set", [
     does not set torch's variables (mpirun without -x MASTER_ADDR).
     Fix: Start it with `ddp-doctor run --nproc-per-node N train.py` or torchrun; under mpirun pass
     `-x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=29500` and set RANK/WORLD_SIZE from OMPI_COMM_WORLD_*.
-    """)
+    """, cause_class="configuration")
 
 signature("DDP821", "Address already in use", [r"EADDRINUSE", r"address already in use"], doc="""
     What: The store or a backend could not listen on its port because another process holds it.
     Why: A previous job or a hung test still holds MASTER_PORT, or two jobs share one port.
     Fix: Stop the process holding the port (`ss -ltnp 'sport = :PORT'`) or pick another
     MASTER_PORT (torchrun --master-port, or --standalone on a single node).
-    """)
+    """, cause_class="network")
 
 signature("DDP822", "Default process group initialised twice", [
     r"trying to initialize the default process group twice"], doc="""
@@ -128,7 +130,7 @@ signature("DDP841", "NCCL heartbeat monitor: the watchdog itself was stuck", [
     TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get each rank's last
     collectives, or `ddp-doctor run --hang-timeout S` for every rank's stack. If the watchdog was
     only slow (very long collectives on a loaded host), raise TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC.
-    """)
+    """, cause_class="unknown")
 
 signature("DDP842", "Ranks called different collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)", [
     r"Detected mismatch between collectives on ranks"], doc="""
@@ -159,7 +161,7 @@ signature("DDP824", "NCCL watchdog timeout", [
     TORCH_DISTRIBUTED_DEBUG=DETAIL, or with `ddp-doctor run --hang-timeout S` for every rank's
     stack; make all ranks call the same collectives in the same order; if a long rank-0-only step
     is expected, raise the timeout (init_process_group(timeout=...), Trainer's ddp_timeout).
-    """)
+    """, cause_class="unknown")
 
 signature("DDP835", "A wait at the rendezvous store timed out", [
     r"waiting for clients\. \d+/\d+ clients joined",
@@ -174,7 +176,7 @@ signature("DDP835", "A wait at the rendezvous store timed out", [
     Fix: Make WORLD_SIZE equal nodes x processes per node and start every node (check each node's
     log for its own error); run `ddp-doctor preflight` on every node to test reachability of the
     master; on SageMaker allow all traffic between members of the job's security group.
-    """)
+    """, cause_class="network", action="investigate")
 
 signature("DDP825", "Collective timed out (gloo)", [
     r"Timed out waiting \d+ ?ms for (recv|send) operation",
@@ -191,7 +193,7 @@ signature("DDP825", "Collective timed out (gloo)", [
     --hang-timeout S`, which records every rank's stack); use dist.monitored_barrier() to name the
     ranks that do not arrive; make every rank call the same collectives in the same order; raise
     init_process_group(timeout=...) only for steps that are legitimately long on one rank.
-    """)
+    """, cause_class="unknown")
 
 signature("DDP826", "Connection to a peer rank lost", [
     r"Connection (closed|reset) by peer",
@@ -202,7 +204,7 @@ signature("DDP826", "Connection to a peer rank lost", [
     SIGKILL, a node lost) or exited early. This rank's error is a consequence, not the cause.
     Fix: Read the error of the rank that ended first (the report's root cause); if that rank left
     no Python error, check its host for the OOM killer (`dmesg | grep -i killed`) or a crash.
-    """)
+    """, cause_class="network", action="investigate")
 
 signature("DDP827", "DataLoader worker out of shared memory (/dev/shm)", [
     r"DataLoader worker \(pid.{0,40}\) is killed by signal: Bus error",
@@ -219,7 +221,7 @@ signature("DDP827", "DataLoader worker out of shared memory (/dev/shm)", [
     Fix: Give the container more shared memory (`docker run --shm-size=8g` or `--ipc=host`; in
     Kubernetes an emptyDir with medium: Memory mounted at /dev/shm); or lower num_workers /
     prefetch_factor / batch size; `ddp-doctor preflight` warns when /dev/shm is small (DDP600).
-    """)
+    """, cause_class="configuration")
 
 signature("DDP828", "CUDA out of memory", [
     r"CUDA out of memory",
@@ -231,7 +233,7 @@ signature("DDP828", "CUDA out of memory", [
     Fix: Check that each rank uses cuda:LOCAL_RANK (`ddp-doctor preflight` DDP504/DDP701); lower
     the per-device batch size (use gradient accumulation), enable mixed precision or gradient
     checkpointing; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.
-    """)
+    """, cause_class="configuration")
 
 signature("DDP829", "SM_HOSTS / a SageMaker host name parsed as an int", [
     r"invalid literal for int\(\) with base 10: '\[",
@@ -264,7 +266,7 @@ signature("DDP831", "smdistributed not installed", [
     Fix: Run on a SageMaker PyTorch GPU container with distribution={"smdistributed":
     {"dataparallel": {"enabled": True}}}; elsewhere use backend="nccl" (GPU) or "gloo" (CPU) with
     torchrun, guarded by a try/except around the smdistributed import.
-    """)
+    """, cause_class="configuration")
 
 signature("DDP832", "Trainer received an empty batch (model wrapped in DDP by hand)", [
     r"The batch received was empty"], doc="""
@@ -301,7 +303,7 @@ signature("DDP834", "Rank variable missing from the environment", [
     LOCAL_RANK, WORLD_SIZE), or on SageMaker with distribution={"torch_distributed": {"enabled":
     True}}; read them with defaults (`int(os.environ.get("LOCAL_RANK", 0))`) when one process is
     a valid run.
-    """)
+    """, cause_class="configuration")
 
 signature("DDP836", "Model differs between ranks", [
     r"DDP expects same model across all ranks",
@@ -326,7 +328,7 @@ signature("DDP837", "CUDA invalid device ordinal", [
     of LOCAL_RANK on a second node.
     Fix: Use torch.cuda.set_device(int(os.environ["LOCAL_RANK"])); launch at most as many
     processes per node as GPUs (`ddp-doctor preflight` DDP109); check CUDA_VISIBLE_DEVICES.
-    """)
+    """, cause_class="configuration")
 
 signature("DDP843", "Several ranks on the same GPU (NCCL \"Duplicate GPU detected\")", [
     r"Duplicate GPU detected"], doc="""
@@ -339,7 +341,7 @@ signature("DDP843", "Several ranks on the same GPU (NCCL \"Duplicate GPU detecte
     `torch.cuda.set_device(local_rank)`, and `DistributedDataParallel(model.to(local_rank),
     device_ids=[local_rank])`; do not give each process the same CUDA_VISIBLE_DEVICES
     (`ddp-doctor preflight` compares devices across ranks, DDP504/DDP701).
-    """)
+    """, cause_class="configuration")
 
 signature("DDP844", "CUDA illegal memory access", [
     r"an illegal memory access was encountered"], doc="""
@@ -353,7 +355,7 @@ signature("DDP844", "CUDA illegal memory access", [
     Fix: Rerun with CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA builds for device-side
     asserts) to get the faulting line; check index ranges against the sizes (on CPU, one rank,
     the same batch gives a clear IndexError); make each rank use cuda:LOCAL_RANK.
-    """)
+    """, cause_class="unknown")
 
 signature("DDP845", "CUDA initialised before fork", [
     r"Cannot re-initialize CUDA in forked subprocess"], doc="""
@@ -383,7 +385,7 @@ signature("DDP838", "NCCL error (network / system)", [
     Fix: Rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,NET) to see the failing call; set
     NCCL_SOCKET_IFNAME to the interface that reaches the other nodes (eth0 on SageMaker); allow all
     traffic within the security group; `ddp-doctor preflight` checks interfaces and EFA settings.
-    """)
+    """, cause_class="network")
 
 signature("DDP839", "CUDA not available", [
     r"Torch not compiled with CUDA enabled",
@@ -398,7 +400,7 @@ signature("DDP839", "CUDA not available", [
     GPUs (docker without --gpus), or CUDA_VISIBLE_DEVICES set to nothing.
     Fix: Run on a GPU instance with a CUDA build of torch; or make the script device-agnostic
     (`device = "cuda" if torch.cuda.is_available() else "cpu"`, backend "gloo" on CPU).
-    """)
+    """, cause_class="configuration")
 
 signature("DDP840", "NCCL backend not available", [
     r"Distributed package doesn't have NCCL built in",
@@ -409,4 +411,4 @@ signature("DDP840", "NCCL backend not available", [
     gloo only.
     Fix: Use backend="gloo" on CPU (or `"nccl" if torch.cuda.is_available() else "gloo"`); on GPU
     hosts install a CUDA build of torch.
-    """)
+    """, cause_class="configuration")

@@ -21,7 +21,7 @@ RANK_HUNG = declare(
     30-minute default timeout.
     Fix: Look at the odd rank's stack: make every rank call the same collectives in the same order
     (no rank-dependent early exit or extra all_reduce), and bound data loading.
-    """)
+    """, cause_class="unknown")
 
 
 INTERRUPTED = declare(
@@ -37,7 +37,7 @@ INTERRUPTED = declare(
     Fix: If the stop was expected (a planned stop, a spot reclaim), resume from the last
     checkpoint. If the job was stopped because it looked stuck, read where each rank was and the
     ledger findings next to this one: they name the collective the ranks disagreed on.
-    """)
+    """, cause_class="unknown")
 
 
 SLOW_RANK = declare(
@@ -53,7 +53,7 @@ SLOW_RANK = declare(
     Fix: Make the slow work shorter or share it: save checkpoints asynchronously or from every rank
     (torch.distributed.checkpoint), evaluate on every rank over a shard, or raise the process
     group's timeout for that step if the wait is expected.
-    """)
+    """, cause_class="unknown")
 
 
 def _whereabouts(heartbeats: dict[int, dict[str, Any]]) -> tuple[dict[int, Any], set[int]]:

@@ -28,7 +28,7 @@ LAUNCHER_ENDED = declare(
     the kernel's out-of-memory killer (`dmesg | grep -i 'killed process'`). To stop a job and keep
     its report, send SIGTERM or SIGINT to `ddp-doctor run` (or to the launcher): the report then
     says "interrupted", with where each rank was.
-    """)
+    """, cause_class="unknown")
 
 LATE_STOP = declare(
     "DDP811", category="teardown", severity="info", title="A stop signal arrived after the run ended",
@@ -40,7 +40,7 @@ LATE_STOP = declare(
     half-written one or none: the parent holds stop signals until the report is written.
     Fix: Nothing to fix in the job. If the stop was meant for a job still running (a timeout set
     too short, a repeated Ctrl-C), read the verdict above before restarting it.
-    """)
+    """, cause_class="unknown")
 
 
 def _name(signo: int) -> str:

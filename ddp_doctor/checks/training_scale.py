@@ -29,7 +29,7 @@ DATA_STRAGGLER = declare(
     pipeline on a busy host waits for the scheduler as much as for its data. Still a warning,
     saying the host was busy, when the rank stands far above that noise: longer at 90% of the
     batches, 4x the others' median or more, by 3x their spread or more.
-    """)
+    """, cause_class="host", action="investigate")
 
 BATCH_SCALING = declare(
     "DDP873", category="consistency", severity="info", title="Effective batch size and learning rate",

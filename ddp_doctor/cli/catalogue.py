@@ -22,12 +22,13 @@ def add_list_parser(p: argparse.ArgumentParser) -> None:
 
 def catalogue_markdown() -> str:
     """The README's check table, generated from the same docstrings `explain` prints."""
-    rows = ["| ID | category | severity | title | what it checks |", "|---|---|---|---|---|"]
+    rows = ["| ID | category | severity | cause / action | title | what it checks |", "|---|---|---|---|---|---|"]
     for c in sorted(checks.load_catalogue().values(), key=lambda c: c.id):
         what = c.sections.get("What", "").replace("|", "\\|")
-        rows.append(f"| {docs_anchor_tag(c.id)}{c.id} | {c.category} | {c.severity_label} | {c.title} | {what} |")
+        rows.append(f"| {docs_anchor_tag(c.id)}{c.id} | {c.category} | {c.severity_label} | "
+                    f"{c.cause_class} / {c.action} | {c.title} | {what} |")
     for rid, why in sorted(registry.RETIRED.items()):
-        rows.append(f"| {rid} | retired | | | {why} |")
+        rows.append(f"| {rid} | retired | | | | {why} |")
     return "\n".join(rows)
 
 
@@ -82,7 +83,8 @@ def explain_command(args: argparse.Namespace) -> int:
                          + " (see `ddp-doctor list-checks`)")
     c = cat[cid]
     s = c.sections
-    print(f"{c.id}: {c.title}\ncategory: {c.category}   severity: {c.severity_label}   runs: {c.stage}\n")
+    print(f"{c.id}: {c.title}\ncategory: {c.category}   severity: {c.severity_label}   runs: {c.stage}   "
+          f"cause: {c.cause_class}   action: {c.action}\n")
     for name in (*MAIN_SECTIONS, *(k for k in s if k not in MAIN_SECTIONS)):
         print(f"{name}: {s.get(name, '')}\n")
     print(f"Docs: docs/checks.md#{c.id.lower()} in ddp-doctor's source (`ddp-doctor list-checks --markdown` "

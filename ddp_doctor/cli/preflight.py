@@ -9,7 +9,7 @@ from typing import Mapping
 
 from ddp_doctor.cli.launch import add_history_options, add_nproc_option, exit_now, rank_argv
 from ddp_doctor.cli.options import UsageError, non_negative_int, threshold, timeout_seconds
-from ddp_doctor.exit_codes import FAIL_ON_ENV, FAIL_ON_LEVELS, FailOn, fail_on_setting
+from ddp_doctor.exit_codes import EXIT_BY_ACTION_HELP, FAIL_ON_ENV, FAIL_ON_LEVELS, FailOn, fail_on_setting
 
 HELP = "check the launcher environment, the network and the process group"
 FAIL_ON_HELP = (f"exit 3 when the report holds a finding of this severity or worse: errors already do, "
@@ -28,6 +28,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     add_history_options(p, "this preflight's figures")
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None, help=FAIL_ON_HELP)
+    p.add_argument("--exit-by-action", action="store_true", help=EXIT_BY_ACTION_HELP)
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="also write the ranks' timelines (rendezvous, each check, the communication sweep, "
                         "teardown) as a Chrome trace there; open it in ui.perfetto.dev or chrome://tracing")
@@ -103,6 +104,9 @@ def command(args: argparse.Namespace) -> int:
                          f"(see `ddp-doctor list-checks`)")
     check_options(args)  # a bad --threshold is a usage error before any rank starts
     fail_on = fail_on_option(args)
+    if getattr(args, "exit_by_action", False):  # in the environment: the ranks read it there
+        from ddp_doctor.exit_codes import EXIT_BY_ACTION_ENV
+        os.environ[EXIT_BY_ACTION_ENV] = "1"
     from ddp_doctor.history.database import choose
     choose(args.history, args.no_history)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)

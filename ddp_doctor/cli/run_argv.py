@@ -16,7 +16,7 @@ from ddp_doctor.cli.options import UsageError
 from ddp_doctor.training.run.target import Target
 
 DOCTOR_OPTIONS = {"--report": 1, "--timeout": 1, "--hang-timeout": 1, "--select": 1, "--skip": 1,
-                  "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1, "--progress": 0,
+                  "--backend": 1, "--run-dir": 1, "--trace": 1, "--fail-on": 1, "--exit-by-action": 0, "--progress": 0,
                   "--no-progress": 0, "--quiet": 0, "--history": 1, "--no-history": 0, "--verbose": 0}
 DOCTOR_SHORT = {"-v": "--verbose", "-q": "--quiet"}  # written out in full for the ranks' command line
 # torchrun's own options come from torch's launcher parser (torchrun_options.py); these of its
@@ -268,6 +268,8 @@ def doctor_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default=None,
                    help="after a training that exited 0: exit 3 when the report holds a finding of this "
                         "severity or worse (default: $DDP_DOCTOR_FAIL_ON)")
+    from ddp_doctor.exit_codes import EXIT_BY_ACTION_HELP
+    p.add_argument("--exit-by-action", action="store_true", help=EXIT_BY_ACTION_HELP)
     return p
 
 
@@ -438,7 +440,9 @@ def run_options(doctor: list[str], target: Target) -> Any:
         raise RunUsageError(f"--select/--skip: {', '.join(bad)} match no check")
     from ddp_doctor.history.database import choose
     choose(ns.history, ns.no_history)
-    from ddp_doctor.exit_codes import fail_on_setting
+    from ddp_doctor.exit_codes import EXIT_BY_ACTION_ENV, fail_on_setting
+    if ns.exit_by_action:  # in the environment: the ranks and the launcher's children read it there
+        os.environ[EXIT_BY_ACTION_ENV] = "1"
     try:
         fail_on = fail_on_setting(ns.fail_on, os.environ)  # --fail-on, else DDP_DOCTOR_FAIL_ON
     except ValueError as e:

@@ -259,8 +259,16 @@ def build_report(*, world: dict[str, Any], ranks: list[dict[str, Any]], findings
         "ranks": sorted(ranks, key=lambda r: (r.get("rank") is None, r.get("rank") or 0)),
         "findings": [f.to_dict() for f in merged],
         "measurements": measurements or {},
-        "root_cause": cause.to_dict() if cause else None,
+        "root_cause": _with_hosts(cause.to_dict(), ranks) if cause else None,
     }
+
+
+def _with_hosts(cause: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The root cause, with the hosts of its ranks when the action is to run again without them."""
+    if cause.get("action") != "exclude_host":
+        return cause
+    hosts = sorted({str(r["host"]) for r in ranks if r.get("rank") in cause.get("ranks", []) and r.get("host")})
+    return {**cause, "hosts": hosts}
 
 
 def exit_code(report: dict[str, Any]) -> int:

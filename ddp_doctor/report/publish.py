@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ddp_doctor.exit_codes import FailOn, fail_on_exit
+from ddp_doctor.exit_codes import FailOn, action_exit, exit_by_action, fail_on_exit
 from ddp_doctor.report import sinks
 from ddp_doctor.report.redact import redact_obj, redact_text
 from ddp_doctor.report.render import coloured, render_text, verdict_line
@@ -176,8 +176,12 @@ def write_evidence_beside(evidence: dict[str, Any], report_path: str) -> None:
 
 def apply_fail_on(code: int, rep: dict[str, Any], fail_on: FailOn | None) -> int:
     """The exit status under --fail-on / DDP_DOCTOR_FAIL_ON (None: not asked), by the one rule
-    (exit_codes.fail_on_exit); when it changed, one stderr line names the findings."""
+    (exit_codes.fail_on_exit), then under --exit-by-action / DDP_DOCTOR_EXIT_BY_ACTION
+    (exit_codes.action_exit); when it changed, one stderr line says why."""
     new, line = fail_on_exit(code, rep, fail_on)
+    if line:
+        _say(sys.stderr, line + "\n")
+    new, line = action_exit(new, rep, exit_by_action(os.environ))
     if line:
         _say(sys.stderr, line + "\n")
     return new

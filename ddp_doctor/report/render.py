@@ -105,6 +105,9 @@ def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, comma
         if site:
             lines.append(f"  at {site}")
         lines.append(f"  Fix: {cause['hint']}")
+        nxt = next_step(cause)
+        if nxt:
+            lines.append(f"  Next: {nxt}")
         shown = {id(f) for f in findings if _same(f, cause)}
         then = [f for f in findings if f.get("caused_by") == cause["id"] and id(f) not in shown]
         if then:
@@ -179,6 +182,26 @@ _STATUS = re.compile(r"^(ddp-doctor [^:\n]+: )(PASS|WARN|FAIL|INTERRUPTED|RUNNIN
 def coloured(text: str) -> str:
     """`text` with its headline's status in colour (green pass, yellow warn, red fail), for a terminal."""
     return _STATUS.sub(lambda m: f"{m.group(1)}\033[1;{_COLOURS[m.group(2)]}m{m.group(2)}\033[0m", text, count=1)
+
+
+NEXT_STEPS = {
+    "fix_code": "fix the code (cause: code); running the job again fails the same way",
+    "fix_configuration": "fix the configuration (cause: configuration); running the job again fails the same way",
+    "retry": "run the job again (cause: a transient network fault)",
+    "exclude_host": "run the job again without {hosts} (cause: the host)",
+    "investigate": "look into it before running again (cause: {cause}; the evidence does not say whether a "
+                   "retry would pass)",
+}
+
+
+def next_step(cause: dict[str, Any]) -> str:
+    """What to do with the job, from the root cause's action (its cause_class, the hosts to leave out)."""
+    text = NEXT_STEPS.get(str(cause.get("action") or ""))
+    if not text:
+        return ""
+    ranks = cause.get("ranks") or []
+    hosts = ", ".join(cause.get("hosts") or []) or (f"the host of rank {brief_ranks(ranks)}" if ranks else "that host")
+    return text.format(hosts=hosts, cause=cause.get("cause_class") or "unknown")
 
 
 def headline(report: dict[str, Any], command: str | None = None) -> str:

@@ -76,7 +76,11 @@ def _diagnosis(report: dict[str, Any], limit: int) -> str:
         head = f"ddp-doctor: {status}: no errors, {len(warnings)} warning(s)."
         others, label = warnings, "Warnings:"
     else:
-        head = (f"ddp-doctor: {status}: [{_one_line(cause.get('id'))}] {_one_line(cause.get('title'))}"
+        # the action first, so a cut paragraph (a platform's failure reason) still says what to do
+        action = _one_line(cause.get("action")) if cause.get("action") else ""
+        hosts = " " + ", ".join(map(_one_line, cause.get("hosts") or [])) if action == "exclude_host" else ""
+        act = f" (action: {action}{hosts.rstrip()})" if action else ""
+        head = (f"ddp-doctor: {status}{act}: [{_one_line(cause.get('id'))}] {_one_line(cause.get('title'))}"
                 f"{_ranks_text(cause.get('ranks'))}: {_one_line(cause.get('message'))}")
         hint = _one_line(cause.get("hint"))
         if hint:
@@ -99,8 +103,8 @@ def _diagnosis(report: dict[str, Any], limit: int) -> str:
 
 
 def diagnosis_text(report: dict[str, Any], limit: int = FAILURE_LIMIT) -> str:
-    """One paragraph, root cause first: "ddp-doctor: fail: [ID] title on rank(s) R: message
-    Fix: hint", then the other errors' IDs and titles while they fit within `limit` characters."""
+    """One paragraph, root cause first: "ddp-doctor: fail (action: A): [ID] title on rank(s) R:
+    message Fix: hint", then the other errors' IDs and titles while they fit within `limit` characters."""
     try:
         return _diagnosis(redact_obj(report), limit)
     except Exception as e:  # noqa: BLE001 - a malformed report must still give a failure message

@@ -8,7 +8,8 @@ the session's base temporary directory (every test's `tmp_path` and `tmp_path_fa
 under pytest-xdist the controller walks every worker's) is walked once, and each file that
 - ends in `.json`, is a regular file of at most SIZE_LIMIT bytes and holds `"ddp-doctor.report"`,
 - parses as a JSON object whose `schema` is "ddp-doctor.report",
-is validated by the package's own validator; one that breaks the schema fails the session (exit
+is validated by the package's own validator, and its root cause must carry its cause_class and
+action (a user's exception: code / fix_code); one that breaks either fails the session (exit
 status 1, a section of pytest's summary with the path and what is wrong). Each evidence file there
 (X.evidence.json, beside a training report) is judged again as `ddp-doctor analyze` judges it: a
 verdict other than the one it recorded fails the session too, so every scenario a test launches
@@ -61,10 +62,29 @@ def report_violations(root: str | os.PathLike[str]) -> list[tuple[str, list[str]
                         errors = validate_report(report)
                     except RecursionError:
                         errors = ["$: nested too deeply to validate"]
+                    errors += root_cause_kind_breaks(report)
                     if errors:
                         found.append((os.path.join(dirpath, name), errors[:ERRORS_SHOWN]))
     return [(path, errors) for path, errors in found
             if not any(path.startswith(d.rstrip(os.sep) + os.sep) for d in excluded)]
+
+
+USER_EXCEPTION = "DDP800"  # a rank raised in the user's code: its kind is always code / fix_code
+
+
+def root_cause_kind_breaks(report: dict[str, Any]) -> list[str]:
+    """How a report's root cause lacks what an orchestrator acts on: its cause_class and action
+    (every root cause this version writes has them), and a user's exception classed as code."""
+    cause = report.get("root_cause")
+    findings = report.get("findings")
+    if not isinstance(cause, dict) or not any(isinstance(f, dict) and "cause_class" in f for f in findings or []):
+        return []  # a report a test wrote by hand, in the form before the kinds
+    kind = (cause.get("cause_class"), cause.get("action"))
+    if None in kind:
+        return [f"$.root_cause: {cause.get('id')} without cause_class and action"]
+    if cause.get("id") == USER_EXCEPTION and kind != ("code", "fix_code"):
+        return [f"$.root_cause: {USER_EXCEPTION} classed {kind}, not ('code', 'fix_code')"]
+    return []
 
 
 def evidence_mismatches(root: str | os.PathLike[str]) -> list[tuple[str, list[str]]]:

@@ -16,7 +16,7 @@ from ddp_doctor.report.render import render_text, verdict_line
 TOP_KEYS = {"schema", "schema_version", "tool_version", "status", "phase", "world", "ranks", "findings",
             "measurements", "root_cause"}
 FINDING_KEYS = {"id", "category", "severity", "title", "message", "hint", "ranks", "evidence", "phase", "time",
-                "caused_by"}
+                "caused_by", "cause_class", "action"}
 WORLD = {"launcher": "torchrun", "backend": "gloo", "world_size": 8, "nnodes": 2, "nproc_per_node": 4,
          "master_addr": "10.0.0.1", "master_port": 29500}
 
@@ -314,7 +314,7 @@ def test_render_text_unknown_world_size() -> None:
 def test_render_text_groups_consequences_under_the_cause_with_the_users_line_and_hides_info_on_failure() -> None:
     from ddp_doctor.findings import ROOT_CAUSE
     cause = fnd("DDP800", message="rank 1 raised ValueError: bad", hint="fix it", ranks=[1], time=1.0,
-                evidence={"raised_at": "train.py:7 in <module>"})
+                evidence={"raised_at": "train.py:7 in <module>"}, category="training_failure")
     peer = fnd("DDP802", message="rank 0 failed after rank 1 failed", ranks=[0], time=2.0, caused_by=ROOT_CAUSE)
     other = fnd("DDP310", message="another error", ranks=[3], time=3.0)
     info = fnd("DDP500", severity="info", message="no GPU", ranks=[0])
@@ -323,10 +323,14 @@ def test_render_text_groups_consequences_under_the_cause_with_the_users_line_and
                                  findings=[cause, peer, other, info], measurements=m)
     lines = render_text(rep, report_path="r.json").splitlines()
     assert lines[0].endswith("launcher ddp-doctor (4 local rank(s) per node), backend gloo"), lines[0]
-    assert lines[1:6] == ["Root cause: DDP800 title DDP800 [rank 1]", "  rank 1 raised ValueError: bad",
-                          "  at train.py:7 in <module>", "  Fix: fix it", "  Then, as a consequence:"]
-    assert lines[6] == "    DDP802 [rank 0]: rank 0 failed after rank 1 failed"
-    assert lines[7:9] == ["Other errors:", "  DDP310 title DDP310 [rank 3]"]
+    assert lines[1:5] == ["Root cause: DDP800 title DDP800 [rank 1]", "  rank 1 raised ValueError: bad",
+                          "  at train.py:7 in <module>", "  Fix: fix it"]
+    # what to do with the job, from the root cause's class (a training failure's: the code)
+    assert lines[5] == "  Next: fix the code (cause: code); running the job again fails the same way"
+    assert rep["root_cause"]["cause_class"] == "code" and rep["root_cause"]["action"] == "fix_code"
+    assert lines[6] == "  Then, as a consequence:"
+    assert lines[7] == "    DDP802 [rank 0]: rank 0 failed after rank 1 failed"
+    assert lines[8:10] == ["Other errors:", "  DDP310 title DDP310 [rank 3]"]
     text = "\n".join(lines)
     assert "no GPU" not in text and "Info: 1 (shown with --verbose" in text and "all_reduce" not in text
     assert sum(line.count("rank 0 failed after") for line in lines) == 1  # each finding once

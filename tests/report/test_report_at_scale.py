@@ -228,6 +228,7 @@ Root cause: DDP003 A rank ended without a report [ranks 5, 7]
   ranks 5, 7 checked in but sent no final findings within 60 s
   Fix: Read that rank's stderr above; a signal such as SIGKILL usually means the host ran out of memory or the job \
 was cancelled.
+  Next: look into it before running again (cause: unknown; the evidence does not say whether a retry would pass)
 Other errors:
   DDP700 Library versions differ between ranks [ranks 4-7]
       torch differs between ranks: 2.13.0+cu128 on ranks 0-3 (ip-10-1-0-4), 2.12.1+cu126 on ranks 4-7 (ip-10-1-0-5)

@@ -130,7 +130,11 @@ def test_the_schema_follows_the_code() -> None:
     assert finding["severity"]["enum"] == list(findings_mod.SEVERITIES)
     assert finding["phase"]["enum"] == props["phase"]["enum"] == list(findings_mod.PHASES)
     assert DEFS["check_id"]["pattern"].replace("[0-9]", r"\d") == registry.ID_PATTERN.pattern
-    assert set(DEFS["finding"]["required"]) == set(finding) == set(_finding().to_dict())
+    # every finding written carries its cause_class and action; reports written before them stay valid
+    assert set(DEFS["finding"]["required"]) == set(_finding().to_dict()) - {"cause_class", "action"}
+    assert set(finding) == set(_finding().to_dict()) | {"hosts"}  # hosts: the root cause's, to leave out
+    assert finding["cause_class"]["enum"] == list(findings_mod.CAUSE_CLASSES)
+    assert finding["action"]["enum"] == list(findings_mod.ACTIONS)
     assert set(SCHEMA["required"]) == set(REPORTS["pass"])
     assert set(DEFS["rank"]["required"]) == set(build.rank_entry({}))
     for cid in ("DDP001", "DDP320", "DDP999"):
@@ -245,7 +249,7 @@ def test_the_doc_example_has_exactly_the_schema_s_keys() -> None:
     props = SCHEMA["properties"]
     assert set(ex) <= set(props), set(ex) - set(props)
     assert set(SCHEMA["required"]) <= set(ex)
-    assert set(ex["findings"][0]) == set(DEFS["finding"]["properties"])
+    assert set(ex["findings"][0]) == set(DEFS["finding"]["properties"]) - {"hosts"}
     assert set(ex["ranks"][0]) == set(DEFS["rank"]["properties"])
     assert set(ex["world"]) <= set(DEFS["world"]["properties"]), set(ex["world"]) - set(DEFS["world"]["properties"])
     entry = ex["measurements"]["all_reduce"][0]
