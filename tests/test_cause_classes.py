@@ -129,3 +129,10 @@ def test_run_exits_with_the_actions_code_for_a_users_exception(tmp_path):
     assert (cause["id"], cause["ranks"], cause["cause_class"], cause["action"]) == ("DDP800", [1], "code", "fix_code")
     assert "Next: fix the code" in res.stderr
     assert f"exit {EXIT_FIX_CODE} (fix_code) instead of 1, as --exit-by-action" in res.stderr
+
+
+def test_the_one_paragraph_diagnosis_says_the_action_first():
+    from ddp_doctor.report.sinks import diagnosis_text
+    rep = _report(_finding(("host", "exclude_host")))
+    assert diagnosis_text(rep).startswith("ddp-doctor: fail (action: exclude_host algo-2): [DDP506] t on rank 1")
+    assert diagnosis_text(_report(_finding(("code", "fix_code"))), 40).startswith("ddp-doctor: fail (action: fix_code)")
