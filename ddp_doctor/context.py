@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping
 
-from ddp_doctor.facts import gpus, launchers, nvml
+from ddp_doctor.facts import gpus, kubernetes, launchers, nvml
 from ddp_doctor.facts import sagemaker_env as sagemaker
 from ddp_doctor.facts.host import HostFacts
+from ddp_doctor.facts.kubernetes import Pod
 from ddp_doctor.facts.launchers import LauncherInfo
 from ddp_doctor.facts.sagemaker_env import SageMakerEnv
 
@@ -45,6 +46,13 @@ class RankContext:
                                       self.env.get("CUDA_VISIBLE_DEVICES"))
             held = self._read_once["gpu_snapshot"] = (nvml.provider, snap)
         return held[1]
+
+    @property
+    def kubernetes(self) -> Pod | None:
+        """The pod's view (facts/kubernetes.py): None outside Kubernetes."""
+        if "kubernetes" not in self._read_once:
+            self._read_once["kubernetes"] = kubernetes.read(self.env)
+        return self._read_once["kubernetes"]  # type: ignore[no-any-return]
 
     # Shorthands for the fields checks read most.
     @property

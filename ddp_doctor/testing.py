@@ -91,6 +91,30 @@ def simulated_sagemaker(hosts: Sequence[str] = ("algo-1",), current_host: str | 
                     os.environ[k] = v
 
 
+def kubeflow_pod_env(operator: str = "pytorchjob", *, job: str = "train", index: int = 0, pods: int = 2,
+                     nproc_per_node: str = "2", port: int | None = None) -> dict[str, str]:
+    """The variables a Kubeflow operator gives pod `index` of a job of `pods` pods, for tests (set
+    them in a process's environment, or give them to a check's context): "pytorchjob" (the
+    training operator's PyTorchJob, kubeflow.org/v1, with a master: pod 0 is `<job>-master-0`, pod
+    i `<job>-worker-<i-1>`; RANK is the pod's, WORLD_SIZE pods x nproc_per_node when that is a
+    number) or "trainjob" (Kubeflow Trainer's TrainJob: `<job>-node-0-<i>`, JOB_COMPLETION_INDEX,
+    no RANK or WORLD_SIZE). KUBERNETES_SERVICE_HOST and HOSTNAME as every pod has them."""
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+           "PET_NNODES": str(pods), "PET_NPROC_PER_NODE": nproc_per_node, "PET_NODE_RANK": str(index)}
+    if operator == "pytorchjob":
+        master, port = f"{job}-master-0", port or 23456
+        per_pod = int(nproc_per_node) if nproc_per_node.isdigit() else 1
+        env.update(HOSTNAME=master if index == 0 else f"{job}-worker-{index - 1}", PYTHONUNBUFFERED="1",
+                   MASTER_ADDR=master, MASTER_PORT=str(port), PET_MASTER_ADDR=master, PET_MASTER_PORT=str(port),
+                   RANK=str(index), WORLD_SIZE=str(pods * per_pod))
+    elif operator == "trainjob":
+        env.update(HOSTNAME=f"{job}-node-0-{index}", JOB_COMPLETION_INDEX=str(index),
+                   PET_MASTER_ADDR=f"{job}-node-0-0.{job}", PET_MASTER_PORT=str(port or 29500))
+    else:
+        raise ValueError(f"kubeflow_pod_env: operator={operator!r}; pytorchjob or trainjob")
+    return env
+
+
 class Findings(list):  # type: ignore[type-arg]
     """A list of :class:`ddp_doctor.findings.Finding` with shorthands for assertions."""
 

@@ -39,6 +39,7 @@ def load_catalogue() -> dict[str, Check]:
         init_waits,
         internal,
         job,
+        kubernetes,
         launcher_env,
         leftover_rules,
         nccl_versions,

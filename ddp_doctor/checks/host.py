@@ -81,24 +81,34 @@ def shm_size(ctx: RankContext) -> Iterator[Problem]:
 def ram_available(ctx: RankContext) -> Iterator[Problem]:
     """
     What: Available memory is below `ram_min_mib_per_rank` (default 1024 MiB) times the ranks on
-    this node.
+    this node: the machine's, or what is left under the container's memory limit (its cgroup's
+    memory.max: a Kubernetes pod's limits.memory, `docker run --memory`), whichever is less.
     Why: Each rank loads the model, the optimizer state and its DataLoader workers' copies in host
     memory first; when memory runs out the kernel's OOM killer ends a rank with SIGKILL and the
-    others hang in their next collective until the timeout.
+    others hang in their next collective until the timeout. In a container the limit comes first:
+    the machine may have plenty left when the pod is killed (OOMKilled).
     Fix: Use fewer DataLoader workers or ranks per node, free the memory other processes hold, or
-    move to an instance with more memory.
+    move to an instance with more memory; in a container raise its memory limit (Kubernetes:
+    resources.limits.memory).
     """
     if not _leader(ctx):
         return
     import psutil
+
+    from ddp_doctor.facts.host import container_memory
     vm = psutil.virtual_memory()
     n = _ranks_here(ctx)
     need = _opt(ctx, "ram_min_mib_per_rank") * MIB * n
-    if vm.available < need:
-        yield Problem(message=f"{_size(vm.available)} of {_size(vm.total)} RAM available for {n} rank(s); "
+    limited = container_memory(ctx.env)
+    available, total, where = vm.available, vm.total, "RAM"
+    if limited is not None and limited[0] - limited[1] < available:
+        available, total = max(0, limited[0] - limited[1]), limited[0]
+        where = "memory under the container's limit (cgroup memory.max)"
+    if available < need:
+        yield Problem(message=f"{_size(available)} of {_size(total)} {where} available for {n} rank(s); "
                               f"expected at least {_size(need)}",
-                      evidence={"available_bytes": vm.available, "total_bytes": vm.total, "ranks": n,
-                                "min_bytes": need})
+                      evidence={"available_bytes": available, "total_bytes": total, "ranks": n, "min_bytes": need,
+                                "container_limit_bytes": limited[0] if limited else None})
 
 
 def usable_cpus() -> int:

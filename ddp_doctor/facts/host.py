@@ -96,3 +96,29 @@ def read_host_facts() -> HostFacts:
     return HostFacts(hostname=socket.gethostname(), interfaces=interfaces(),
                      visible_gpus=torch_gpu_count(), physical_gpus=nvml_gpu_count(),
                      backends=available_backends())
+
+
+CGROUP_ROOT_ENV = "DDP_DOCTOR_CGROUP_ROOT"  # tests give a directory of their own
+UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-aligned number near 2**63
+
+
+def container_memory(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(limit, used) in bytes from this process's memory cgroup (v2: memory.max, memory.current;
+    v1: memory/memory.limit_in_bytes, memory.usage_in_bytes), as a container or a Kubernetes pod
+    limits it; None without a limit (or no cgroup to read). psutil's figures are the machine's."""
+    root = (env if env is not None else os.environ).get(CGROUP_ROOT_ENV) or "/sys/fs/cgroup"
+    for limit_file, used_file in (("memory.max", "memory.current"),
+                                  ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(root, limit_file), encoding="utf-8") as f:
+                raw = f.read().strip()
+            if raw == "max":
+                return None
+            limit = int(raw)
+            with open(os.path.join(root, used_file), encoding="utf-8") as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        return (limit, used) if 0 < limit < UNLIMITED else None
+    return None
+

@@ -107,6 +107,25 @@ def test_ram_available():
     assert run("DDP601", ctx_for(ram_min_mib_per_rank=1)) == []
 
 
+@pytest.mark.parametrize("layout", ["v2", "v1"])
+def test_a_containers_memory_limit_comes_before_the_machines(tmp_path, layout):
+    # a pod limited to 1.5 GiB, 1 GiB of it used, on a machine with plenty: 512 MiB left for 2 ranks
+    files = ({"memory.max": str(3 << 29), "memory.current": str(1 << 30)} if layout == "v2" else
+             {"memory/memory.limit_in_bytes": str(3 << 29), "memory/memory.usage_in_bytes": str(1 << 30)})
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    [f] = run("DDP601", ctx_for(env={"DDP_DOCTOR_CGROUP_ROOT": str(tmp_path)}, ram_min_mib_per_rank=512))
+    assert f.message.startswith("512 MiB of 1.5 GiB memory under the container's limit (cgroup memory.max) "
+                                "available for 2 rank(s)"), f.message
+    assert f.evidence["container_limit_bytes"] == 3 << 29
+    assert run("DDP601", ctx_for(env={"DDP_DOCTOR_CGROUP_ROOT": str(tmp_path)}, ram_min_mib_per_rank=200)) == []
+    # no limit (v2 "max", v1's near-2**63): the machine's figures
+    (tmp_path / ("memory.max" if layout == "v2" else "memory/memory.limit_in_bytes")).write_text(
+        "max\n" if layout == "v2" else "9223372036854771712\n")
+    assert run("DDP601", ctx_for(env={"DDP_DOCTOR_CGROUP_ROOT": str(tmp_path)}, ram_min_mib_per_rank=512)) == []
+
+
 # -- DDP602 CPUs ----------------------------------------------------------------------------------
 
 def test_omp_threads_oversubscribe():

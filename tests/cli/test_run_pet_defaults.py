@@ -17,6 +17,7 @@ from ddp_doctor.cli.run_argv import (
     split_argv,
     with_env_defaults,
 )
+from ddp_doctor.testing import kubeflow_pod_env
 
 
 def given(argv, env):
@@ -93,9 +94,10 @@ def test_a_process_count_torchrun_cannot_take_names_the_variable():
 @pytest.mark.slow
 @pytest.mark.parametrize("pod", [
     {"PET_NPROC_PER_NODE": "2"},
-    # a PyTorchJob's master pod: its RANK and WORLD_SIZE are the pod's, for torchrun to replace
-    {"PET_NPROC_PER_NODE": "2", "PET_NNODES": "1", "PET_NODE_RANK": "0", "RANK": "0", "WORLD_SIZE": "2",
-     "KUBERNETES_SERVICE_HOST": "10.96.0.1", "PYTHONUNBUFFERED": "1"},
+    # a one-pod PyTorchJob: its RANK and WORLD_SIZE are the pod's, for torchrun to replace (the master's
+    # service name resolves in a cluster only: here, loopback)
+    {**kubeflow_pod_env("pytorchjob", pods=1, nproc_per_node="2"), "MASTER_ADDR": "127.0.0.1",
+     "PET_MASTER_ADDR": "127.0.0.1"},
 ], ids=["pet", "pytorchjob"])
 def test_pet_nproc_per_node_starts_that_many_ranks_as_torchrun_does(tmp_path, pod):
     script = tmp_path / "train.py"
