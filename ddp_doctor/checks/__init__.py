@@ -55,6 +55,7 @@ def load_catalogue() -> dict[str, Check]:
         sagemaker_launch,
         sampler,
         signatures,
+        slurm,
         stalls,
         stops,
         teardown,
