@@ -107,7 +107,7 @@ def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, comma
         lines.append(f"  Fix: {cause['hint']}")
         nxt = next_step(cause)
         if nxt:
-            lines.append(f"  Next: {nxt}")
+            lines.append(_cut(f"  Next: {nxt}", fit.width))
         shown = {id(f) for f in findings if _same(f, cause)}
         then = [f for f in findings if f.get("caused_by") == cause["id"] and id(f) not in shown]
         if then:
