@@ -88,8 +88,7 @@ def ram_available(ctx: RankContext) -> Iterator[Problem]:
     others hang in their next collective until the timeout. In a container the limit comes first:
     the machine may have plenty left when the pod is killed (OOMKilled).
     Fix: Use fewer DataLoader workers or ranks per node, free the memory other processes hold, or
-    move to an instance with more memory; in a container raise its memory limit (Kubernetes:
-    resources.limits.memory).
+    use more memory (a larger instance; a container's limit, Kubernetes' resources.limits.memory).
     """
     if not _leader(ctx):
         return

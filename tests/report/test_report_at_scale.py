@@ -260,8 +260,8 @@ other nodes cannot reach this one through it.
 CUDA_VISIBLE_DEVICES.
   DDP601 Little RAM available [ranks 0, 4]
       2.0 GiB of 1007.6 GiB RAM available for 4 rank(s); expected at least 4.0 GiB
-      Fix: Use fewer DataLoader workers or ranks per node, free the memory other processes hold, or move to an \
-instance with more memory; in a container raise its memory limit (Kubernetes: resources.limits.memory).
+      Fix: Use fewer DataLoader workers or ranks per node, free the memory other processes hold, or use more \
+memory (a larger instance; a container's limit, Kubernetes' resources.limits.memory).
   DDP706 Communication settings differ between ranks [ranks 4-7]
       NCCL_TOPO_DUMP_FILE differs between ranks: '/fsx/topo/ip-10-1-0-4.xml' on ranks 0-3 (ip-10-1-0-4), \
 '/fsx/topo/ip-10-1-0-5.xml' on ranks 4-7 (ip-10-1-0-5)
