@@ -265,6 +265,10 @@ def exception_finding(rank: int, exc: dict[str, Any], *, consequence_of: int | N
                         wrapping=[w.to_dict() for w in real.wrappers],
                         raised_at=str(real.raised_at) if real.raised_at else None)
         child = real.spawn_process()
+        worker = real.ray_rank()  # Ray Train's driver error names the worker's world rank: that rank raised it
+        if worker is not None:
+            rank, same_on = worker, None
+            evidence["ray_worker_rank"] = worker
         around = real.describe_wrapping(skip=("spawn",))  # a spawned process is named as such
         where = (f" at {real.raised_at}" if real.raised_at else "") + (f" ({around})" if around else "")
     else:

@@ -13,7 +13,10 @@ about what went wrong:
   innermost cause is the real error. An error raised while handling another ("During handling of
   the above exception") is not unwrapped: a fallback that failed is an error of its own;
 - torchelastic's ChildFailedError, whose summary quotes the failed child's error file
-  ({"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "..."}}}).
+  ({"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "..."}}});
+- Ray Train's WorkerGroupError (TrainingFailedError), raised by `trainer.fit()` in the driver:
+  "Training failed due to worker errors:\n[Rank 1 Error Snippet]:\nTraceback ...", one snippet per
+  failed worker, named by its world rank (the first is taken).
 
 `real_error` unwraps them, layer by layer, to the innermost error: its type, its message, its own
 traceback and the innermost frame of the user's code (outside torch, site-packages and the
@@ -34,6 +37,8 @@ _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?: (?P<msg>.*)|$)|$)")
 _WORKER = re.compile(r"Caught (?P<type>[\w.]+) (?P<where>in .+?)\.\nOriginal (?P<rest>Traceback \(most recent call "
                      r"last\):\n.*)", re.S)
 _SPAWN = re.compile(r"-- Process (?P<n>\d+) terminated with the following error:\n(?P<rest>.*)", re.S)
+_RAY = re.compile(r"\[Rank (?P<n>\d+) Error Snippet\]:\n(?P<rest>Traceback \(most recent call last\):\n.*?)"
+                  r"(?=\n\[Rank \d+ Error Snippet\]:|\Z)", re.S)
 _CHAIN = re.compile(r"\n[ \t]*(?P<how>The above exception was the direct cause of the following exception:"
                     r"|During handling of the above exception, another exception occurred:)[ \t]*\n")
 _CLASS_NAME = re.compile(r"^_*[A-Z]\w*$")
@@ -56,7 +61,7 @@ class Frame:
 @dataclass(frozen=True)
 class Wrapper:
     """One layer around the real error."""
-    kind: str            # dataloader_worker, worker, spawn, cause, remote, torchelastic
+    kind: str            # dataloader_worker, worker, spawn, ray_worker, cause, remote, torchelastic
     by: str              # the wrapping exception: "Type: its first line"
     where: str           # in words: "in DataLoader worker process 0", "in process 1 of torch.multiprocessing.spawn"
     process: int | None  # the worker, spawn process or torchelastic rank it names
@@ -89,6 +94,10 @@ class RealError:
 
     def spawn_process(self) -> int | None:
         return next((w.process for w in self.wrappers if w.kind == "spawn"), None)
+
+    def ray_rank(self) -> int | None:
+        """The world rank of the Ray Train worker that raised it (None: not a Ray worker's error)."""
+        return next((w.process for w in self.wrappers if w.kind == "ray_worker"), None)
 
     def describe_wrapping(self, skip: tuple[str, ...] = ()) -> str:
         """The layers in words, outermost first ("in DataLoader worker process 0"), but those of
@@ -212,14 +221,18 @@ def _unwrap_once(err: _Error) -> tuple[Wrapper, _Error] | None:
     """The next layer in: the error `err` wraps, and how."""
     # a spawned process's error and a worker's error re-raised: the one quoted first is the outer
     quoted = sorted((m.start(), kind, m) for kind, m in (("spawn", _SPAWN.search(err.message)),
-                                                         ("worker", _WORKER.search(err.message))) if m)
+                                                         ("worker", _WORKER.search(err.message)),
+                                                         ("ray_worker", _RAY.search(err.message))) if m)
     for _, kind, m in quoted:
-        inner = parse_traceback(m["rest"])
+        inner = parse_traceback(m["rest"].strip("\n"))
         if inner is None:
             continue
         if kind == "spawn":
             n = int(m["n"])
             return Wrapper("spawn", _by(err), f"in process {n} of torch.multiprocessing.spawn", n), inner
+        if kind == "ray_worker":
+            n = int(m["n"])
+            return Wrapper("ray_worker", _by(err), f"in Ray Train worker rank {n}", n), inner
         num = re.search(r"\d+", m["where"])
         return Wrapper("dataloader_worker" if "DataLoader worker" in m["where"] else "worker", _by(err),
                        m["where"], int(num.group(0)) if num else None), inner

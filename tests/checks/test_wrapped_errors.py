@@ -151,6 +151,48 @@ def test_spawned_process_error_names_the_process():
     assert real.wrapped_by == "ProcessRaisedException: -- Process 1 terminated with the following error:"
 
 
+# Ray Train 2.x: trainer.fit() in the driver raises WorkerGroupError quoting each failed worker by rank
+RAY_MESSAGE = """Training failed due to worker errors:
+[Rank 1 Error Snippet]:
+Traceback (most recent call last):
+  File "/work/ray_train.py", line 13, in loop
+    raise ValueError(f"boom from rank {rank} at step {step}")
+ValueError: boom from rank 1 at step 2
+
+[Rank 0 Error Snippet]:
+Traceback (most recent call last):
+  File "/work/ray_train.py", line 15, in loop
+    dist.all_reduce(t)
+RuntimeError: Connection closed by peer
+"""
+RAY_TRACEBACK = f"""Traceback (most recent call last):
+  File "/work/ray_train.py", line 23, in <module>
+    res = trainer.fit()
+  File "{SITE}/ray/train/v2/api/data_parallel_trainer.py", line 195, in fit
+    raise result.error
+ray.train.WorkerGroupError: {RAY_MESSAGE}"""
+
+
+def test_a_ray_train_workers_error_names_its_rank_and_line():
+    real = real_error("ray.train.WorkerGroupError", RAY_MESSAGE, RAY_TRACEBACK)
+    assert real is not None and real.summary == "ValueError: boom from rank 1 at step 2"
+    assert real.ray_rank() == 1 and real.spawn_process() is None
+    assert real.raised_at == Frame("/work/ray_train.py", 13, "loop")  # the worker's line, not fit()'s
+    (w,) = real.wrappers
+    assert (w.kind, w.where) == ("ray_worker", "in Ray Train worker rank 1")
+
+
+def test_a_ray_train_workers_error_is_that_ranks_finding():
+    from ddp_doctor.checks import load_catalogue
+    from ddp_doctor.checks.rank_endings import exception_finding
+    load_catalogue()
+    f = exception_finding(0, {"type": "ray.train.WorkerGroupError", "message": RAY_MESSAGE,
+                              "traceback": RAY_TRACEBACK})
+    assert (f.id, f.ranks, f.kind) == ("DDP800", [1], ("code", "fix_code"))
+    assert f.message.startswith("rank 1 raised ValueError: boom from rank 1 at step 2 at /work/ray_train.py:13")
+    assert f.evidence["raised_at"] == "/work/ray_train.py:13 in loop" and f.evidence["ray_worker_rank"] == 1
+
+
 def test_process_pool_error_is_found_in_its_remote_traceback():
     real = real_error("OSError", "disk gone at 3", FUTURES_TRACEBACK)
     assert real is not None and real.summary == "OSError: disk gone at 3"
