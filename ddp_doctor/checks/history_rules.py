@@ -19,6 +19,7 @@ history the run will be recorded in.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.comm.stragglers import median
 from ddp_doctor.findings import Finding
 from ddp_doctor.history.database import RunRecord, default_path, series_of
-from ddp_doctor.history.from_report import BUSY, records_of
+from ddp_doctor.history.from_report import BUSY, HOST_FAULT, records_of
 from ddp_doctor.history.opened import open_history
 from ddp_doctor.registry import declare
 
@@ -310,6 +311,45 @@ def read_past(history: Any, current: list[RunRecord]) -> list[RunRecord]:
     return past
 
 
+HOST_FAULTS_NAMED = 2  # host-class root causes on a host, among its newest PAST records, that make DDP607
+
+HOST_FAILED_BEFORE = declare(
+    "DDP607", category="host", severity="warning", title="This host was the cause of earlier failures",
+    cause_class="host", action="exclude_host",
+    doc="""
+    What: A host of this job was named by the root cause of at least 2 of its own newest 100
+    runs in the history (a root cause whose action is exclude_host: uncorrectable ECC errors, a
+    wrong all_reduce result, a GPU count below the instance type's, a rank that computes markedly
+    slower, ...). The finding names the host, how many of its runs, which IDs and when.
+    Why: A host that keeps failing for host reasons is a bad machine, not bad luck: a retry that
+    lands on it fails again, at the cost of the whole job.
+    Fix: Run without that host (`scontrol update nodename=HOST state=drain`, a Kubernetes node
+    taint or cordon, a SageMaker HyperPod node replacement) and have it checked; `ddp-doctor
+    history --hosts` ranks the hosts by such failures.
+    """)
+
+
+def host_fault_findings(current: list[RunRecord], past: list[RunRecord]) -> list[Finding]:
+    """DDP607 for each host of `current` whose records in `past` hold at least HOST_FAULTS_NAMED
+    host-class root causes (history/from_report.HOST_FAULT)."""
+    out = []
+    for host in sorted({now.host for now in current}):
+        faults = [(r.time, name[len(HOST_FAULT):]) for r in past if r.host == host
+                  for name in r.figures if name.startswith(HOST_FAULT)]
+        if len(faults) < HOST_FAULTS_NAMED:
+            continue
+        runs = len({r.time for r in past if r.host == host})
+        ids = sorted({i for _, i in faults})
+        last = max(t for t, _ in faults)
+        out.append(event_finding(
+            HOST_FAILED_BEFORE, f"host {host} was named by the root cause of {len(faults)} of its last {runs} "
+            f"run(s) in the history ({', '.join(ids)}; the last at "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(last))} UTC)",
+            rank=None, evidence={"host": host, "faults": [{"time": t, "id": i} for t, i in sorted(faults)],
+                                 "runs": runs}))
+    return out
+
+
 def against_history(rep: dict[str, Any], env: Any, figures: tuple[str, ...] = BANDWIDTH + STEP_TIME
                     ) -> list[Finding]:
     """DDP409 for the report `rep` (as it will be recorded) against the history that $DDP_DOCTOR_HISTORY
@@ -321,7 +361,10 @@ def against_history(rep: dict[str, Any], env: Any, figures: tuple[str, ...] = BA
     try:
         current = records_of(rep)
         load = (rep.get("measurements") or {}).get("host_load")
-        return history_findings(current, read_past(open_history(path), current), figures,
-                                load if isinstance(load, dict) else None)
+        history = open_history(path)
+        found = history_findings(current, read_past(history, current), figures,
+                                 load if isinstance(load, dict) else None) if figures else []
+        hosts_past = [r for h in sorted({now.host for now in current}) for r in history.records(host=h, limit=PAST)]
+        return found + host_fault_findings(current, hosts_past)
     except Exception:  # noqa: BLE001 - see the doc
         return []

@@ -40,6 +40,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "records hold; with --host and one figure DDP409 judges, also the runs the newest "
                         "run was compared with")
     p.add_argument("--last", type=int, default=20, metavar="N", help="the newest N records (default: 20)")
+    p.add_argument("--hosts", action="store_true",
+                   help="rank the hosts by the failures their runs' root causes blamed on them (exclude_host: "
+                        "DDP607 names such a host), over the newest 20,000 records")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--plot", metavar="PATH.png", default=None,
                    help="plot each figure per run (needs matplotlib: pip install 'ddp-doctor[plot]')")
@@ -122,6 +125,14 @@ def command(args: argparse.Namespace) -> int:
             return EXIT_INTERNAL
     if skipped:
         sys.stderr.write(f"ddp-doctor history: {skipped} unreadable row(s) skipped in {path}\n")
+    if args.hosts:
+        ranked = host_faults(history.records(host=args.host, instance_type=args.instance_type, limit=20_000))
+        if args.json:
+            json.dump({"history": path, "hosts": ranked}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(_hosts_table(ranked, path))
+        return 0
     held = sorted({name for r in recs for name in r.figures})
     if args.figure == ["list"]:
         width = max((len(n) for n in held), default=0)
@@ -151,6 +162,32 @@ def command(args: argparse.Namespace) -> int:
         if err:
             raise UsageError(err)
     return 0
+
+
+def host_faults(recs: list[Any]) -> list[dict[str, Any]]:
+    """Each host's runs and the host-class root causes among them (history/from_report.HOST_FAULT),
+    most faults first, then most runs."""
+    from ddp_doctor.history.from_report import HOST_FAULT
+    by_host: dict[str, dict[str, Any]] = {}
+    for r in recs:
+        h = by_host.setdefault(r.host, {"host": r.host, "runs": 0, "host_faults": 0, "ids": {}, "last_fault": None})
+        h["runs"] += 1
+        for name in r.figures:
+            if name.startswith(HOST_FAULT):
+                cid = name[len(HOST_FAULT):]
+                h["host_faults"] += 1
+                h["ids"][cid] = h["ids"].get(cid, 0) + 1
+                h["last_fault"] = max(h["last_fault"] or 0.0, r.time)
+    return sorted(by_host.values(), key=lambda h: (-h["host_faults"], -h["runs"], h["host"]))
+
+
+def _hosts_table(ranked: list[dict[str, Any]], path: str) -> str:
+    rows = [["host", "runs", "host faults", "IDs", "last fault"]]
+    for h in ranked:
+        ids = ", ".join(f"{i} x{n}" if n > 1 else i for i, n in sorted(h["ids"].items()))
+        rows.append([h["host"], str(h["runs"]), str(h["host_faults"]), ids or "-",
+                     _when(h["last_fault"]) if h["last_fault"] else "-"])
+    return "\n".join([f"{len(ranked)} host(s) in {path}", *_grid(rows)])
 
 
 def _when(t: float) -> str:

@@ -80,11 +80,24 @@ def script_of(rep: dict[str, Any]) -> str | None:
     return str(script) if script else None
 
 
+HOST_FAULT = "root_cause.host_fault."  # + the root cause's ID: 1.0 on the hosts a host-class root cause blamed
+
+
+def blamed_hosts(rep: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """(the root cause's ID, the hosts it says to run without: root_cause.hosts when its action is
+    exclude_host), or (None, [])."""
+    cause = rep.get("root_cause")
+    if not isinstance(cause, dict) or cause.get("action") != "exclude_host" or not cause.get("id"):
+        return None, []
+    return str(cause["id"]), [str(h) for h in cause.get("hosts") or []]
+
+
 def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunRecord]:
     world = rep.get("world") or {}
     ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
     hosts = sorted({str(r["host"]) for r in ranks if r.get("host")}) or [socket.gethostname()]
     figures = figures_of(rep)
+    fault, blamed = blamed_hosts(rep)
     out = []
     for host in hosts:
         mine = next((r for r in ranks if r.get("host") == host), ranks[0] if ranks else {})
@@ -94,7 +107,8 @@ def records_of(rep: dict[str, Any], *, now: float | None = None) -> list[RunReco
             host=host, job=world.get("run_id"), instance_type=world.get("instance_type"),
             gpus=sorted({str(r["device_uuid"]) for r in ranks if r.get("host") == host and r.get("device_uuid")}),
             world_size=world.get("world_size"), nnodes=world.get("nnodes"), nproc_per_node=world.get("nproc_per_node"),
-            backend=world.get("backend"), versions=versions, status=rep.get("status"), figures=figures,
+            backend=world.get("backend"), versions=versions, status=rep.get("status"),
+            figures={**figures, **({HOST_FAULT + fault: 1.0} if fault and host in blamed else {})},
             script=script_of(rep)))
     return out
 

@@ -64,9 +64,9 @@ def judge(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, Any]]
     rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings,
                                  measurements=measurements, phase="training")
     slower = list(history)
-    if history_env is not None and steps and rep["status"] in ("pass", "warn"):
+    if history_env is not None:  # step times of a job that ended well; earlier host faults of any job
         from ddp_doctor.checks.history_rules import STEP_TIME, against_history
-        slower = against_history(rep, history_env, STEP_TIME)
+        slower = against_history(rep, history_env, STEP_TIME if steps and rep["status"] in ("pass", "warn") else ())
     if slower:
         rep = reportlib.build_report(world=world, ranks=list(ranks or []), findings=findings + slower,
                                      measurements=measurements, phase="training")

@@ -19,7 +19,7 @@ from ddp_doctor.checks import host
 from ddp_doctor.cli.preflight import check_options
 from ddp_doctor.exit_codes import EXIT_USAGE
 
-HOST_IDS = sorted(c.id for c in catalogue.load_catalogue().values() if c.category == "host")
+HOST_IDS = sorted(c.id for c in catalogue.load_catalogue().values() if c.category == "host" and c.stage == "local")
 HUGE = 10 ** 12
 
 
