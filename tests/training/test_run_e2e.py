@@ -191,6 +191,7 @@ Root cause: DDP800 A rank raised an exception [rank 1]
   at <scripts>/rank1_raises.py:7 in <module>
   Fix: Read the traceback of the rank named as root cause (the others are labelled as peers that failed after it) \
 and fix that error first.
+  Next: fix the code (cause: code); running the job again fails the same way
   Then, as a consequence:
     DDP802 [rank 0]: <rank 0's ending>
 Info: 1 (shown with --verbose or in the JSON report)
@@ -214,7 +215,7 @@ def verdict_block(stderr: str, report_path: str) -> str:
             assert line.startswith("    ") or re.match(rf"\s+({ids_here}) ", line), line  # a warning or its details
             continue
         skipping = False
-        if not re.match(r"\s+DDP80[46] ", line):
+        if not re.match(r"\s+DDP80[46][ \[]", line):  # "  DDP806 title" or, as a consequence, "    DDP806 [rank 0]"
             kept.append(line)
     text = re.sub(r"\(2 error\(s\), \d+ warning\(s\)\)", "(2 error(s), 0 warning(s))", "\n".join(kept))
     text = text.replace(report_path, "<report>").replace(str(SCRIPTS), "<scripts>")
