@@ -110,6 +110,30 @@ def test_a_stop_signal_reaches_the_watchdog_even_when_the_wakeup_pipe_was_taken(
         signal.set_wakeup_fd(-1)
 
 
+def test_a_stop_the_scripts_own_handler_takes_is_noted_not_acted_on(tmp_path):
+    """Ray's driver installs its own SIGTERM handler (sys.exit): the stop is the script's to act on,
+    and the watchdog notes it, so a script that then fails is reported as stopped by it."""
+    import os
+    import signal
+
+    from ddp_doctor.training.run.watchdog import ProgressWatch
+    old_term, old_hup = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    watch = ProgressWatch(str(tmp_path), 0, None)
+    taken: list[int] = []
+    try:
+        watch.watch_stop_signals(lambda w, sig: None)
+        signal.signal(signal.SIGTERM, lambda signum, frame: taken.append(signum))  # the script's own
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert taken == [signal.SIGTERM]
+        assert watch.stop_signal() is None and watch.stop_to_script == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGHUP, old_hup)
+        signal.set_wakeup_fd(-1)
+
+
 def test_the_watchdog_wakes_at_once_for_a_stop_signal_and_not_for_a_scripts_other_signals(tmp_path, monkeypatch):
     """Every rank of a stopped job acts at once (not at its next tick); a signal the script handles
     itself (a profiler's timer) writes to the same pipe and must not shorten the interval."""

@@ -51,7 +51,7 @@ class ChildWatch:
         would end them, and its other children are leftovers (nobody joins them)."""
         if self.error is None:
             try:
-                own = _python_exit(interpreter_exits)
+                own = _python_exit(interpreter_exits) | _ended_at_exit()
                 for _ in range(ROUNDS):
                     table = facts.process_table(self.mark)
                     found = facts.leftovers(table, self.root, before=self.before, by_group=self.by_group,
@@ -92,6 +92,27 @@ def watch_children(*, by_group: bool = True, environ: MutableMapping[str, str] |
     except Exception as e:  # noqa: BLE001 - the script runs anyway; the report says why nothing was watched
         return ChildWatch(mark, root, by_group=by_group, error=f"{type(e).__name__}: {e}")
     return ChildWatch(mark, root, before, by_group)
+
+
+def _ended_at_exit() -> set[int]:
+    """The processes a library this process loaded ends itself at the interpreter's exit, after the
+    report: Ray's driver shuts down the local cluster ray.init() started (ray.shutdown, registered
+    with atexit: the GCS, the raylet and the workers it starts, the dashboard and monitors), as
+    under `python script.py`. Never leftovers of the script; ending them here instead would run
+    Ray's shutdown (or kill its processes) before the verdict is written. Read from Ray's node
+    (a private attribute: another Ray version without it gives nothing, and its processes are
+    then judged as any other)."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return set()
+    try:
+        node = getattr(ray._private.worker, "_global_node", None)
+        infos = getattr(node, "all_processes", None) or {}
+        return {int(i.process.pid) for group in infos.values() for i in group
+                if getattr(getattr(i, "process", None), "pid", None)}
+    except Exception:  # noqa: BLE001 - a Ray whose internals moved: its processes are judged as any other
+        return set()
 
 
 def _python_exit(interpreter_exits: bool) -> set[int]:

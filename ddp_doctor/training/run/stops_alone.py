@@ -94,13 +94,15 @@ class StopsAlone:
             if traceback is None:
                 w.dump_stacks(sys.stderr)
             w.save_stacks(traceback)
-            ended = len(end_descendants())
-            if ended:
-                say(f"ddp-doctor: ended {ended} process(es) the script had started\n")
             records.write_outcome(w.run_dir, w.rank, {
                 "exit_code": stop.exit_code, "exception": None, "interrupted": stop.to_dict(),
                 "host": os.uname().nodename, "phase": w.phase})
+            # the report before the script's processes are ended: a library that loses its own
+            # processes may abort this one (Ray's driver does when its raylet and GCS go)
             write_outside_report(w.rank, w.run_dir, self.started, True, self.opts, interrupted=stop)
+            ended = len(end_descendants())
+            if ended:
+                say(f"ddp-doctor: ended {ended} process(es) the script had started\n")
             self.late += [s for s in [w.stop_signal()] if s is not None]
             self._note_late("while the stop was reported; the report is the first stop's")
         except Exception as e:  # noqa: BLE001 - the process still ends as the signal asks

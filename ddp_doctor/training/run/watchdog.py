@@ -73,8 +73,15 @@ def _stack_text(thread_id: int) -> str:
     return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
 
+# Where a process waits for the ranks it started: torch.multiprocessing.spawn's join, and Ray
+# Train's trainer.fit() in the driver (its workers are Ray actors on the cluster)
+RANKS_STARTED_HERE = (os.path.join("torch", "multiprocessing", "spawn.py"),
+                      os.path.join("ray", "train", "v2", "api", "data_parallel_trainer.py"),
+                      os.path.join("ray", "train", "base_trainer.py"))
+
+
 def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
-    return any(f[0].endswith(os.path.join("torch", "multiprocessing", "spawn.py")) for f in stack)
+    return any(f[0].endswith(RANKS_STARTED_HERE) for f in stack)
 
 
 def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
@@ -139,6 +146,9 @@ class ProgressWatch:
         self._claim = threading.Lock()
         self._wake_fd: int | None = None
         self._stop_seen: int | None = None  # a stop signal read from the pipe while waiting
+        # a stop signal (SIGTERM, SIGHUP) whose handler was the script's own (Ray's driver installs
+        # one that exits 1): the script's to act on, and what ended it if it then failed
+        self.stop_to_script: int | None = None
         self._ours: set[int] = set()
         self.on_hang, self.interval = on_hang, interval
         self.progress: Any = None  # outside launcher, --progress: training/run/hang_lines.HangLines
@@ -352,6 +362,8 @@ class ProgressWatch:
         for b in data:
             if b in self._ours and signals.getsignal(b) is _note_stop:
                 return int(b)
+            if b in (signals.SIGTERM, signals.SIGHUP) and self.stop_to_script is None:
+                self.stop_to_script = int(b)
         return None
 
     def _hung(self, now: float) -> bool:

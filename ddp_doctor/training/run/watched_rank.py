@@ -119,6 +119,8 @@ def run_training_rank(opts: RunOptions) -> int:
     # A stop signal that ended the script (a peer stopped first: "Connection closed") is reported
     # as the stop; the script's own ending is its consequence. Whichever thread reads it reports it.
     signo = None if watch.stopping else watch.stop_signal()
+    if signo is None and not watch.stopping and (outcome.exit_code or outcome.exception is not None):
+        signo = watch.stop_to_script  # a stop the script's own handler took, then failed on (exit 1)
     if alone is not None:
         alone.after_script(signo, outcome)  # a stop that ended the script: reported, then the process ends
     elif signo is not None:
