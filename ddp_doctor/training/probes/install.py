@@ -103,7 +103,12 @@ def install_in_child() -> None:
     out_dir = os.environ.get(children.PROBE_DIR_ENV)
     if not out_dir:
         return
-    when_imported("torch", lambda _m: install(out_dir))
+
+    def started(_m: object) -> None:
+        install(out_dir)
+        from ddp_doctor.training.probes import child_beat
+        child_beat.start(out_dir)  # a rank the script started: its parent sees its progress here
+    when_imported("torch", started)
 
 
 def wrap_collectives() -> None:

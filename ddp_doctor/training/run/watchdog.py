@@ -142,6 +142,8 @@ class ProgressWatch:
         self.hang_timeout = hang_timeout or 0.0  # the bound that fired, once it has
         self.in_collective = False
         self.on_stop: Callable[["ProgressWatch", int], None] | None = None
+        # one process, no launcher: the ranks its script started hung (training/run/hung_children.py)
+        self.on_children_hang: Callable[["ProgressWatch", Any], None] | None = None
         self.stopping = False  # a stop signal is being reported (the process ends right after)
         self._claim = threading.Lock()
         self._wake_fd: int | None = None
@@ -261,10 +263,17 @@ class ProgressWatch:
                 self.write_ledger("hung")
                 self._ledger_for_remote = True  # this node's parent, when it asks, gets it again
                 self._across.share(self.where, _stack_text(self._main))
-            if self.phase != "training" or _waiting_for_spawned_ranks(stack):
+            waiting = self.phase == "training" and _waiting_for_spawned_ranks(stack)
+            if self.phase != "training" or waiting:
                 # preflight and teardown have bounds of their own; a process joining the ranks it
-                # spawned is idle by design while they train (their own progress is not seen here)
+                # spawned is idle by design while they train (their progress is their beats')
                 self.last_progress = now
+                if waiting and self.on_children_hang is not None and not fired:
+                    from ddp_doctor.training.run.hung_children import children_hung
+                    found = children_hung(self, now)
+                    if found is not None:
+                        fired = True
+                        self.on_children_hang(self, found)
             elif self.on_hang and not fired and self._hung(now):
                 fired = True
                 self.on_hang(self)

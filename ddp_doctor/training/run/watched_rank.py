@@ -177,6 +177,9 @@ def _watch(me: _Rank) -> tuple[ProgressWatch, StopsAlone | None]:
     if me.outside:  # a stopped job (torchrun forwards SIGTERM) still reports
         watch.watch_stop_signals(lambda w, sig: end_stopped_rank(w, sig, started, opts))
     alone = StopsAlone(watch, started, opts) if me.own_dir else None  # one process: stops reported too
+    if me.own_dir:  # the ranks its script starts (mp.spawn, Ray Train) are watched through their beats
+        from ddp_doctor.training.run.hung_children import end_hung_children
+        watch.on_children_hang = lambda w, found: end_hung_children(w, found, started, opts)
     release_early()  # held since the command began (cli): a stop that came meanwhile reaches the handlers now
     return watch, alone
 

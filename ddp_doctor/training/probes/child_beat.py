@@ -1,0 +1,152 @@
+"""The ranks a training script starts itself (torch.multiprocessing.spawn's children, Ray Train's
+workers): their parent waits for them (in mp.spawn's join, in trainer.fit()) and sees none of
+their progress. Each such process, once it is in a process group, writes a beat a second into
+the run directory (`child-PID.json`: its rank, when it last made progress, whether its main thread
+is inside a collective and where) and dumps every thread's stack into `child-stacks-PID.txt` on
+SIGUSR2 (faulthandler: also while the main thread is blocked in a collective). The parent's
+watchdog judges a hang from the beats and asks for the stacks (training/run/hung_children.py).
+
+Progress is a collective issued or an optimizer step, read from the process itself each second:
+no collective is added, nothing the script sees changes. SIGUSR2 is taken only when the script
+left it to its default.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+BEAT_FILE = "child-{}.json"
+STACKS_FILE = "child-stacks-{}.txt"
+STACK_SIGNAL = signal.SIGUSR2
+INTERVAL = 1.0
+_started = False
+
+
+def beat_path(run_dir: str, pid: int) -> str:
+    return os.path.join(run_dir, BEAT_FILE.format(pid))
+
+
+def stacks_path(run_dir: str, pid: int) -> str:
+    return os.path.join(run_dir, STACKS_FILE.format(pid))
+
+
+def start(run_dir: str) -> None:
+    """In a process the script started (install_in_child): the beat thread, once; it writes only
+    while this process is in a process group."""
+    global _started
+    if _started:
+        return
+    _started = True
+    threading.Thread(target=_beats, args=(run_dir,), name="ddp-doctor-child-beat", daemon=True).start()
+
+
+def _take_stack_signal(run_dir: str) -> bool:
+    try:
+        if signal.getsignal(STACK_SIGNAL) is not signal.SIG_DFL:
+            return False  # the script's own
+        stacks = open(stacks_path(run_dir, os.getpid()), "w", encoding="utf-8")  # noqa: SIM115 - kept open
+        faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+        return True
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def _beats(run_dir: str) -> None:
+    from ddp_doctor.training.probes.recorder import collectives_issued, current_recorder, group_is_up
+    main = threading.main_thread().ident or 0
+    last: tuple[Any, Any] | None = None
+    progress = time.time()
+    taken = False
+    while True:
+        time.sleep(INTERVAL)
+        try:
+            if not group_is_up():
+                continue
+            if not taken:
+                taken = _take_stack_signal(run_dir)
+            dist = sys.modules["torch.distributed"]
+            rec = current_recorder()
+            now, seen = time.time(), (collectives_issued(), getattr(rec, "steps", None))
+            if seen != last:
+                last, progress = seen, now
+            where = _where(_stack(_training_thread(main)))
+            beat = {"pid": os.getpid(), "rank": dist.get_rank(), "world_size": dist.get_world_size(), "time": now,
+                    "last_progress": progress, "steps": seen[1] or 0, "phase": "training", "stacks": taken, **where}
+            tmp = beat_path(run_dir, os.getpid()) + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(beat, f)
+            os.replace(tmp, beat_path(run_dir, os.getpid()))
+        except Exception:  # noqa: BLE001 - a beat never breaks the rank; the next second tries again
+            continue
+
+
+def _stack(ident: int) -> list[tuple[str, int, str]]:
+    """(file, line, function) of a thread's frames, outermost first."""
+    frame = sys._current_frames().get(ident)
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return out[::-1]
+
+
+def _where(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """Where a stack is, as a rank's heartbeat says it: its innermost frame of the user's code, its
+    innermost frame, and whether it is inside a collective."""
+    from ddp_doctor.facts.frames import collective_of_frame, is_user_file
+    user = next((f for f in reversed(stack) if is_user_file(f[0])), None)
+    inner = stack[-1] if stack else None
+    return {"where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
+            "innermost": f"{inner[0]}:{inner[1]} in {inner[2]}" if inner else None,
+            "in_collective": any(collective_of_frame(f[0], f[2]) for f in stack)}
+
+
+def _training_thread(main: int) -> int:
+    """The thread that runs the training: the one inside a collective, else the one whose innermost
+    frames are the user's code (Ray Train runs the train function on a thread of its own, its
+    main thread serves the actor), else the main thread."""
+    me = threading.get_ident()
+    users = []
+    for ident in sys._current_frames():
+        if ident == me:
+            continue
+        where = _where(_stack(ident))
+        if where["in_collective"]:
+            return ident
+        if where["where"]:  # its innermost frame of the user's code (describe)
+            users.append(ident)
+    return main if main in users or not users else users[0]
+
+
+def read_beats(run_dir: str, since: float) -> dict[int, dict[str, Any]]:
+    """pid -> the newest beat of each process the script started that is still alive and wrote at
+    `since` or later."""
+    import glob
+    out: dict[int, dict[str, Any]] = {}
+    for path in glob.glob(os.path.join(run_dir, BEAT_FILE.format("*"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                beat = json.load(f)
+            pid = int(beat["pid"])
+            if float(beat.get("time", 0)) < since or not _alive(pid):
+                continue
+            out[pid] = beat
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
