@@ -6,11 +6,11 @@ gives the node ranks and the master itself.
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Iterator
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts.kubernetes import Pod
+from ddp_doctor.facts.launchers import is_loopback_address
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
@@ -90,15 +90,6 @@ def node_rank_is_pod_index(ctx: RankContext) -> Iterator[Problem]:
                                               "from": pod.index_source})
 
 
-def _loopback(addr: str) -> bool:
-    if addr == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
-
-
 @check("DDP222", category="launcher_env", severity="error", title="MASTER_ADDR is not the job's master pod")
 def master_is_master_pod(ctx: RankContext) -> Iterator[Problem]:
     """
@@ -118,8 +109,8 @@ def master_is_master_pod(ctx: RankContext) -> Iterator[Problem]:
     short = expected.split(".")[0]
     if addr == expected or addr.startswith(expected + ".") or addr == short or addr.startswith(short + "."):
         return
-    why = (": this pod's ranks would wait for a master of their own" if _loopback(addr) or addr == pod.hostname
-           else "")
+    own = is_loopback_address(addr) or addr == pod.hostname
+    why = ": this pod's ranks would wait for a master of their own" if own else ""
     yield Problem(message=f"MASTER_ADDR={addr} on pod {pod.hostname} (node {pod.index}) but the "
                           f"{OPERATOR_NAMES[pod.operator]}'s master is {expected}{why}",
                   hint=LAYOUT_HINT, evidence={"pod": pod.hostname, "master_addr": addr, "expected": expected})

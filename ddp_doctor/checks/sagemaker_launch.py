@@ -10,12 +10,12 @@ sagemaker-training-toolkit (environment.py, torch_distributed.py, smdataparallel
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Any, Iterator
 
 from ddp_doctor.checks.sagemaker_config import dist_hosts, host_evidence, hosts_text, multi_host, takes_part
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts.instances import SMDDP_INSTANCES, SMDDP_OLDER_INSTANCES
+from ddp_doctor.facts.launchers import is_ip_address
 from ddp_doctor.facts.sagemaker_env import SMDDP_PORT, TORCHRUN_PORT, SageMakerEnv
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
@@ -40,14 +40,6 @@ def _show(env: Any, name: str) -> str:
     """`NAME='value'`, or `NAME is unset`, for messages."""
     v = env.get(name)
     return f"{name} is unset" if v is None else f"{name}={v!r}"
-
-
-def _is_ip(addr: str) -> bool:
-    try:
-        ipaddress.ip_address(addr)
-        return True
-    except ValueError:
-        return False
 
 
 # -- the launcher against the cluster --------------------------------------------------------
@@ -78,7 +70,7 @@ def master_addr_is_sagemaker_master(ctx: RankContext) -> Iterator[Problem]:
         yield Problem(message=f"SM_TRAINING_ENV master_hostname={te_master!r} but resourceconfig.json "
                               f"instance_groups put {master!r} first ({hosts_text(dh)})", evidence=ev)
     addr = ctx.master_addr
-    if not addr or _is_ip(addr):
+    if not addr or is_ip_address(addr):
         return  # unset is DDP104's; an IP needs name resolution (network checks)
     addr_host = addr.split(".")[0]
     here, nr = sm.this_host, ctx.node_rank
@@ -275,7 +267,7 @@ def smddp_environment(ctx: RankContext) -> Iterator[Problem]:
         if not addr:
             yield Problem(message=f"SMDATAPARALLEL_SERVER_ADDR is not set on a {len(sm.distribution_hosts)}-host "
                                   f"job (master {sm.master_hostname})", evidence=ev)
-        elif not _is_ip(addr) and sm.master_hostname and addr.split(".")[0] != sm.master_hostname:
+        elif not is_ip_address(addr) and sm.master_hostname and addr.split(".")[0] != sm.master_hostname:
             yield Problem(message=f"SMDATAPARALLEL_SERVER_ADDR={addr} but the SageMaker master is "
                                   f"{sm.master_hostname}", evidence=ev)
         if port != str(SMDDP_PORT):

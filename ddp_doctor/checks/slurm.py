@@ -6,11 +6,11 @@ every launcher's in checks/launcher_env.py.
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Iterator
 
 from ddp_doctor.context import RankContext
 from ddp_doctor.facts import slurm
+from ddp_doctor.facts.launchers import is_ip_address, is_loopback_address
 from ddp_doctor.findings import Problem
 from ddp_doctor.registry import check
 
@@ -49,14 +49,6 @@ def torchrun_nodes_are_srun_tasks(ctx: RankContext) -> Iterator[Problem]:
                             "job_nodes": job.step_nodes})
 
 
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return False
-
-
 @check("DDP231", category="launcher_env", severity="error", title="MASTER_ADDR is not a node of the SLURM job")
 def master_is_a_job_node(ctx: RankContext) -> Iterator[Problem]:
     """
@@ -76,9 +68,9 @@ def master_is_a_job_node(ctx: RankContext) -> Iterator[Problem]:
     if (job is None or job.nodes is None or "SLURM_STEP_ID" not in ctx.env or (job.step_nodes or 1) < 2
             or not addr):
         return
-    loopback = addr == "localhost" or (_is_address(addr) and ipaddress.ip_address(addr).is_loopback)
+    loopback = is_loopback_address(addr)
     short = addr.split(".")[0]
-    if not loopback and (_is_address(addr) or addr in job.nodes or short in job.nodes):
+    if not loopback and (is_ip_address(addr) or addr in job.nodes or short in job.nodes):
         return
     shown = ", ".join(job.nodes[:8]) + (f" and {len(job.nodes) - 8} more" if len(job.nodes) > 8 else "")
     why = ": each node's ranks would wait for a master of their own" if loopback else \

@@ -206,6 +206,22 @@ def _bounded_int(env: Mapping[str, str], name: str) -> int | None | Invalid:
     return v
 
 
+def is_ip_address(text: str) -> bool:
+    """Whether a MASTER_ADDR-like text is an IPv4 or IPv6 address (not a host name)."""
+    import ipaddress
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def is_loopback_address(text: str) -> bool:
+    """localhost, or a loopback IP address (127.0.0.0/8, ::1): only this host reaches it."""
+    import ipaddress
+    return text == "localhost" or (is_ip_address(text) and ipaddress.ip_address(text).is_loopback)
+
+
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
