@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import sysconfig
 from dataclasses import dataclass
+from typing import Any
 
 # The installed ddp_doctor package: frames under it are ddp-doctor's own, not the user's.
 TOOL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,3 +130,28 @@ def thread_in_collective(dump: str) -> tuple[DumpedThread, str, int] | None:
             if op is not None:
                 return t, op, i
     return None
+
+
+# ---------------------------------------------------------------- a live thread of this process
+COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")  # a frame here: inside a collective
+
+
+def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
+    """(file, line, function) of a thread's frames, outermost first."""
+    frame = sys._current_frames().get(thread_id)
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return out[::-1]
+
+
+def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
+    user = next((f for f in reversed(stack) if is_user_file(f[0])), None)
+    inner = stack[-1] if stack else None
+    return {
+        "where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
+        "innermost": f"{inner[0]}:{inner[1]} in {inner[2]}" if inner else None,
+        "in_collective": any(os.path.basename(f[0]) in COLLECTIVE_FILES for f in stack),
+    }

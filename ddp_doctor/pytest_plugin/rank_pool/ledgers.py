@@ -112,8 +112,8 @@ class RankLedger:
     def on_request(self) -> None:
         """Where the main thread is, and the ledger: "hung" while the test runs, else the position
         the rank left the test with."""
+        from ddp_doctor.facts.frames import describe, stack_of
         from ddp_doctor.training import records
-        from ddp_doctor.training.run.watchdog import describe, stack_of
         try:
             here = describe(stack_of(threading.main_thread().ident or 0))
         except Exception:  # noqa: BLE001 - a stack that cannot be read: the position is unknown

@@ -58,6 +58,7 @@ def _take_stack_signal(run_dir: str) -> bool:
 
 
 def _beats(run_dir: str) -> None:
+    from ddp_doctor.facts.frames import describe, stack_of
     from ddp_doctor.training.probes.recorder import collectives_issued, current_recorder, group_is_up
     main = threading.main_thread().ident or 0
     last: tuple[Any, Any] | None = None
@@ -75,7 +76,7 @@ def _beats(run_dir: str) -> None:
             now, seen = time.time(), (collectives_issued(), getattr(rec, "steps", None))
             if seen != last:
                 last, progress = seen, now
-            where = _where(_stack(_training_thread(main)))
+            where = describe(stack_of(_training_thread(main)))
             beat = {"pid": os.getpid(), "rank": dist.get_rank(), "world_size": dist.get_world_size(), "time": now,
                     "last_progress": progress, "steps": seen[1] or 0, "phase": "training", "stacks": taken, **where}
             tmp = beat_path(run_dir, os.getpid()) + ".tmp"
@@ -86,37 +87,17 @@ def _beats(run_dir: str) -> None:
             continue
 
 
-def _stack(ident: int) -> list[tuple[str, int, str]]:
-    """(file, line, function) of a thread's frames, outermost first."""
-    frame = sys._current_frames().get(ident)
-    out = []
-    while frame is not None:
-        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return out[::-1]
-
-
-def _where(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
-    """Where a stack is, as a rank's heartbeat says it: its innermost frame of the user's code, its
-    innermost frame, and whether it is inside a collective."""
-    from ddp_doctor.facts.frames import collective_of_frame, is_user_file
-    user = next((f for f in reversed(stack) if is_user_file(f[0])), None)
-    inner = stack[-1] if stack else None
-    return {"where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
-            "innermost": f"{inner[0]}:{inner[1]} in {inner[2]}" if inner else None,
-            "in_collective": any(collective_of_frame(f[0], f[2]) for f in stack)}
-
-
 def _training_thread(main: int) -> int:
     """The thread that runs the training: the one inside a collective, else the one whose innermost
     frames are the user's code (Ray Train runs the train function on a thread of its own, its
     main thread serves the actor), else the main thread."""
+    from ddp_doctor.facts.frames import describe, stack_of
     me = threading.get_ident()
     users = []
     for ident in sys._current_frames():
         if ident == me:
             continue
-        where = _where(_stack(ident))
+        where = describe(stack_of(ident))
         if where["in_collective"]:
             return ident
         if where["where"]:  # its innermost frame of the user's code (describe)

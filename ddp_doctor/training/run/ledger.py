@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ddp_doctor.checks.signatures import classify
-from ddp_doctor.facts.frames import is_user_file
+from ddp_doctor.facts.frames import COLLECTIVE_FILES, is_user_file
 from ddp_doctor.facts.own_env import set_own
 from ddp_doctor.training import records
 from ddp_doctor.training.probes import collective_sites
@@ -30,7 +30,6 @@ from ddp_doctor.training.probes import collective_sites
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 OLD_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # torch before the flight recorder covered gloo
 DEFAULT_BUFFER = "2000"  # entries: bounded memory per rank
-COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")  # a frame here: inside a collective
 
 
 def recorder_env(env: Any, run_dir: str | None = None) -> None:

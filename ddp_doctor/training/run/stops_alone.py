@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from ddp_doctor.facts.frames import describe, stack_of
 from ddp_doctor.processes.stop_signals import Interrupt
 from ddp_doctor.processes.tree import end_descendants
 from ddp_doctor.training import records
@@ -20,7 +21,6 @@ from ddp_doctor.training.run import target as target_module
 from ddp_doctor.training.run.options import RunOptions
 from ddp_doctor.training.run.outside_report import write_outside_report
 from ddp_doctor.training.run.stopped_rank import say, wait_for_stop
-from ddp_doctor.training.run.watchdog import describe, stack_of
 
 
 class StopsAlone:

@@ -24,7 +24,7 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from ddp_doctor.facts import host_load
-from ddp_doctor.facts.frames import is_user_file
+from ddp_doctor.facts.frames import describe, stack_of
 from ddp_doctor.facts.launchers import multi_node, world_sizes
 from ddp_doctor.report.private_files import keep_dir, let_go
 from ddp_doctor.training import records
@@ -33,17 +33,6 @@ from ddp_doctor.training.run import endings, ledger
 STACK_SIGNAL = signal.SIGUSR2
 STEP_TIMES = 200  # the latest optimizer steps' end times kept for the heartbeat (the trace's steps)
 SAMPLE_PLACES = 50  # distinct places counted by the stack samples (later new places: in the total only)
-COLLECTIVE_FILES = ledger.COLLECTIVE_FILES
-
-
-def stack_of(thread_id: int) -> list[tuple[str, int, str]]:
-    """(file, line, function) of a thread's frames, outermost first."""
-    frame = sys._current_frames().get(thread_id)
-    out = []
-    while frame is not None:
-        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return out[::-1]
 
 
 # What a stack shows the main thread doing, by the outermost torch frame that says it (a forward
@@ -82,17 +71,6 @@ RANKS_STARTED_HERE = (os.path.join("torch", "multiprocessing", "spawn.py"),
 
 def _waiting_for_spawned_ranks(stack: list[tuple[str, int, str]]) -> bool:
     return any(f[0].endswith(RANKS_STARTED_HERE) for f in stack)
-
-
-def describe(stack: list[tuple[str, int, str]]) -> dict[str, Any]:
-    """Where a stack is: the innermost frame of user code, and whether it sits in a collective."""
-    user = next((f for f in reversed(stack) if is_user_file(f[0])), None)
-    inner = stack[-1] if stack else None
-    return {
-        "where": f"{user[0]}:{user[1]} in {user[2]}" if user else None,
-        "innermost": f"{inner[0]}:{inner[1]} in {inner[2]}" if inner else None,
-        "in_collective": any(os.path.basename(f[0]) in COLLECTIVE_FILES for f in stack),
-    }
 
 
 _arrived: list[int] = []  # stop signals whose Python-level handler ran (in the main thread)
