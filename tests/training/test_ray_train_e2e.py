@@ -48,13 +48,12 @@ TorchTrainer(LOOP, scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
 HANGS = """
 
 def hangs(config):
-    import time
+    import threading
     import torch.distributed as dist
     rank = ray.train.get_context().get_world_rank()
     for step in range(3):
         if rank == 1 and step == 1:
-            while True:
-                time.sleep(1)
+            threading.Event().wait()  # the hang itself: rank 1 never reaches its second all_reduce
         t = torch.ones(1)
         dist.all_reduce(t)
         ray.train.report({"step": step})
