@@ -1,8 +1,8 @@
 """The ranks a training script starts itself (torch.multiprocessing.spawn's children, Ray Train's
 workers): their parent waits for them (in mp.spawn's join, in trainer.fit()) and sees none of
 their progress. Each such process, once it is in a process group, writes a beat a second into
-the run directory (`child-PID.json`: its rank, when it last made progress, whether its main thread
-is inside a collective and where) and dumps every thread's stack into `child-stacks-PID.txt` on
+the run directory (`child-PID.json`, 0600: its rank, when it last made progress, whether its
+training thread is inside a collective and where) and dumps every thread's stack into `child-stacks-PID.txt` on
 SIGUSR2 (faulthandler: also while the main thread is blocked in a collective). The parent's
 watchdog judges a hang from the beats and asks for the stacks (training/run/hung_children.py).
 
@@ -59,6 +59,7 @@ def _take_stack_signal(run_dir: str) -> bool:
 
 def _beats(run_dir: str) -> None:
     from ddp_doctor.facts.frames import describe, stack_of
+    from ddp_doctor.training import records
     from ddp_doctor.training.probes.recorder import collectives_issued, current_recorder, group_is_up
     main = threading.main_thread().ident or 0
     last: tuple[Any, Any] | None = None
@@ -79,10 +80,7 @@ def _beats(run_dir: str) -> None:
             where = describe(stack_of(_training_thread(main)))
             beat = {"pid": os.getpid(), "rank": dist.get_rank(), "world_size": dist.get_world_size(), "time": now,
                     "last_progress": progress, "steps": seen[1] or 0, "phase": "training", "stacks": taken, **where}
-            tmp = beat_path(run_dir, os.getpid()) + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(beat, f)
-            os.replace(tmp, beat_path(run_dir, os.getpid()))
+            records.write_json(beat_path(run_dir, os.getpid()), beat, redact=False)  # no free text
         except Exception:  # noqa: BLE001 - a beat never breaks the rank; the next second tries again
             continue
 
@@ -109,25 +107,19 @@ def read_beats(run_dir: str, since: float) -> dict[int, dict[str, Any]]:
     """pid -> the newest beat of each process the script started that is still alive and wrote at
     `since` or later."""
     import glob
+
+    from ddp_doctor.facts.process_table import process
     out: dict[int, dict[str, Any]] = {}
     for path in glob.glob(os.path.join(run_dir, BEAT_FILE.format("*"))):
         try:
             with open(path, encoding="utf-8") as f:
                 beat = json.load(f)
             pid = int(beat["pid"])
-            if float(beat.get("time", 0)) < since or not _alive(pid):
+            alive = process(pid)
+            if float(beat.get("time", 0)) < since or alive is None or alive.zombie:
                 continue
             out[pid] = beat
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

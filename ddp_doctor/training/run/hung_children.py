@@ -18,6 +18,7 @@ from ddp_doctor.report.private_files import write_private
 from ddp_doctor.training import records
 from ddp_doctor.training.probes import child_beat
 from ddp_doctor.training.run.outside_report import write_outside_report
+from ddp_doctor.training.run.stopped_rank import say
 
 STACKS_WAIT = 3.0  # seconds for the children's stacks to be written after SIGUSR2
 
@@ -41,7 +42,7 @@ def end_hung_children(watch: Any, found: tuple[dict[int, dict[str, Any]], float]
         return
     ranks = sorted(int(b["rank"]) for b in beats.values())
     pids = ", ".join(str(p) for p in sorted(beats))
-    _say(f"ddp-doctor: the ranks the script started ({len(ranks)}: pids {pids}) made no progress for {bound:g} s; "
+    say(f"ddp-doctor: the ranks the script started ({len(ranks)}: pids {pids}) made no progress for {bound:g} s; "
          f"their stacks follow, then the job ends (exit {EXIT_HANG})\n")
     try:
         texts = _stacks(watch.run_dir, beats)
@@ -50,16 +51,20 @@ def end_hung_children(watch: Any, found: tuple[dict[int, dict[str, Any]], float]
             rank = int(beat["rank"])
             text = texts.get(pid, "")
             if text:
-                _say(f"--- rank {rank} (pid {pid}) ---\n{text}")
+                say(f"--- rank {rank} (pid {pid}) ---\n{text}")
                 write_private(records.stack_path(watch.run_dir, rank), text)
             hung[rank] = {**beat, "bound": bound}
         write_outside_report(watch.rank, watch.run_dir, started, True, opts, hung=hung)
     except Exception as e:  # noqa: BLE001 - the job still ends: the bound is what the user asked for
-        _say(f"ddp-doctor: the hang report failed: {type(e).__name__}: {e}\n")
+        say(f"ddp-doctor: the hang report failed: {type(e).__name__}: {e}\n")
     finally:
         ended = len(end_descendants())  # after the report: a library may abort this process when they go
         if ended:
-            _say(f"ddp-doctor: ended {ended} process(es) the script had started\n")
+            say(f"ddp-doctor: ended {ended} process(es) the script had started\n")
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
         os._exit(EXIT_HANG)
 
 
@@ -94,10 +99,3 @@ def _stacks(run_dir: str, beats: dict[int, dict[str, Any]]) -> dict[int, str]:
             sizes[pid] = size
     return out
 
-
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
