@@ -16,8 +16,9 @@ the evidence file beside it, its run directory when the scenario keeps one). Wha
 Shared means read-only: every asker reads the same files. A test that changes them (deletes,
 corrupts, writes beside them) works on a copy (Launched.copy).
 
-Under pytest-xdist each worker is a session of its own with its own catalogue: a scenario needed
-by modules on two workers is launched by each. Without xdist each is launched once.
+Under pytest-xdist each worker is a session of its own with its own catalogue: the modules that
+read a scenario (its `readers`) are one xdist group (tests/helpers/schedule.py), so one worker
+runs them all and launches it once.
 
 The scenarios, and the modules that read each:
 - sigint_twice_while_stuck: `ddp-doctor run` of rank1_sleeps.py, SIGINT once both ranks are held
@@ -68,9 +69,11 @@ START_BOUND = 240.0  # s for a launch to reach its script on a loaded 2-core mac
 class Scenario:
     """One shared launch. `job(directory)` gives what run_all runs in that (new, empty) directory:
     a Launch, or a callable that drives the launch itself and returns its own record of it.
-    `report` and `runs` name the report and the kept run directories' parent, in the directory."""
+    `report` and `runs` name the report and the kept run directories' parent, in the directory.
+    `readers`: the test modules that ask for it (paths under tests/), run by one xdist worker."""
     about: str
     job: Callable[[Path], Launch | Callable[[], Any]]
+    readers: tuple[str, ...]
     report: str | None = "r.json"
     runs: str | None = None
 
@@ -134,6 +137,10 @@ class Catalogue:
         assert not unknown, f"no such scenario: {unknown} (helpers/launches.py names {sorted(SCENARIOS)})"
         clash = set(names) & set(own)
         assert not clash, f"a module's own launch named as a scenario: {sorted(clash)}"
+        asker = Path(sys._getframe(1).f_globals.get("__file__") or "?").resolve()
+        module = asker.relative_to(ROOT / "tests").as_posix() if asker.is_relative_to(ROOT / "tests") else str(asker)
+        strangers = [n for n in names if module not in SCENARIOS[n].readers]
+        assert not strangers, f"{module} is not among the readers of {strangers}: add it there (one xdist group)"
         todo = [n for n in dict.fromkeys(names) if n not in self._done]
         dirs = {n: self._dir(n) for n in todo}
         got = run_all({**{n: SCENARIOS[n].job(dirs[n]) for n in todo}, **own}, at_once=at_once)
@@ -304,8 +311,10 @@ def _two_torchrun_jobs(base: Path) -> Callable[[], dict[str, Any]]:
 SCENARIOS: dict[str, Scenario] = {
     "sigint_twice_while_stuck": Scenario(
         "SIGINT to `ddp-doctor run` of rank1_sleeps.py once both ranks are held, a second one while the "
-        "report's upload is held (record: Signalled)", _sigint_twice_while_stuck, runs="runs"),
+        "report's upload is held (record: Signalled)", _sigint_twice_while_stuck,
+        ("training/test_signals_e2e.py", "training/test_stops_e2e.py"), runs="runs"),
     "two_torchrun_jobs": Scenario(
         "two torchrun jobs at once on one host, run ids both \"none\": A waits for the test, B's rank 1 "
-        "raises (record: a dict, _two_torchrun_jobs)", _two_torchrun_jobs, report=None),
+        "raises (record: a dict, _two_torchrun_jobs)", _two_torchrun_jobs,
+        ("training/test_two_jobs_one_host_e2e.py", "training/test_run_e2e.py"), report=None),
 }
