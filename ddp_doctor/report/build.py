@@ -5,6 +5,7 @@ Pure functions over findings and plain dicts; rendering and writing live in rend
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any, Iterable, Iterator
 
 from ddp_doctor.exit_codes import EXIT_FAILED, EXIT_OK
@@ -312,6 +313,27 @@ def world_of(ctx: Any, *, world_size: int | None = None) -> dict[str, Any]:
         world["instance_type"] = str(itype)
         world["instance_type_from"] = "--instance-type" if option else "the SageMaker environment"
     return world
+
+
+def with_started_ranks(world: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `world` block of a job whose ranks the script started itself (Ray Train's workers,
+    torch.multiprocessing.spawn's children), from their probe records (`started_by`, world size,
+    host), where the process ddp-doctor watched had no launcher and no world of its own. The
+    nodes are counted only when every rank's record is here (a run directory is one node's)."""
+    if world.get("world_size") is not None or world.get("launcher") not in (None, "none"):
+        return world
+    started = [p for p in probes if p.get("started_by") and isinstance(p.get("world_size"), int)]
+    if not started:
+        return world
+    size = max(int(p["world_size"]) for p in started)
+    ranks = {p.get("rank") for p in started if isinstance(p.get("rank"), int)}
+    out = {**world, "launcher": "/".join(sorted({str(p["started_by"]) for p in started})), "world_size": size}
+    if len(ranks) == size:
+        per_host = Counter(str(p.get("host")) for p in started if p.get("rank") in ranks)
+        out["nnodes"] = len(per_host)
+        counts = set(per_host.values())
+        out["nproc_per_node"] = counts.pop() if len(counts) == 1 else None
+    return out
 
 
 def rank_entry(view: dict[str, Any]) -> dict[str, Any]:

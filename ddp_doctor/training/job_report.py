@@ -43,6 +43,7 @@ def judge(ev: JobEvidence, *, world: dict[str, Any], ranks: list[dict[str, Any]]
     `history`: those comparisons as judged before (a replay: the history is not in its file)."""
     from ddp_doctor.training import evidence_file
     earlier, more, given = list(earlier), list(more), dict(measurements or {})
+    world = reportlib.with_started_ranks(world, ev.probes)  # Ray Train's workers, mp.spawn's children
     if not ev.rank_branches:
         ev.rank_branches = rank_branches_of(ev)
     value, problems = check_runner.run_rule("the job's verdict", job_findings, ev, earlier)

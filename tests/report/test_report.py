@@ -373,3 +373,18 @@ def test_the_status_is_coloured_on_a_terminal_unless_no_color() -> None:
     assert coloured("no headline here: FAIL") == "no headline here: FAIL"
     assert wants_colour(Tty(), {}) and not wants_colour(io.StringIO(), {})
     assert not wants_colour(Tty(), {"NO_COLOR": "1"}) and wants_colour(Tty(), {"NO_COLOR": ""})
+
+
+def test_the_world_of_ranks_the_script_started_comes_from_their_records():
+    from ddp_doctor.report.build import with_started_ranks
+    none = {"launcher": "none", "backend": "gloo", "world_size": None, "nnodes": None, "nproc_per_node": None}
+    ray = [{"rank": r, "world_size": 2, "host": "vm", "started_by": "ray"} for r in (0, 1)]
+    got = with_started_ranks(none, [*ray, {"rank": None, "world_size": None, "host": "vm"}])  # the driver's own
+    assert (got["launcher"], got["world_size"], got["nnodes"], got["nproc_per_node"]) == ("ray", 2, 1, 2)
+    # one node's records of a 4-rank job: the nodes are not counted
+    part = with_started_ranks(none, [{"rank": r, "world_size": 4, "host": "a", "started_by": "spawn"} for r in (0, 1)])
+    assert (part["launcher"], part["world_size"], part["nnodes"], part["nproc_per_node"]) == ("spawn", 4, None, None)
+    # a launcher's own world, or ranks nobody started from the script, stay as they were
+    launched = {**none, "launcher": "torchrun", "world_size": 2}
+    assert with_started_ranks(launched, ray) is launched
+    assert with_started_ranks(none, [{"rank": 0, "world_size": 2, "host": "vm"}]) is none

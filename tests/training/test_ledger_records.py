@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from ddp_doctor.facts.own_env import OWN_ENV
 from ddp_doctor.training import records
 from ddp_doctor.training.run import ledger
@@ -82,6 +84,37 @@ def test_the_wrapper_records_the_callers_line_once_for_nested_calls():
     new = cs.calls()[before:]
     assert len(new) == 1 and new[0][2] == "all_gather_object" and new[0][1] is not None
     assert "test_ledger_records.py:" in new[0][3]  # this test's line, not the wrappers' own
+
+
+def test_a_collective_that_raises_calls_the_failure_hooks_first_and_the_exception_goes_on(monkeypatch):
+    # a Ray Train worker's exception stays in the worker (Ray hands it to the driver): its ledger is
+    # left by this hook (child_beat.py), while the collective's state is still the failed one
+    from ddp_doctor.training.probes import collective_sites as cs
+    monkeypatch.setattr(cs, "_on_failure", [])
+    seen = []
+
+    def broken_hook():
+        raise OSError("a hook that breaks changes nothing")
+
+    cs.on_failure(lambda: seen.append([c[1] is not None for c in cs.calls()][-1]))
+    cs.on_failure(broken_hook)
+
+    def raises(t):
+        raise RuntimeError("Gloo: sizes differ")
+
+    with pytest.raises(RuntimeError, match="sizes differ"):
+        cs.collective_wrapper("all_reduce")(raises)(1)
+    assert seen == [True]  # called once, with the call marked ended
+    assert cs.collective_wrapper("barrier")(lambda: "ok")() == "ok" and seen == [True]  # not on success
+
+
+def test_a_process_with_no_group_and_no_collective_leaves_no_ledger(tmp_path, monkeypatch):
+    # the driver of a Ray Train job (or mp.spawn's parent) runs as rank 0 of ddp-doctor's view: an
+    # empty ledger-0.json from it would take the place of its rank 0 worker's
+    monkeypatch.setattr(ledger, "dump", lambda: {"entries": [], "pg_config": {}})
+    monkeypatch.setattr(ledger, "default_group_is_up", lambda: False)
+    assert ledger.write(str(tmp_path), 0, "failed", where="") is False
+    assert records.read_ledgers(str(tmp_path)) == {}
 
 
 def test_an_exception_out_of_a_collective_is_told_apart():

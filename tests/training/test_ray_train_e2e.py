@@ -1,17 +1,31 @@
-"""A Ray Train script (TorchTrainer, 2 CPU workers, gloo) run unchanged under `ddp-doctor run`, on a
-real local Ray cluster: the worker that raised is the root cause by its world rank and line (Ray's
-WorkerGroupError in the driver, unwrapped), the driver waiting in trainer.fit() is no hang, and
-the cluster ray.init() started is shut down as the interpreter's exit would (no leftovers named,
-none left running); a worker that hangs is found by the workers' beats within --hang-timeout, named
-with its stack, and the job ends (exit 124) instead of waiting for Ray's 30-minute process-group
-timeout. Two launches: Ray's start-up costs about half a minute of both cores each."""
+"""A Ray Train script (TorchTrainer, 2 CPU workers, gloo) run unchanged under `ddp-doctor run`.
+
+On the local cluster its own ray.init() starts (the workers inherit the probes from the driver's
+environment): the worker that raised is the root cause by its world rank and line (Ray's
+WorkerGroupError in the driver, unwrapped), the driver waiting in trainer.fit() is no hang, the
+job's world is its workers', and the cluster is shut down as the interpreter's exit would (no
+leftovers named, none left running).
+
+On a cluster started before it (`ray start --head`, reached through RAY_ADDRESS: the workers get
+the probes through Ray's runtime-environment hook, not from the driver's environment): a worker
+that hangs is found by the workers' beats within --hang-timeout, named with its stack, and the job
+ends (exit 124) instead of waiting for Ray's 30-minute process-group timeout, its workers' ledgers
+lined up as a launched job's (the collective rank 1 never issued); the cluster ends the job's
+workers when the driver is gone.
+
+Two launches: Ray's start-up costs about half a minute of both cores each."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
-from helpers.procs import DDP, NO_SWEEP, clean_env
+from helpers.procs import DDP, NO_SWEEP, clean_env, free_port, kill_tree, start, wait_for_line
 
 pytest.importorskip("ray.train.torch", reason="the ray extra: pip install 'ddp-doctor[ray]'")
 pytestmark = pytest.mark.slow
@@ -60,18 +74,57 @@ def hangs(config):
 """
 
 
-def _launch(tmp_path, loop: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict, object]:
+def _launch(tmp_path, loop: str, *extra: str, **env: str) -> tuple[subprocess.CompletedProcess[str], dict, object]:
     script = tmp_path / "ray_train.py"
     body = SCRIPT.replace("STORAGE", repr(str(tmp_path / "results"))).replace("LOOP", loop)
     if loop == "hangs":  # its function before the trainer that runs it
         head, tail = body.split("\n\nray.init(")
         body = head + HANGS + "\n\nray.init(" + tail
+    if env.get("RAY_ADDRESS"):  # a cluster to join: ray.init() takes its address from the variable
+        body = body.replace("ray.init(num_cpus=2, include_dashboard=False)", "ray.init()")
     script.write_text(body)
     report = tmp_path / "r.json"
     res = subprocess.run([*DDP, "run", *NO_SWEEP, *extra, "--report", str(report), str(script)],
-                         env=clean_env(RAY_USAGE_STATS_ENABLED="0"), cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+                         env=clean_env(RAY_USAGE_STATS_ENABLED="0", **env), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
     return res, (json.loads(report.read_text()) if report.exists() else {}), script
+
+
+CURRENT = Path("/tmp/ray/ray_current_cluster")  # the newest cluster `ray start` made here: ray.init()'s default
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A one-node Ray cluster started before the job, as `ray start --head --block` keeps it: its
+    processes are this one's descendants, all ended after the test. `ray stop` would end every
+    cluster on the machine; this one alone is ended, and the pointer to it is taken back (a later
+    ray.init() would join the dead cluster)."""
+    before = CURRENT.read_text() if CURRENT.exists() else None
+    port = free_port()
+    head = start([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+                  "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+                 clean_env(RAY_USAGE_STATS_ENABLED="0"), str(tmp_path))
+    try:
+        wait_for_line(head.stdout, "Ray runtime started", 120)
+        yield head
+    finally:
+        kill_tree(head.pid)  # after a job, ray start --block sat on SIGTERM past 30 s: every process of it, at once
+        head.communicate(timeout=30)
+        if CURRENT.exists() and CURRENT.read_text().strip().endswith(f":{port}"):
+            if before is None:
+                CURRENT.unlink()
+            else:
+                CURRENT.write_text(before)
+
+
+def _gone(pids: list[int], bound: float) -> list[int]:
+    """The pids still alive after at most `bound` seconds."""
+    deadline = time.monotonic() + bound
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
 
 
 def test_the_ray_worker_that_raised_is_the_root_cause_with_its_line(tmp_path):
@@ -86,15 +139,32 @@ def test_the_ray_worker_that_raised_is_the_root_cause_with_its_line(tmp_path):
     # fit() is where the driver waits for its workers (no DDP801 at 20 s); ray.shutdown ended the cluster
     assert not found & {"DDP801", "DDP816", "DDP817"}, rep["findings"]
     assert "Root cause: DDP800 A rank raised an exception [rank 1]" in res.stderr
+    # the job's world is its workers' (the driver that ddp-doctor runs has none of its own)
+    assert "2 rank(s) on 1 node(s), launcher ray, backend gloo" in res.stderr
+    assert (rep["world"]["launcher"], rep["world"]["world_size"], rep["world"]["nnodes"]) == ("ray", 2, 1)
 
 
-def test_a_ray_worker_that_hangs_is_named_with_its_stack_within_the_bound(tmp_path):
-    res, rep, script = _launch(tmp_path, "hangs", "--hang-timeout", "15")
+def test_a_ray_worker_that_hangs_on_a_cluster_it_joined_is_named_with_its_stack_within_the_bound(tmp_path, cluster):
+    res, rep, script = _launch(tmp_path, "hangs", "--hang-timeout", "15", RAY_ADDRESS="auto")
     assert res.returncode == 124, res.stderr[-4000:]
+    lines = script.read_text().splitlines()
+    wait_line = next(i for i, ln in enumerate(lines) if 'Event().wait()' in ln) + 1
+    waits = f"{script}:{wait_line}"
+    reduces = f"{script}:{next(i for i, ln in enumerate(lines) if 'dist.all_reduce(t)' in ln) + 1}"
+    # the workers' ledgers (asked for at the hang, answered by their beat threads) line them up as a
+    # launched job's: rank 0 waits in all_reduce #2, which rank 1, at its wait, never issued
     cause = rep["root_cause"]
-    assert cause["id"] == "DDP801" and cause["ranks"] == [1], rep["findings"]
-    where = cause["evidence"]["where"]
-    assert where["1"].startswith(f"{script}:") and where["1"].endswith(" in hangs"), where  # its sleep
-    assert cause["evidence"]["in_collective"] == [0]  # rank 0 waits in the all_reduce rank 1 never joins
-    assert f"{script}" in cause["evidence"]["stacks"]["1"]
+    assert cause["id"] == "DDP891" and cause["ranks"] == [1], rep["findings"]
+    assert f"rank 0 waits in all_reduce #2 of process group 0 (default_pg) (issued at {reduces})" in cause["message"]
+    assert f"rank 1 never issued #2 (its last was #1): it is at {waits} in hangs" in cause["message"]
+    assert {r: d["position"] for r, d in cause["evidence"]["ranks"].items()} == {"0": "hung", "1": "hung"}
+    [hang] = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang["caused_by"] == "DDP891" and hang["ranks"] == [1]
+    assert hang["evidence"]["where"]["1"] == f"{waits} in hangs", hang["evidence"]
+    assert hang["evidence"]["in_collective"] == [0]
+    assert f'File "{script}", line {wait_line} in hangs' in hang["evidence"]["stacks"]["1"]  # faulthandler's
     assert "made no progress for 15 s; their stacks follow" in res.stderr
+    assert (rep["world"]["launcher"], rep["world"]["world_size"]) == ("ray", 2)  # recorded before any step
+    # the driver is gone: the cluster, still up, ends the job's workers
+    [pids] = re.findall(r"the ranks the script started \(2: pids (\d+), (\d+)\) made no progress", res.stderr)
+    assert not _gone([int(p) for p in pids], 60), pids

@@ -4,7 +4,11 @@ their progress. Each such process, once it is in a process group, writes a beat 
 the run directory (`child-PID.json`, 0600: its rank, when it last made progress, whether its
 training thread is inside a collective and where) and dumps every thread's stack into `child-stacks-PID.txt` on
 SIGUSR2 (faulthandler: also while the main thread is blocked in a collective). The parent's
-watchdog judges a hang from the beats and asks for the stacks (training/run/hung_children.py).
+watchdog judges a hang from the beats and asks for the stacks (training/run/hung_children.py) and
+the ledgers: the beat thread answers a ledger request as a launched rank's watchdog does (its
+ledger-RANK.json, from torch's flight recorder), and a collective that raises leaves the
+ledger at once (position "failed"): Ray Train keeps the exception in the worker and hands it to
+the driver, no ending of this process follows.
 
 Progress is a collective issued or an optimizer step, read from the process itself each second:
 no collective is added, nothing the script sees changes. SIGUSR2 is taken only when the script
@@ -43,7 +47,18 @@ def start(run_dir: str) -> None:
     if _started:
         return
     _started = True
+    from ddp_doctor.training.probes import collective_sites
+    collective_sites.on_failure(lambda: _leave_ledger(run_dir, "failed", in_collective=True))
     threading.Thread(target=_beats, args=(run_dir,), name="ddp-doctor-child-beat", daemon=True).start()
+
+
+def _leave_ledger(run_dir: str, position: str, *, in_collective: bool, where: str | None = None) -> None:
+    """This rank's ledger-RANK.json, from torch's flight recorder (training/run/ledger.py)."""
+    from ddp_doctor.training.run import ledger
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not ledger.default_group_is_up():
+        return
+    ledger.write(run_dir, dist.get_rank(), position, where=where, failed_in_collective=in_collective)
 
 
 def _take_stack_signal(run_dir: str) -> bool:
@@ -61,19 +76,23 @@ def _beats(run_dir: str) -> None:
     from ddp_doctor.facts.frames import describe, stack_of
     from ddp_doctor.training import records
     from ddp_doctor.training.probes.recorder import collectives_issued, current_recorder, group_is_up
+    from ddp_doctor.training.run.ledger import requested as ledger_requested
     main = threading.main_thread().ident or 0
     last: tuple[Any, Any] | None = None
-    progress = time.time()
-    taken = False
+    progress = answered = time.time()  # a ledger request older than this process is another job's
+    begun = taken = False
     while True:
         time.sleep(INTERVAL)
         try:
             if not group_is_up():
                 continue
-            if not taken:
-                taken = _take_stack_signal(run_dir)
             dist = sys.modules["torch.distributed"]
             rec = current_recorder()
+            if not begun:
+                begun, taken = True, _take_stack_signal(run_dir)
+                if rec is not None:  # its record from the start (its rank, world, who started it): a
+                    rec.adopt_group()  # hang or a stop before its first step still has them
+                    rec.flush(empty_too=True)
             now, seen = time.time(), (collectives_issued(), getattr(rec, "steps", None))
             if seen != last:
                 last, progress = seen, now
@@ -81,6 +100,9 @@ def _beats(run_dir: str) -> None:
             beat = {"pid": os.getpid(), "rank": dist.get_rank(), "world_size": dist.get_world_size(), "time": now,
                     "last_progress": progress, "steps": seen[1] or 0, "phase": "training", "stacks": taken, **where}
             records.write_json(beat_path(run_dir, os.getpid()), beat, redact=False)  # no free text
+            if ledger_requested(run_dir, answered):
+                answered = time.time()
+                _leave_ledger(run_dir, "hung", in_collective=False, where=where["where"])
         except Exception:  # noqa: BLE001 - a beat never breaks the rank; the next second tries again
             continue
 

@@ -2,10 +2,12 @@
 (`before_fork`), and a forked child starts a record of its own (`after_fork_in_child`). Child
 interpreters (torch.multiprocessing.spawn, subprocess): `child_env` puts `site/sitecustomize.py` on
 their PYTHONPATH with the run directory in PROBE_DIR_ENV, the way coverage.py measures
-subprocesses; the sitecustomize then calls `install.install_in_child`."""
+subprocesses; the sitecustomize then calls `install.install_in_child`. Ray's workers on a cluster
+the script joins are reached through Ray's own hooks instead (ray_hook.py)."""
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 
 from ddp_doctor.training.probes.recorder import current_recorder, renew_after_fork
@@ -33,6 +35,15 @@ def before_fork() -> None:
         return  # DataLoader workers fork after CUDA by design; they do not touch CUDA
     rec.event("fork_after_cuda")
     rec.flush()
+
+
+def started_by() -> str:
+    """Who started this interpreter, as the report's launcher: "ray" in a Ray worker process (Ray
+    Train's workers: Ray's worker module is loaded and connected as a worker, not as the driver),
+    else "spawn" (torch.multiprocessing.spawn, multiprocessing, subprocess)."""
+    worker = sys.modules.get("ray._private.worker")
+    mode = getattr(getattr(worker, "global_worker", None), "mode", None)
+    return "ray" if worker is not None and mode == getattr(worker, "WORKER_MODE", object()) else "spawn"
 
 
 def child_env(env: dict[str, str], out_dir: str) -> None:

@@ -27,6 +27,7 @@ MAX_CALLS = 2000  # the flight recorder's default buffer here: as many calls as 
 _calls: collections.deque[list[Any]] = collections.deque(maxlen=MAX_CALLS)
 _local = threading.local()
 _recorded = 0  # calls ever appended (more than MAX_CALLS: the oldest were dropped)
+_on_failure: list[Callable[[], None]] = []
 # Without torch's flight recorder (torch before 2.5 on gloo) these calls are the ledger: each also
 # keeps its process group and tensors (`enable_detail`).
 _detail = False
@@ -110,11 +111,29 @@ def collective_wrapper(op: str) -> Callable[[Callable[..., Any]], Callable[..., 
             _local.inside = True
             try:
                 return orig(*args, **kwargs)
+            except Exception:
+                call[1] = time.time_ns()  # ended, as the ledger the hook leaves says
+                _failed()
+                raise
             finally:
                 _local.inside = False
                 call[1] = time.time_ns()
         return collective
     return make
+
+
+def on_failure(hook: Callable[[], None]) -> None:
+    """Call `hook` when a collective raises, before the exception goes on (a rank whose exception
+    its script's framework keeps, Ray Train's workers: its ledger is left then, child_beat.py)."""
+    _on_failure.append(hook)
+
+
+def _failed() -> None:
+    for hook in _on_failure:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - a probe never changes the exception the script sees
+            pass
 
 
 def keep_calls_in(path: str) -> None:

@@ -105,7 +105,7 @@ def install_in_child() -> None:
         return
 
     def started(_m: object) -> None:
-        install(out_dir)
+        install(out_dir).started_by = children.started_by()
         from ddp_doctor.training.probes import child_beat
         child_beat.start(out_dir)  # a rank the script started: its parent sees its progress here
     when_imported("torch", started)

@@ -128,6 +128,7 @@ class Recorder:
         self.ddp_modules: list[Any] = []   # weakrefs to DistributedDataParallel instances
         self.pg: dict[str, Any] = {}       # rank / world size / backend of the default group
         self.extra: dict[str, Any] = {}    # what callbacks add (Trainer arguments, ...)
+        self.started_by: str | None = None  # a rank the script started: "ray" (a Ray worker) or "spawn"
         self.ended: dict[str, Any] | None = None
         # The latest pass over a DataLoader, every epoch (not only the ones kept in full):
         # [loader id, batches drawn, whether it ended (StopIteration), len(loader) or None]. A
@@ -220,7 +221,8 @@ class Recorder:
                 "step_interval": median_interval(self.step_times), "script": script_identity(),
                 "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
                 "ddp_models": len(self.ddp_modules), "ddp_parameters": self.ddp_parameters,
-                "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended}
+                "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended,
+                **({"started_by": self.started_by} if self.started_by else {})}
 
     def flush(self, *, empty_too: bool = False) -> None:
         """Write the record; `empty_too`: even when nothing was recorded (a rank's script that

@@ -1,9 +1,11 @@
 """A hang of the ranks a script started itself (torch.multiprocessing.spawn's children, Ray Train's
 workers), seen by the process that waits for them (`ddp-doctor run script.py`, one process, no
 launcher): their beats (training/probes/child_beat.py) show no progress for the hang bound, so it
-asks each for its stacks (SIGUSR2, faulthandler), writes the hang verdict with where each rank
-was (DDP801) before anything is ended, then ends the script's processes and exits 124, instead
-of waiting for the process group's timeout (Ray's default: 30 minutes).
+asks each for its stacks (SIGUSR2, faulthandler) and its ledger of collectives (their beat threads
+answer the request as a launched rank's watchdog does), writes the hang verdict with where each
+rank was (DDP801; the ledgers lined up, checks/collectives.py) before anything is ended, then
+ends the script's processes and exits 124, instead of waiting for the process group's timeout
+(Ray's default: 30 minutes).
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from ddp_doctor.processes.tree import end_descendants
 from ddp_doctor.report.private_files import write_private
 from ddp_doctor.training import records
 from ddp_doctor.training.probes import child_beat
+from ddp_doctor.training.run import ledger
 from ddp_doctor.training.run.outside_report import write_outside_report
 from ddp_doctor.training.run.stopped_rank import say
 
 STACKS_WAIT = 3.0  # seconds for the children's stacks to be written after SIGUSR2
+LEDGER_WAIT = 3.0  # seconds for their ledgers after the request (their beat threads look each second)
 
 
 def children_hung(watch: Any, now: float) -> tuple[dict[int, dict[str, Any]], float] | None:
@@ -45,7 +49,10 @@ def end_hung_children(watch: Any, found: tuple[dict[int, dict[str, Any]], float]
     say(f"ddp-doctor: the ranks the script started ({len(ranks)}: pids {pids}) made no progress for {bound:g} s; "
          f"their stacks follow, then the job ends (exit {EXIT_HANG})\n")
     try:
+        asked = time.time()
+        ledger.request(watch.run_dir)
         texts = _stacks(watch.run_dir, beats)
+        ledger.wait_for(watch.run_dir, ranks, asked, LEDGER_WAIT)
         hung: dict[int, dict[str, Any]] = {}
         for pid, beat in sorted(beats.items(), key=lambda kv: int(kv[1]["rank"])):
             rank = int(beat["rank"])

@@ -116,6 +116,10 @@ def write(run_dir: str, rank: int, position: str, *, since_ns: int = 0, steps: i
         if data is None:
             return False
         everything = [e for e in data.get("entries") or [] if isinstance(e, dict)]
+        if not everything and not default_group_is_up():
+            # no collective, no group: the process may be the parent of the ranks (a Ray Train
+            # driver, mp.spawn's parent), whose rank number is one of theirs; an empty ledger says nothing
+            return False
         # nothing lost when the ring buffer never wrapped: its first record is still there
         complete = any(e.get("record_id") == 0 for e in everything)
         entries = [e for e in everything if int(e.get("time_created_ns") or 0) >= since_ns]

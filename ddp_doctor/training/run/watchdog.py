@@ -226,7 +226,10 @@ class ProgressWatch:
                         old.close()
                 except OSError:
                     pass
-            if self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
+            waiting = self.phase == "training" and _waiting_for_spawned_ranks(stack)
+            if waiting and not ledger.default_group_is_up():
+                pass  # no group of its own: the ranks it started answer for themselves (child_beat.py)
+            elif self.phase == "training" and (not self._ledger_done or self._ledger_for_remote) \
                     and ledger.requested(self.run_dir, self.job_since):
                 # once: the job ends right after (a hang, or a peer that failed)
                 hang = ledger.request_reason(self.run_dir) == "hang"
@@ -241,7 +244,6 @@ class ProgressWatch:
                 self.write_ledger("hung")
                 self._ledger_for_remote = True  # this node's parent, when it asks, gets it again
                 self._across.share(self.where, _stack_text(self._main))
-            waiting = self.phase == "training" and _waiting_for_spawned_ranks(stack)
             if self.phase != "training" or waiting:
                 # preflight and teardown have bounds of their own; a process joining the ranks it
                 # spawned is idle by design while they train (their progress is their beats')

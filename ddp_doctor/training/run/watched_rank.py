@@ -38,6 +38,7 @@ from ddp_doctor.training.probes.collective_sites import keep_calls_in
 from ddp_doctor.training.probes.exit_holders import watch_exit
 from ddp_doctor.training.probes.init_calls import remember_launcher
 from ddp_doctor.training.probes.install import install
+from ddp_doctor.training.probes.ray_hook import hook_env
 from ddp_doctor.training.run import ledger
 from ddp_doctor.training.run.agent import AGENT_PID_ENV
 from ddp_doctor.training.run.child_watch import watch_children
@@ -324,6 +325,7 @@ def _install_probes(run_dir: str) -> Any:
         sys.stderr.write(f"ddp-doctor: in-training probes not installed ({e!r}); training runs unwatched by them\n")
         return None
     child_env(os.environ, run_dir)  # type: ignore[arg-type]
+    hook_env(os.environ)  # type: ignore[arg-type] # and the workers of a Ray cluster the script joins
     return probe
 
 
