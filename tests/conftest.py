@@ -12,7 +12,7 @@ After the session, every report left in the session's temporary directories is v
 whoever wrote it (tests/helpers/report_files.py): a report that breaks the schema fails the run.
 
 The fixture `launches` is the session's catalogue of launches several modules read (tests/helpers/launches.py).
-How the modules are spread over xdist's workers, and in which order: tests/helpers/schedule.py.
+How the modules are spread over xdist's workers: tests/helpers/schedule.py.
 """
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ import tempfile
 from typing import Iterator
 
 import pytest
-from helpers import report_files, schedule
+from helpers import schedule
 from helpers.launches import launches  # noqa: F401 - the session's shared launches, a fixture of every module
 from helpers.report_files import (  # noqa: F401 - the walk after the session (hooks, registered as this conftest's)
     MARKER,
+    pytest_configure,
     pytest_runtest_protocol,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -81,19 +82,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_ERRORS_DIR, ignore_errors=True)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--record-durations", metavar="PATH", default=None,
-                     help="write each test module's seconds to PATH when the run ends (tests/durations.json: "
-                          "the order the modules are handed to xdist's workers, tests/helpers/schedule.py)")
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker adds the group to each test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    schedule.arrange(items)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    report_files.pytest_configure(config)
-    path = config.getoption("--record-durations")
-    if path:
-        config.pluginmanager.register(schedule.DurationRecorder(path), "ddp-doctor-durations")
+    schedule.mark_groups(items)
