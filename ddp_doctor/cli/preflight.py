@@ -94,7 +94,7 @@ def command(args: argparse.Namespace) -> int:
 
     from ddp_doctor import checks as catalogue
     from ddp_doctor import registry
-    from ddp_doctor.facts.launchers import launcher_name
+    from ddp_doctor.facts.launchers import launcher_name, torchrun_pod
     from ddp_doctor.report.publish import Output
 
     select, skip = registry.parse_selectors(args.select), registry.parse_selectors(args.skip)
@@ -110,10 +110,13 @@ def command(args: argparse.Namespace) -> int:
     from ddp_doctor.history.database import choose
     choose(args.history, args.no_history)
     out = Output(report_path=args.report, json=args.json, verbose=args.verbose, report_s3_uri=args.report_s3_uri)
-    if launcher_name(os.environ) == "none":
-        from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local
-        nproc = args.nproc_per_node or default_nproc(dict(os.environ))
-        return launch_local(nproc, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
+    if launcher_name(os.environ) == "none" or torchrun_pod(os.environ):
+        from ddp_doctor.preflight_ranks.local_launch import default_nproc, launch_local, pod_layout
+        # in a pod a Kubeflow operator configured for torchrun: the launcher takes the job's layout
+        # from PET_*, as the pod's torchrun would, and the preflight spans every pod
+        layout = (pod_layout(os.environ, args.nproc_per_node, args.timeout) if torchrun_pod(os.environ)
+                  else args.nproc_per_node or default_nproc(dict(os.environ)))
+        return launch_local(layout, ["preflight", *rank_argv(args.argv)], timeout=args.timeout, out=out,
                             trace_path=args.trace, fail_on=fail_on, progress=getattr(args, "progress", None))
     from ddp_doctor.processes.stop_signals import release_early
     release_early()  # a rank under a launcher: the stop signals act as usual (cli holds them from the start)

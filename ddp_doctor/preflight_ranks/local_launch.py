@@ -2,6 +2,13 @@
 own elastic launcher (`python -m torch.distributed.run --standalone`), then merges what the ranks
 left in a private directory into one report.
 
+In a pod that Kubeflow's operator configured for torchrun (PET_NNODES, PET_NPROC_PER_NODE, ...;
+facts/launchers.torchrun_pod) the launcher is started as the pod's torchrun would be: it takes the
+job's layout from those variables itself (nodes, node rank, master), so the preflight spans every
+pod of the job (`pod_layout`). Its rendezvous of several pods is bounded by --timeout. The pod of
+the reporting rank shows the job's report; every other pod shows the job's verdict as its ranks
+read it, with what its own ranks found.
+
 The parent never imports torch (fast start) and bounds the whole launch: on overrun it ends the
 launcher's process group, so no rank survives it. While the launch runs it adopts orphans (a rank
 whose launcher was killed is reparented to it, not to init), and ends every process the launch
@@ -15,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from ddp_doctor.checks.stalls import preflight_interrupted_finding
 from ddp_doctor.exit_codes import FailOn
@@ -35,17 +43,61 @@ def default_nproc(env: dict[str, str] | None = None) -> int:
     return visible_gpu_count(env) or CPU_DEFAULT_RANKS
 
 
-def launcher_command(nproc: int, rank_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(nproc), "--max-restarts", "0", "-m", "ddp_doctor", *rank_args]
+@dataclass(frozen=True)
+class Layout:
+    """How the local launcher is started: its options, this node's ranks (0..nproc-1 on one node)
+    and the world when no report of the reporting rank is here (another pod's)."""
+    nproc: int
+    options: tuple[str, ...] = ("--standalone", "--nnodes", "1")
+    first_rank: int = 0
+    world: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> list[int]:
+        return list(range(self.first_rank, self.first_rank + self.nproc))
 
 
-def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Output,
+def pod_layout(env: Mapping[str, str], nproc_given: int | None, timeout: float) -> Layout:
+    """In a pod the operator configured through torchrun's PET_* variables: the launcher reads the
+    nodes, node rank, master and rendezvous from them; the processes per pod are given (--nproc-per-
+    node, else PET_NPROC_PER_NODE when it is a number, else one per GPU or 2 on CPU), and the
+    launcher's rendezvous of several pods waits at most `timeout` (timeout, join_timeout), as
+    `run`'s does, unless PET_RDZV_CONF says otherwise."""
+    from ddp_doctor.facts.env_values import as_int, env_int
+    pet = (env.get("PET_NPROC_PER_NODE") or "").strip()
+    nproc = nproc_given or (int(pet) if pet.isdigit() and int(pet) > 0 else default_nproc(dict(env)))
+    options: list[str] = []
+    nnodes = (env.get("PET_NNODES") or "1").strip()
+    if nnodes != "1":
+        conf = env.get("PET_RDZV_CONF") or ""
+        keys = {kv.split("=", 1)[0].strip() for kv in conf.split(",") if "=" in kv}
+        bound = str(max(1, int(timeout + 0.999)))
+        more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys]
+        if more:
+            options.append("--rdzv-conf=" + ",".join(([conf] if conf else []) + more))
+    node_rank = as_int(env_int(env, "PET_NODE_RANK")) or 0
+    pods = as_int(env_int(env, "PET_NNODES"))
+    world = {"launcher": "torchrun", "backend": None, "world_size": pods * nproc if pods else None,
+             "nnodes": pods, "nproc_per_node": nproc, "master_addr": env.get("PET_MASTER_ADDR"),
+             "master_port": as_int(env_int(env, "PET_MASTER_PORT"))}
+    return Layout(nproc, tuple(options), node_rank * nproc, world)
+
+
+def launcher_command(layout: Layout, rank_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *layout.options,
+            "--nproc-per-node", str(layout.nproc), "--max-restarts", "0", "-m", "ddp_doctor", *rank_args]
+
+
+def launch_local(layout: Layout | int, rank_args: list[str], *, timeout: float, out: Output,
                  trace_path: str | None = None, fail_on: FailOn | None = None, progress: bool | None = None) -> int:
-    """Run `ddp_doctor <rank_args>` on `nproc` local ranks; merge, show and write the report
+    """Run `ddp_doctor <rank_args>` on local ranks (`layout`: an int, that many ranks of a
+    standalone launch, or a pod's Layout); merge, show and write the report
     (and the Chrome trace of the ranks' stages with `trace_path`). `fail_on`: --fail-on, applied to
     the exit status the report gives. `progress`: --progress / --no-progress (stage_lines.py): a
     line on stderr, at growing steps, naming the stage each rank is in."""
+    if isinstance(layout, int):
+        layout = Layout(layout)
+    nproc = layout.nproc
     # SIGTERM/SIGINT/SIGHUP: a report that says so, then 128+N; blocked from here to the exit
     with SignalCatcher(hold=True) as stop, tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         env = dict(os.environ)
@@ -62,9 +114,9 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
         from ddp_doctor.preflight_ranks.stage_lines import StageLines
         from ddp_doctor.processes.launch_dir import read_stages
         from ddp_doctor.processes.progress import enabled, say
-        lines = StageLines(launched, bound, nproc) if enabled(progress) else None
+        lines = StageLines(launched, bound, nproc, first_rank=layout.first_rank) if enabled(progress) else None
         with adopting() as since:
-            proc = subprocess.Popen(launcher_command(nproc, rank_args), env=env, preexec_fn=launcher_preexec)
+            proc = subprocess.Popen(launcher_command(layout, rank_args), env=env, preexec_fn=launcher_preexec)
             try:
                 while proc.poll() is None and stop.wait(0.2) is None:
                     if time.monotonic() > deadline:
@@ -76,7 +128,7 @@ def launch_local(nproc: int, rank_args: list[str], *, timeout: float, out: Outpu
             except BaseException:  # Ctrl-C or a bug in the loop: the ranks are still ended, then it goes on up
                 terminate_tree(proc, since=since)
                 raise
-        rep = _launch_report(tmp, nproc, proc, timed_out, bound, stop, launched, trace_path)
+        rep = _launch_report(tmp, layout, proc, timed_out, bound, stop, launched, trace_path)
         rep_out: list[dict[str, Any]] = [rep]
 
         def stopped_upload(done: dict[str, Any], caught: Any) -> dict[str, Any]:
@@ -104,13 +156,14 @@ def stopped_during_upload(rep: dict[str, Any], caught: Any, phase: str) -> dict[
     return reportlib.mark_interrupted({**kept, **new}, caught.to_dict())
 
 
-def _launch_report(tmp: str, nproc: int, proc: subprocess.Popen[Any], timed_out: bool, bound: float,
+def _launch_report(tmp: str, layout: Layout, proc: subprocess.Popen[Any], timed_out: bool, bound: float,
                    stop: SignalCatcher, launched: float, trace_path: str | None) -> dict[str, Any]:
     """The merged report of a local launch, with the stop that ended it (DDP808, with any stop
     signal that came after it), or a stop signal that came after the ranks ended (DDP811)."""
     from ddp_doctor.checks.stops import late_stop_finding
     rc = proc.returncode if proc.returncode is not None else -9
-    rep = merge_launch_dir(tmp, nproc, rc, timed_out, bound)
+    rep = merge_launch_dir(tmp, layout.nproc, rc, timed_out, bound, expected=layout.expected,
+                           world=layout.world or None)
     more = stop.drain()
     caught = stop.stopped()
     note_later(more, "while the ranks were being stopped; noted in the report" if caught is not None

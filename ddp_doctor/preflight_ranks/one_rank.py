@@ -81,6 +81,7 @@ class RankPreflight:
         self.launch_dir = opts.launch_dir or ctx.env.get(LAUNCH_DIR_ENV)
         self.failed = False  # ddp-doctor itself failed (exit code 1)
         self.job_token: str | None = None  # the reporting rank's, with its verdict (records name their job)
+        self.verdict: dict[str, Any] | None = None  # the job's, as read from the reporting rank
         # Wall-clock records of this rank's stages and checks ({"name", "cat", "start", "end"}):
         # measurements.stage_seconds / check_seconds and the Chrome trace are made from them.
         self.timeline: list[dict[str, Any]] = []
@@ -396,6 +397,7 @@ class RankPreflight:
             return self._alone()
         rep = {"status": verdict["status"], "root_cause": verdict.get("root_cause"), "findings": []}
         deliver(rep, self.ctx, self.opts.output, reporter=False, launch_dir=self.launch_dir)
+        self.verdict = {"status": rep["status"], "root_cause": rep["root_cause"]}
         self._write_partial(final=True)
         return rep
 
@@ -425,14 +427,17 @@ class RankPreflight:
         return rep
 
     def _write_partial(self, final: bool = False) -> None:
-        """In a self-launched preflight, each rank leaves its findings for the parent."""
+        """In a self-launched preflight, each rank leaves its findings for the parent; a rank that
+        read the job's verdict from the reporting rank leaves it too (the parent of a node without
+        the reporting rank shows it)."""
         if not self.launch_dir:
             return
         path = rank_path(self.launch_dir, self.rank)
         try:  # redacted, and readable by this user only (0600), as every record in a run directory
             write_private(path, json.dumps(redact_obj({
                 "rank": self.rank, "final": final, "view": self.view,
-                "findings": [x.to_dict() for x in self.findings], "timeline": self.timeline}), default=str))
+                "findings": [x.to_dict() for x in self.findings], "timeline": self.timeline,
+                **({"verdict": self.verdict} if self.verdict is not None else {})}), default=str))
         except (OSError, ValueError):
             pass
 

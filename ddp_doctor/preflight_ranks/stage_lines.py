@@ -19,11 +19,13 @@ class StageLines:
     """When a preflight line is due and what it says. `launched`: time.time() of the launch;
     `bound`: seconds after which the launch is stopped, or None when each wait has its own
     (`ddp-doctor run`: `per_wait`, its --timeout); `nproc`: the ranks started, or None when only the
-    ranks seen are known (a rank not seen yet is then not named)."""
+    ranks seen are known (a rank not seen yet is then not named); `first_rank`: the first of them
+    (a node of several: its own ranks)."""
 
     def __init__(self, launched: float, bound: float | None, nproc: int | None, first: float = FIRST_STAGE_LINE,
-                 per_wait: float | None = None) -> None:
+                 per_wait: float | None = None, first_rank: int = 0) -> None:
         self.launched, self.bound, self.nproc, self.per_wait = launched, bound, nproc, per_wait
+        self.first_rank = first_rank
         self.next_at = first
 
     def due(self, stages: dict[int, dict[str, Any]], now: float) -> str | None:
@@ -37,7 +39,8 @@ class StageLines:
         if self.bound is not None and waited >= self.bound:
             return None
         by_stage: dict[str, list[int]] = {}
-        for r in (range(self.nproc) if self.nproc is not None else sorted(stages)):
+        mine = range(self.first_rank, self.first_rank + self.nproc) if self.nproc is not None else None
+        for r in (mine if mine is not None else sorted(stages)):
             st = stages.get(r)
             by_stage.setdefault(str(st.get("stage")) if st else "not started yet", []).append(r)
         parts = []

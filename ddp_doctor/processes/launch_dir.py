@@ -4,13 +4,16 @@ files, and how the parent reads them back into one report.
 The parent (`ddp-doctor preflight`'s local launch; `ddp-doctor run`'s parent, whose run directory
 holds it as preflight/) makes it private and names it to the ranks in DDP_DOCTOR_LAUNCH_DIR. In it:
 
-    rank-N.json   rank N's findings, view and timeline ("final" once its preflight ended)
+    rank-N.json   rank N's findings, view and timeline ("final" once its preflight ended; "verdict":
+                  the job's, as a rank that is not the reporting one read it)
     report.json   the merged report, from the reporting rank (report/publish.py, deliver)
     stage-N.json  the stage rank N is in now, for the parent's progress line (note_stage)
     nccl-debug.*  NCCL's INFO log of each process (facts/efa.py, nccl_log_env; DDP335 reads it)
 
 The parent merges them (merge_launch_dir): the reporting rank's report, plus what the ranks that
-never joined it left behind, and a finding for each rank that left nothing.
+never joined it left behind, and a finding for each rank that left nothing. On a node without the
+reporting rank (a pod of several), the job's root cause as its ranks read it stands with their
+own findings.
 """
 from __future__ import annotations
 
@@ -54,9 +57,10 @@ def read_by_rank(pattern: str) -> dict[int, dict[str, Any]]:
 
 
 def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, bound: float,
-                     expected: list[int] | None = None) -> dict[str, Any]:
+                     expected: list[int] | None = None, world: dict[str, Any] | None = None) -> dict[str, Any]:
     """The reporting rank's report, plus what ranks that never joined it left behind. `expected`:
-    the ranks started here (default 0..nproc-1; on one node of several, that node's ranks)."""
+    the ranks started here (default 0..nproc-1; on one node of several, that node's ranks).
+    `world`: the report's world when the reporting rank's report is not here (another node's)."""
     merged: dict[str, Any] | None = None
     try:
         with open(report_path(tmp), encoding="utf-8") as f:
@@ -73,13 +77,21 @@ def merge_launch_dir(tmp: str, nproc: int, rc: int | None, timed_out: bool, boun
         findings += [Finding.from_dict(x) for x in d.get("findings", [])]
         if d.get("view"):
             ranks.append(reportlib.rank_entry(d["view"]))
+    if merged is None:  # the reporting rank is on another node: the job's root cause, as read here
+        causes = [d["verdict"]["root_cause"] for _, d in sorted(partials.items())
+                  if isinstance(d.get("verdict"), dict) and isinstance(d["verdict"].get("root_cause"), dict)]
+        if causes and not any(f.id == causes[0].get("id") and f.ranks == causes[0].get("ranks") for f in findings):
+            findings.append(Finding.from_dict(causes[0]))
     reported = covered | {r for r, d in partials.items() if d.get("final")}
     for r in (expected if expected is not None else range(nproc)):
         if r not in reported:
             findings.append(events.launched_rank_lost(r, rc, timed_out=timed_out, bound=bound))
-    world = dict(merged["world"]) if merged else {
+    world = dict(merged["world"]) if merged else dict(world or {
         "launcher": "torchrun", "backend": None, "world_size": nproc, "nnodes": 1,
-        "nproc_per_node": nproc, "master_addr": None, "master_port": None}
+        "nproc_per_node": nproc, "master_addr": None, "master_port": None})
+    if world.get("backend") is None:  # another node's report holds it: this node's ranks say it too
+        world["backend"] = next((d["view"].get("backend") for _, d in sorted(partials.items())
+                                 if isinstance(d.get("view"), dict) and d["view"].get("backend")), None)
     world["launched_by"] = "ddp-doctor"
     return reportlib.build_report(world=world, ranks=ranks, findings=findings,
                                   measurements=(merged or {}).get("measurements") or {})

@@ -124,3 +124,78 @@ def test_run_in_a_pod_whose_command_sets_its_own_layout_stops_before_training(tm
     assert cause["id"] == "DDP220" and cause["ranks"] == [0, 1], cause
     assert (cause["cause_class"], cause["action"]) == ("configuration", "fix_configuration")
     assert "each pod forms a job of its own" in res.stderr
+
+
+def test_preflight_in_a_pod_starts_the_launcher_as_the_pods_torchrun_would():
+    from ddp_doctor.preflight_ranks.local_launch import launcher_command, pod_layout
+    pod = kubeflow_pod_env("trainjob", index=1, pods=2, nproc_per_node="2")
+    layout = pod_layout(pod, None, 30.0)
+    cmd = launcher_command(layout, ["preflight"])
+    # the layout is torchrun's to read from PET_*: no --standalone, --nnodes, --node-rank or master here
+    assert not {"--standalone", "--nnodes", "--node-rank", "--master-addr", "--master-port"} & set(cmd)
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "--rdzv-conf=timeout=30,join_timeout=30" in cmd
+    assert layout.expected == [2, 3] and (layout.world["world_size"], layout.world["nnodes"]) == (4, 2)
+    # the user's own rendezvous settings stand; one pod waits for nobody; --nproc-per-node wins
+    own = pod_layout({**pod, "PET_RDZV_CONF": "timeout=99"}, None, 30.0)
+    assert own.options == ("--rdzv-conf=timeout=99,join_timeout=30",)
+    one = pod_layout(kubeflow_pod_env("trainjob", pods=1, nproc_per_node="auto"), 3, 30.0)
+    assert (one.options, one.nproc, one.expected) == ((), 3, [0, 1, 2])
+
+
+def test_a_pod_without_the_reporting_rank_shows_the_jobs_root_cause(tmp_path):
+    from ddp_doctor.processes.launch_dir import merge_launch_dir, rank_path
+    cause = {"id": "DDP322", "category": "rendezvous", "severity": "error", "title": "t", "message": "rank 0 on pod 0",
+             "hint": "h", "ranks": [0], "evidence": {}}
+    for r in (2, 3):
+        with open(rank_path(str(tmp_path), r), "w") as f:
+            json.dump({"rank": r, "final": True, "view": None, "findings": [],
+                       "verdict": {"status": "fail", "root_cause": cause}}, f)
+    world = {"launcher": "torchrun", "world_size": 4, "nnodes": 2, "nproc_per_node": 2}
+    rep = merge_launch_dir(str(tmp_path), 2, 3, False, 100.0, expected=[2, 3], world=world)
+    assert rep["status"] == "fail" and rep["root_cause"]["id"] == "DDP322" and rep["root_cause"]["ranks"] == [0]
+    assert rep["world"]["world_size"] == 4 and [f["id"] for f in rep["findings"]].count("DDP322") == 1
+
+
+def _two_pods_preflight(tmp_path, pod0: dict[str, str] | None = None) -> list:
+    """`ddp-doctor preflight` as the command of both pods of a TrainJob (simulated hosts), 1 process
+    each; `pod0`: variables for pod 0 besides the operator's. Each pod's report in tmp_path/podN.json."""
+    from helpers.nodes import on_node, require_namespaces
+    from helpers.procs import finish, free_port, start
+    require_namespaces()
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.0.1 train-node-0-0 train-node-0-0.train\n"
+                     "127.0.0.2 train-node-0-1 train-node-0-1.train\n")
+    port = free_port()
+    procs = []
+    for i in (0, 1):
+        pod = {**kubeflow_pod_env("trainjob", index=i, pods=2, nproc_per_node="1", port=port),
+               **((pod0 or {}) if i == 0 else {})}
+        procs.append(start(on_node(pod["HOSTNAME"], hosts, [*DDP, "preflight", *NO_SWEEP, "--timeout", "8",
+                                                              "--report", str(tmp_path / f"pod{i}.json")]),
+                           clean_env(**pod), str(tmp_path)))
+    return [finish(p, 150) for p in procs]
+
+
+@pytest.mark.slow
+def test_preflight_as_the_command_of_two_pods_spans_the_job(tmp_path):
+    # one job of 2 pods x 1 process, met through the operator's PET_* variables: no layout finding
+    for i, res in enumerate(_two_pods_preflight(tmp_path)):
+        assert res.rc == 0, (i, res.stderr[-3000:])
+        assert "2 rank(s) on 2 node(s)" in res.stdout + res.stderr, (i, res.stdout, res.stderr[-2000:])
+    rep = json.loads((tmp_path / "pod0.json").read_text())
+    assert rep["status"] in ("pass", "warn") and sorted(r["rank"] for r in rep["ranks"]) == [0, 1]
+    assert {r["host"] for r in rep["ranks"]} == {"train-node-0-0", "train-node-0-1"}
+    assert not {f["id"] for f in rep["findings"]} & set(IDS), rep["findings"]
+
+
+@pytest.mark.slow
+def test_the_pod_without_the_reporting_rank_shows_the_jobs_root_cause(tmp_path):
+    # pod 0 names an interface it lacks: the job's root cause is rank 0's, and pod 1, whose own rank
+    # only saw the group fail to form, says so too and exits by that verdict
+    results = _two_pods_preflight(tmp_path, {"GLOO_SOCKET_IFNAME": "nonexistent0"})
+    assert [r.rc for r in results] == [3, 3], [r.stderr[-2000:] for r in results]
+    for i in (0, 1):
+        rep = json.loads((tmp_path / f"pod{i}.json").read_text())
+        assert rep["root_cause"]["id"] == "DDP301" and rep["root_cause"]["ranks"] == [0], (i, rep["findings"])
+        assert (rep["world"]["world_size"], rep["world"]["nnodes"], rep["world"]["backend"]) == (2, 2, "gloo")
+    assert "Root cause: DDP301 Named network interface does not exist [rank 0]" in results[1].stdout

@@ -131,6 +131,13 @@ def test_ranks_in_one_stage_share_it():
     assert "ranks 0, 1, 2 in group_checks (6.0 s)" in line
 
 
+def test_a_node_of_several_names_its_own_ranks():
+    # a pod's launch of ranks 2 and 3 of a two-pod job: rank 0 is another pod's, never "not started"
+    stages = {2: {"rank": 2, "stage": "meet", "since": T0 + 1}}
+    line = StageLines(T0, bound=240.0, nproc=2, first_rank=2).due(stages, T0 + 6)
+    assert "rank 2 in meet (5.0 s); rank 3 not started yet" in line and "rank 0" not in line
+
+
 def test_the_options_are_the_parents_own():
     from ddp_doctor.cli.launch import rank_argv
     from ddp_doctor.cli.run_argv import run_options, split_argv
