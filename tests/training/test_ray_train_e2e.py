@@ -3,8 +3,8 @@
 On the local cluster its own ray.init() starts (the workers inherit the probes from the driver's
 environment): the worker that raised is the root cause by its world rank and line (Ray's
 WorkerGroupError in the driver, unwrapped), the driver waiting in trainer.fit() is no hang, the
-job's world is its workers', and the cluster is shut down as the interpreter's exit would (no
-leftovers named, none left running).
+job's world is its workers', their probes judge their data (both drew the same samples), and the
+cluster is shut down as the interpreter's exit would (no leftovers named, none left running).
 
 On a cluster started before it (`ray start --head`, reached through RAY_ADDRESS: the workers get
 the probes through Ray's runtime-environment hook, not from the driver's environment): a worker
@@ -36,6 +36,7 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
@@ -44,10 +45,11 @@ def loop(config):
     rank = ray.train.get_context().get_world_rank()
     model = ray.train.torch.prepare_model(nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(4):
+    data = DataLoader(TensorDataset(torch.arange(256.0).view(64, 4)), batch_size=8)  # not prepared: not sharded
+    for step, (x,) in enumerate(data):
         if rank == 1 and step == 2:
             raise ValueError(f"bad shard on rank {rank} at step {step}")
-        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -132,7 +134,8 @@ def test_the_ray_worker_that_raised_is_the_root_cause_with_its_line(tmp_path):
     assert res.returncode == 1, res.stderr[-4000:]  # the script's own status: fit() raised
     cause = rep["root_cause"]
     assert cause["id"] == "DDP800" and cause["ranks"] == [1], rep["findings"]
-    assert cause["evidence"]["raised_at"] == f"{script}:16 in loop", cause["evidence"]
+    raises = next(i for i, ln in enumerate(script.read_text().splitlines()) if "raise ValueError" in ln) + 1
+    assert cause["evidence"]["raised_at"] == f"{script}:{raises} in loop", cause["evidence"]
     assert (cause["cause_class"], cause["action"]) == ("code", "fix_code")
     assert "bad shard on rank 1 at step 2" in cause["message"] and "Ray Train worker rank 1" in cause["message"]
     found = {f["id"] for f in rep["findings"]}
@@ -142,6 +145,10 @@ def test_the_ray_worker_that_raised_is_the_root_cause_with_its_line(tmp_path):
     # the job's world is its workers' (the driver that ddp-doctor runs has none of its own)
     assert "2 rank(s) on 1 node(s), launcher ray, backend gloo" in res.stderr
     assert (rep["world"]["launcher"], rep["world"]["world_size"], rep["world"]["nnodes"]) == ("ray", 2, 1)
+    # the workers' own probes: both drew the same samples from a loader Ray Train did not prepare
+    # (their records are written as they train: Ray ends its workers without their exit)
+    [same] = [f for f in rep["findings"] if f["id"] == "DDP850"]
+    assert same["ranks"] == [0, 1] and "SequentialSampler over TensorDataset of 64" in same["message"], same
 
 
 def test_a_ray_worker_that_hangs_on_a_cluster_it_joined_is_named_with_its_stack_within_the_bound(tmp_path, cluster):

@@ -81,18 +81,26 @@ def _beats(run_dir: str) -> None:
     last: tuple[Any, Any] | None = None
     progress = answered = time.time()  # a ledger request older than this process is another job's
     begun = taken = False
+    flushed: tuple[int, ...] = ()
     while True:
         time.sleep(INTERVAL)
         try:
-            if not group_is_up():
+            rec = current_recorder()
+            up = group_is_up()
+            if rec is not None and (up or begun) and (not begun or _recorded(rec) != flushed):
+                # its record from the start (its rank, world, who started it: a hang or a stop before
+                # its first step still has them), and again as it records more, also once its group
+                # is gone (Ray Train destroys it after the train function): Ray ends its workers
+                # without their exit, so the record written at a script's end never comes
+                if not begun:
+                    rec.adopt_group()
+                begun, flushed = True, _recorded(rec)
+                rec.flush(empty_too=True)
+            if not up:
                 continue
             dist = sys.modules["torch.distributed"]
-            rec = current_recorder()
-            if not begun:
-                begun, taken = True, _take_stack_signal(run_dir)
-                if rec is not None:  # its record from the start (its rank, world, who started it): a
-                    rec.adopt_group()  # hang or a stop before its first step still has them
-                    rec.flush(empty_too=True)
+            if not taken:  # tried again each beat until taken (never while the script holds the signal)
+                taken = _take_stack_signal(run_dir)
             now, seen = time.time(), (collectives_issued(), getattr(rec, "steps", None))
             if seen != last:
                 last, progress = seen, now
@@ -105,6 +113,11 @@ def _beats(run_dir: str) -> None:
                 _leave_ledger(run_dir, "hung", in_collective=False, where=where["where"])
         except Exception:  # noqa: BLE001 - a beat never breaks the rank; the next second tries again
             continue
+
+
+def _recorded(rec: Any) -> tuple[int, ...]:
+    """How much the recorder holds (steps, events, batches recorded, loaders): a change is worth a write."""
+    return (rec.steps, len(rec.events), sum(len(v) for v in rec.iterations.values()), len(rec.loaders))
 
 
 def _training_thread(main: int) -> int:
