@@ -220,3 +220,16 @@ def test_records_of_an_earlier_job_in_a_shared_run_directory_are_not_this_jobs(t
     assert ledger.live_ranks(run_dir, but=0) == [3]  # without the bound: both misread
     ledger.request(run_dir, reason="peer failed")
     assert ledger.requested(run_dir, since)
+
+
+def test_stacks_of_a_rank_that_took_no_stack_signal_come_from_its_beat_thread(tmp_path):
+    # a started rank whose SIGUSR2 the script holds (or that could not take it) is not signalled: its
+    # beat thread dumps every thread's stack when the ledger is asked for, and the driver reads that
+    import threading
+
+    from ddp_doctor.training.probes import child_beat
+    from ddp_doctor.training.run.hung_children import _stacks
+    pid = os.getpid()
+    threading.Timer(0.3, child_beat._dump_stacks, args=(str(tmp_path),)).start()
+    got = _stacks(str(tmp_path), {pid: {"pid": pid, "rank": 1, "stacks": False}})
+    assert "Thread 0x" in got[pid] and "test_ledger_records.py" in got[pid], got

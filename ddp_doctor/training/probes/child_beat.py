@@ -3,7 +3,8 @@ workers): their parent waits for them (in mp.spawn's join, in trainer.fit()) and
 their progress. Each such process, once it is in a process group, writes a beat a second into
 the run directory (`child-PID.json`, 0600: its rank, when it last made progress, whether its
 training thread is inside a collective and where) and dumps every thread's stack into `child-stacks-PID.txt` on
-SIGUSR2 (faulthandler: also while the main thread is blocked in a collective). The parent's
+SIGUSR2 (faulthandler: also while the main thread is blocked in a collective; where the script
+holds SIGUSR2, or it could not be taken, the beat thread dumps them when the parent asks). The parent's
 watchdog judges a hang from the beats and asks for the stacks (training/run/hung_children.py) and
 the ledgers: the beat thread answers a ledger request as a launched rank's watchdog does (its
 ledger-RANK.json, from torch's flight recorder), and a collective that raises leaves the
@@ -111,8 +112,19 @@ def _beats(run_dir: str) -> None:
             if ledger_requested(run_dir, answered):
                 answered = time.time()
                 _leave_ledger(run_dir, "hung", in_collective=False, where=where["where"])
+                if not taken:  # no SIGUSR2 of ours to ask with: every thread's stack from this thread
+                    _dump_stacks(run_dir)
         except Exception:  # noqa: BLE001 - a beat never breaks the rank; the next second tries again
             continue
+
+
+def _dump_stacks(run_dir: str) -> None:
+    """Every thread's stack into this process's stacks file, as faulthandler writes it on SIGUSR2."""
+    try:
+        with open(stacks_path(run_dir, os.getpid()), "a", encoding="utf-8") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        pass
 
 
 def _recorded(rec: Any) -> tuple[int, ...]:

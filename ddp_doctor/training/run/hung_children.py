@@ -76,16 +76,17 @@ def end_hung_children(watch: Any, found: tuple[dict[int, dict[str, Any]], float]
 
 
 def _stacks(run_dir: str, beats: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """pid -> its threads' stacks, as faulthandler wrote them on SIGUSR2 (bounded wait)."""
+    """pid -> its threads' stacks, as faulthandler wrote them on SIGUSR2, or as the process's beat
+    thread wrote them on the ledger request where it took no SIGUSR2 (bounded wait)."""
     asked: dict[int, int] = {}
     for pid, beat in beats.items():
         path = child_beat.stacks_path(run_dir, pid)
-        if not beat.get("stacks"):
-            continue
         try:
-            asked[pid] = os.path.getsize(path)
-            os.kill(pid, child_beat.STACK_SIGNAL)
+            asked[pid] = os.path.getsize(path) if os.path.exists(path) else 0
+            if beat.get("stacks"):
+                os.kill(pid, child_beat.STACK_SIGNAL)
         except OSError:
+            asked.pop(pid, None)
             continue
     out: dict[int, str] = {}
     sizes: dict[int, int] = {}
@@ -96,8 +97,7 @@ def _stacks(run_dir: str, beats: dict[int, dict[str, Any]]) -> dict[int, str]:
             try:
                 size = os.path.getsize(child_beat.stacks_path(run_dir, pid))
             except OSError:
-                del asked[pid]
-                continue
+                continue  # not written yet (the beat thread writes it within its second)
             if size > before and sizes.get(pid) == size:  # written, and no longer growing
                 with open(child_beat.stacks_path(run_dir, pid), encoding="utf-8", errors="replace") as f:
                     f.seek(before)
