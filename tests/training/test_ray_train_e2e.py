@@ -20,12 +20,11 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers.procs import DDP, NO_SWEEP, clean_env, free_port, kill_tree, start, wait_for_line
+from helpers.procs import DDP, NO_SWEEP, clean_env, free_port, kill_tree, start, wait_for, wait_for_line
 
 pytest.importorskip("ray.train.torch", reason="the ray extra: pip install 'ddp-doctor[ray]'")
 pytestmark = pytest.mark.slow
@@ -119,14 +118,9 @@ def cluster(tmp_path):
                 CURRENT.write_text(before)
 
 
-def _gone(pids: list[int], bound: float) -> list[int]:
-    """The pids still alive after at most `bound` seconds."""
-    deadline = time.monotonic() + bound
-    while True:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.2)
+def _alive(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie is not)."""
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_the_ray_worker_that_raised_is_the_root_cause_with_its_line(tmp_path):
@@ -174,4 +168,5 @@ def test_a_ray_worker_that_hangs_on_a_cluster_it_joined_is_named_with_its_stack_
     assert (rep["world"]["launcher"], rep["world"]["world_size"]) == ("ray", 2)  # recorded before any step
     # the driver is gone: the cluster, still up, ends the job's workers
     [pids] = re.findall(r"the ranks the script started \(2: pids (\d+), (\d+)\) made no progress", res.stderr)
-    assert not _gone([int(p) for p in pids], 60), pids
+    workers = [int(p) for p in pids]
+    wait_for(lambda: not _alive(workers), 60, lambda: f"the job's workers to end: {_alive(workers)} still run")
