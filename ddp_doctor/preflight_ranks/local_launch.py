@@ -17,6 +17,7 @@ timing (processes/stop_signals.py). The ranks' files and their merge: processes/
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -57,6 +58,16 @@ class Layout:
         return list(range(self.first_rank, self.first_rank + self.nproc))
 
 
+def bounded_rdzv_conf(conf: str | None, timeout: float) -> str | None:
+    """torchrun's --rdzv-conf with its wait for the other nodes bounded by `timeout` (static:
+    `timeout`, c10d: `join_timeout`, 900 s each by default) where `conf` leaves them unset; None
+    when it sets both."""
+    keys = {kv.split("=", 1)[0].strip() for kv in (conf or "").split(",") if "=" in kv}
+    bound = str(max(1, math.ceil(timeout)))
+    more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys]
+    return ",".join(([conf] if conf else []) + more) if more else None
+
+
 def pod_layout(env: Mapping[str, str], nproc_given: int | None, timeout: float) -> Layout:
     """In a pod the operator configured through torchrun's PET_* variables: the launcher reads the
     nodes, node rank, master and rendezvous from them; the processes per pod are given (--nproc-per-
@@ -67,14 +78,9 @@ def pod_layout(env: Mapping[str, str], nproc_given: int | None, timeout: float) 
     pet = (env.get("PET_NPROC_PER_NODE") or "").strip()
     nproc = nproc_given or (int(pet) if pet.isdigit() and int(pet) > 0 else default_nproc(dict(env)))
     options: list[str] = []
-    nnodes = (env.get("PET_NNODES") or "1").strip()
-    if nnodes != "1":
-        conf = env.get("PET_RDZV_CONF") or ""
-        keys = {kv.split("=", 1)[0].strip() for kv in conf.split(",") if "=" in kv}
-        bound = str(max(1, int(timeout + 0.999)))
-        more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys]
-        if more:
-            options.append("--rdzv-conf=" + ",".join(([conf] if conf else []) + more))
+    conf = bounded_rdzv_conf(env.get("PET_RDZV_CONF"), timeout)
+    if (env.get("PET_NNODES") or "1").strip() != "1" and conf is not None:
+        options.append("--rdzv-conf=" + conf)
     node_rank = as_int(env_int(env, "PET_NODE_RANK")) or 0
     pods = as_int(env_int(env, "PET_NNODES"))
     world = {"launcher": "torchrun", "backend": None, "world_size": pods * nproc if pods else None,

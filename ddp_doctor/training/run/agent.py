@@ -19,7 +19,6 @@ and exits with status 3, as a failed preflight does.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -317,14 +316,13 @@ def agent_command(torchrun: list[str], doctor: list[str], target: Target) -> lis
         args.append("--standalone")  # a free port for the store: no collisions between jobs
     # Several nodes: the launcher's own rendezvous waits for the others 900 s by default (static:
     # timeout, c10d: join_timeout): bound it by --timeout, as the preflight bounds the ranks' meeting.
-    bound = str(max(1, math.ceil(float(torchrun_value(doctor, "--timeout") or 60))))
-    conf = torchrun_value(args, "--rdzv-conf", "--rdzv_conf")
-    keys = {kv.split("=", 1)[0].strip() for kv in (conf or "").split(",") if "=" in kv}
-    more = [f"{k}={bound}" for k in ("timeout", "join_timeout") if k not in keys] if nnodes != "1" else []
-    if more:
+    from ddp_doctor.preflight_ranks.local_launch import bounded_rdzv_conf
+    conf = bounded_rdzv_conf(torchrun_value(args, "--rdzv-conf", "--rdzv_conf"),
+                             float(torchrun_value(doctor, "--timeout") or 60))
+    if nnodes != "1" and conf is not None:
         args = [a for i, a in enumerate(args) if a.split("=", 1)[0] not in ("--rdzv-conf", "--rdzv_conf")
                 and not (i and args[i - 1] in ("--rdzv-conf", "--rdzv_conf"))]
-        args.append("--rdzv-conf=" + ",".join(([conf] if conf else []) + more))
+        args.append("--rdzv-conf=" + conf)
     tail = ["-m", target.module] if target.module else [str(target.path)]
     return [sys.executable, "-m", "ddp_doctor.training.run.agent", *args, "-m", "ddp_doctor", "run",
             *doctor, *tail, *target.args]

@@ -23,7 +23,7 @@ from ddp_doctor.training.run import ledger
 from ddp_doctor.training.run.outside_report import write_outside_report
 from ddp_doctor.training.run.stopped_rank import say
 
-STACKS_WAIT = 3.0  # seconds for the children's stacks to be written after SIGUSR2
+STACKS_WAIT = 3.0  # seconds for the children's stacks (after SIGUSR2, or from their beat threads)
 LEDGER_WAIT = 3.0  # seconds for their ledgers after the request (their beat threads look each second)
 
 
