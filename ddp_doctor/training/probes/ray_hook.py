@@ -6,19 +6,21 @@ to the script:
 - RAY_RUNTIME_ENV_HOOK names a function `ray.init()` calls in the driver with the job's runtime
   environment and whose result it uses (ray/_private/worker.py). `ddp-doctor run` names
   `runtime_env` below; a hook the user had already set is kept in USER_HOOK_ENV and called first.
-- `runtime_env["worker_process_setup_hook"]` names a function every worker process of the job
-  calls once as it starts; `setup` below installs the probes there (install.install_in_child),
+- `runtime_env["worker_process_setup_hook"]` is a function every worker process of the job calls
+  once as it starts (GUARDED_SETUP: `setup` below where ddp-doctor is installed, the worker starts
+  unprobed where it is not); `setup` installs the probes there (install.install_in_child),
   and `env_vars` carry the run directory and ddp-doctor's own variables (the flight recorder's
   size) to the workers. A setup hook the script gave as a name is kept and called after ours; one
   given as a Python function is left alone, and ours is not added (that job's workers on a local
   cluster still inherit the probes).
 
-ddp-doctor must be importable on the cluster's nodes (installed in the workers' environment). A
-worker on another node writes its records into the same path on its node: the driver's report
+The workers are probed where ddp-doctor is installed in their environment. A worker on another
+node writes its records into the same path on its node: the driver's report
 sees only its own node's workers, as one node's run directory does.
 """
 from __future__ import annotations
 
+import builtins
 import importlib
 import os
 from typing import Any
@@ -30,7 +32,6 @@ HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
 USER_HOOK_ENV = "DDP_DOCTOR_RAY_USER_HOOK"  # the user's RAY_RUNTIME_ENV_HOOK, called first
 USER_SETUP_ENV = "DDP_DOCTOR_RAY_USER_SETUP"  # the script's worker_process_setup_hook, called after ours
 HOOK = f"{__name__}.runtime_env"
-SETUP = f"{__name__}.setup"
 SETUP_KEY = "worker_process_setup_hook"
 
 
@@ -60,7 +61,7 @@ def runtime_env(given: Any) -> Any:
     if setup_hook is not None and not isinstance(setup_hook, str):
         return out  # the script's own function: Ray exports it; one hook per job, theirs
     variables = dict(out.get("env_vars") or {})
-    if isinstance(setup_hook, str) and setup_hook != SETUP:
+    if isinstance(setup_hook, str):
         variables[USER_SETUP_ENV] = setup_hook
     mine = {PROBE_DIR_ENV, *owned(os.environ)} - {HOOK_ENV}
     for name in sorted(mine):
@@ -69,8 +70,33 @@ def runtime_env(given: Any) -> Any:
     if OWN_ENV in os.environ:
         variables.setdefault(OWN_ENV, os.environ[OWN_ENV])
     out["env_vars"] = variables
-    out[SETUP_KEY] = SETUP
+    out[SETUP_KEY] = _guarded_setup()
     return out
+
+
+# What each worker runs as it starts. Given to Ray as a function it pickles by value (made outside
+# any importable module, it needs only builtins to unpickle), not as "module.function": Ray ends a
+# worker whose setup hook cannot be imported, and a worker of a cluster without ddp-doctor must
+# start, unprobed, with the script's own hook run as Ray would have.
+GUARDED_SETUP = f"""
+def ddp_doctor_setup():
+    import importlib, os
+    try:
+        from {__name__} import setup
+    except ImportError:
+        theirs = os.environ.get({USER_SETUP_ENV!r})
+        if theirs:
+            module, _, name = theirs.rpartition(".")
+            getattr(importlib.import_module(module), name)()
+    else:
+        setup()
+"""
+
+
+def _guarded_setup() -> Any:
+    namespace: dict[str, Any] = {"__name__": "ddp_doctor_ray_setup", "__builtins__": builtins}
+    exec(GUARDED_SETUP, namespace)  # noqa: S102 - our own text, above
+    return namespace["ddp_doctor_setup"]
 
 
 def setup() -> None:
