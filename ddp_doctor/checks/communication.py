@@ -138,6 +138,10 @@ def judge_bandwidth(entries: list[dict[str, Any]], scope: str, instance_type: st
     seen = f"{big['busbw_gbps']:.2f} GB/s busbw at {arithmetic.format_bytes(big['bytes'])} ({scope}, {backend})"
     if backend not in ("nccl", "smddp") or not device.startswith("cuda"):
         return None
+    if big.get("nranks") == 1:  # busbw 0 (nccl-tests' factor): no link to judge, not a slow one
+        return Problem(message=f"all_reduce over 1 rank at {arithmetic.format_bytes(big['bytes'])} ({scope}, "
+                               f"{backend}): no link crossed, so no bandwidth is judged",
+                       severity="info", evidence={"scope": scope, "nranks": 1})
     sharing = big.get("sharing") if scope == "inter-node" else None
     figures = expected_bw.expected_for(instance_type, scope, sharing)
     if figures is None:

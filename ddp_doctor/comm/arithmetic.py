@@ -66,9 +66,11 @@ def sizes(min_bytes: int, max_bytes: int) -> list[int]:
 
 
 def busbw_factor(n: int, op: str = "all_reduce") -> float:
-    """nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n, all_gather (n-1)/n, broadcast 1."""
+    """nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n, all_gather (n-1)/n, broadcast 1.
+    A group of one rank moves nothing over a link: 0, as nccl-tests counts it (its algbw is the
+    speed of a local no-op or copy, which no link bounds)."""
     if n <= 1:
-        return 1.0
+        return 0.0
     return BUSBW_FACTORS[op](n)
 
 

@@ -164,9 +164,9 @@ def sweep_all_reduce(comm: Comm, cfg: SweepConfig,
             import torch.distributed as dist
             begin.record()
             works = [dist.all_reduce(t, group=comm.pg, async_op=True) for _ in range(iters)]
-            end.record()
-            for w in works:
+            for w in works:  # makes this stream wait for NCCL's: `end` then follows the last all_reduce
                 comm.wait(w)
+            end.record()  # recorded before the waits, it would time the enqueueing, not the transfers
             end.synchronize()
             elapsed = begin.elapsed_time(end) / 1e3
         else:

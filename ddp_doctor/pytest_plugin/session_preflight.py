@@ -19,6 +19,7 @@ import pytest
 from ddp_doctor.pytest_plugin.marker import LAUNCHER_PREFIXES, SPEC, is_distributed, mark_spec, resolved_backend
 from ddp_doctor.pytest_plugin.settings import DEFAULT_WORLD_SIZE, Settings
 from ddp_doctor.pytest_plugin.state import State, get_state, visible_gpus
+from ddp_doctor.report.render import all_reduce_figure
 
 PREFLIGHT_NODEID = "ddp_doctor::preflight"
 VERDICT_FILE = "verdict.json"   # in the xdist exchange directory, written by the controller
@@ -165,7 +166,7 @@ def run_one_preflight(backend: str, nproc: int, report: str, settings: Settings)
         ar = (rep.get("measurements") or {}).get("all_reduce") or []
         if ar:
             big = max(ar, key=lambda m: m.get("bytes", 0))
-            run["all_reduce"] = {k: big.get(k) for k in ("bytes", "time_us", "busbw_gbps", "correct")}
+            run["all_reduce"] = {k: big.get(k) for k in ("bytes", "time_us", "busbw_gbps", "correct", "nranks")}
         run["text"] = render_text(rep, report_path=report)
     if timed_out:
         run["status"] = "error"
@@ -248,8 +249,7 @@ def summary_lines(v: dict[str, Any]) -> list[str]:
         lines.append(f"GPUs: {v['visible_gpus']} visible, {v['expect_gpus']} expected")
     for r in v["runs"]:
         ar = r.get("all_reduce")
-        fig = (f"all_reduce {ar['bytes']} B in {ar['time_us']:.0f} us, busbw {ar['busbw_gbps']:.3f} GB/s, "
-               f"{'correct' if ar['correct'] else 'WRONG'}" if ar else "no all_reduce measured")
+        fig = f"all_reduce {all_reduce_figure(ar)}" if ar else "no all_reduce measured"
         lines.append(f"{r['backend']} x {r['world_size']} ranks: {r['status']} in {r['seconds']:.1f} s; {fig}; "
                      f"report {r['report']}")
     return lines

@@ -139,11 +139,19 @@ def _lines(report: dict[str, Any], report_path: str | None, verbose: bool, comma
     ar = (report.get("measurements") or {}).get("all_reduce") or []
     if ar and (verbose or not failed):
         big = max(ar, key=lambda m: m.get("bytes", 0))
-        lines.append(f"all_reduce: {big['bytes']} bytes in {big['time_us']:.0f} us, "
-                     f"busbw {big['busbw_gbps']:.3f} GB/s, {'correct' if big.get('correct') else 'WRONG'}")
+        lines.append(f"all_reduce: {all_reduce_figure(big)}")
     if report_path:
         lines.append(f"Report: {report_path}")
     return lines
+
+
+def all_reduce_figure(big: dict[str, Any]) -> str:
+    """The largest size of an all_reduce sweep in a few words. A group of one rank crosses no link:
+    its time is a local no-op's, so no bandwidth is quoted for it."""
+    result = "correct" if big.get("correct") else "WRONG"
+    if big.get("nranks") == 1:
+        return f"{big['bytes']} bytes over 1 rank: no link crossed, no bandwidth to measure; {result}"
+    return f"{big['bytes']} bytes in {big['time_us']:.0f} us, busbw {big['busbw_gbps']:.3f} GB/s, {result}"
 
 
 def _by_id(group: list[dict[str, Any]], fit: _Fit, fix: bool) -> list[str]:

@@ -24,7 +24,8 @@ def test_busbw_factors_follow_nccl_tests():
     assert arithmetic.busbw_factor(8) == 1.75
     assert arithmetic.busbw_factor(4, "all_gather") == 0.75
     assert arithmetic.busbw_factor(8, "broadcast") == 1.0
-    assert arithmetic.busbw_factor(1) == 1.0
+    assert arithmetic.busbw_factor(1) == 0.0  # one rank: no link crossed
+    assert arithmetic.busbw_factor(1, "broadcast") == 0.0
 
 
 def test_bandwidth_is_bytes_over_time_times_factor():
@@ -205,6 +206,18 @@ def test_known_type_healthy_passes():
     # the threshold is configurable
     assert cc.judge_bandwidth(_sweep(35.0), "inter-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {},
                               min_fraction=1.2) is not None
+
+
+def test_one_rank_crosses_no_link_and_is_not_judged():
+    """A 1-GPU job's sweep: busbw 0 as nccl-tests counts it, which is no slow link; its algbw is a
+    local no-op's speed (on an H200, 256 MiB in 24 us: 11 TB/s), which no link bounds."""
+    one = [{**e, "nranks": 1} for e in _sweep(0.0)]
+    p = cc.judge_bandwidth(one, "intra-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {})
+    assert p is not None and p.severity == "info" and "no link crossed" in p.message
+    assert arithmetic.bandwidth(256 * arithmetic.MIB, 24e-6, 1) == (pytest.approx(11184.8, rel=1e-3), 0.0)
+    # two ranks on the same type and figure are judged (the warning's own severity)
+    two = [{**e, "nranks": 2} for e in _sweep(0.0)]
+    assert cc.judge_bandwidth(two, "intra-node", "ml.p4d.24xlarge", "nccl", "cuda:0", {}).severity is None
 
 
 def test_unknown_type_and_cpu_are_not_judged():

@@ -203,6 +203,11 @@ def test_render_text_measurements() -> None:
                          "correct": False}]}
     text = render_text(reportlib.build_report(world=WORLD, ranks=[], findings=[], measurements=m))
     assert "all_reduce: 1048576 bytes in 1234 us, busbw 1.600 GB/s, WRONG" in text
+    one = {"all_reduce": [{"bytes": 268435456, "time_us": 24.1, "algbw_gbps": 11126.9, "busbw_gbps": 0.0,
+                           "correct": True, "nranks": 1}]}
+    text = render_text(reportlib.build_report(world=WORLD, ranks=[], findings=[], measurements=one))
+    assert "all_reduce: 268435456 bytes over 1 rank: no link crossed, no bandwidth to measure; correct" in text
+    assert "GB/s" not in text
 
 
 # ---------------------------------------------------------------- launch dir (self-launched preflight)
