@@ -554,3 +554,19 @@ def local_ranks_fit_gpus(ctx: RankContext) -> Iterator[Problem]:
         yield Problem(
             message=f"{local_n}={lr} but only {gpus} GPU(s) are visible ({_cvd(ctx)}): cuda:{lr} does not exist",
             hint=fix, evidence=ev)
+
+
+LOCAL_RANKS_EXCEED_GPUS = REGISTRY["DDP109"]  # local_ranks_fit_gpus' entry
+
+
+def device_missing_said(findings: list[Finding], device: str, visible_gpus: int) -> bool:
+    """True when this rank's GPU (`cuda:N`) is not among the visible ones and its findings already
+    say so (DDP109): the preflight then does not try init_process_group, whose failure ("invalid
+    device ordinal") could only add a second, misleading finding (DDP321)."""
+    if not device.startswith("cuda:"):
+        return False
+    try:
+        index = int(device.split(":", 1)[1])
+    except ValueError:
+        return False
+    return index >= visible_gpus and any(f.id == LOCAL_RANKS_EXCEED_GPUS.id for f in findings)

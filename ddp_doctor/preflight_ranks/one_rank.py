@@ -22,7 +22,7 @@ from ddp_doctor import check_runner
 from ddp_doctor.checks import internal as events
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.history_rules import BANDWIDTH, against_history
-from ddp_doctor.checks.launcher_env import backend_missing_said
+from ddp_doctor.checks.launcher_env import backend_missing_said, device_missing_said
 from ddp_doctor.context import Group, RankContext, current_context
 from ddp_doctor.exit_codes import EXIT_INTERNAL, EXIT_OK, FailOn
 from ddp_doctor.facts import ports
@@ -254,8 +254,10 @@ class RankPreflight:
         ctx, opts = self.ctx, self.opts
         backend = ctx.backend
         device = ctx.device
-        if backend_missing_said(self.findings, backend, ctx.host.backends):
-            return  # said why: an init attempt would only add a second, misleading finding
+        if backend_missing_said(self.findings, backend, ctx.host.backends) or \
+                device_missing_said(self.findings, device, ctx.host.visible_gpus):
+            self._say_group_state(store, False)  # said why: an init attempt would only add a second,
+            return                               # misleading finding
         try:
             if device.startswith("cuda"):
                 import torch
@@ -273,8 +275,12 @@ class RankPreflight:
             self._say_group_state(store, False)
             return
         self._say_group_state(store, True)
+        with self._stage("group_ready"):
+            failed = self._group_failures(store)
         group = Group(rank=self.rank, world_size=ws, backend=backend, device=device, timeout=opts.timeout)
         try:
+            if failed:  # a peer is not in the group (its own findings say why): a collective would wait for it
+                return
             with self._stage("group_checks"):
                 differ = plans_differ(group, group_plan(opts.select, opts.skip), self.rank)
                 if differ is not None:  # a collective one rank calls and another never does: none run
@@ -286,29 +292,39 @@ class RankPreflight:
         finally:
             if not opts.keep_group:
                 with self._stage("teardown"):
-                    self._await_group_states(store, ws)
                     call_with_time_limit(dist.destroy_process_group, 10.0)
                 sys.excepthook = hook
 
-    # init_process_group has no barrier at its end (torch's TORCH_DIST_INIT_BARRIER is off by
-    # default): a rank may return from it while a slower peer still completes its connections to
-    # it. Destroying the group then (no collective ran: `--skip communication`) closes them under
-    # that peer, whose init fails ("Gloo connectFullMesh failed ... Connection closed by peer"): a
-    # false DDP321. So every rank says how its init ended, and the group is destroyed only once
-    # every rank has said so (bounded: a rank that died is reported by the store's own findings).
+    # Every rank says how its init ended, and waits (bounded) until every rank has said so, before
+    # its first collective and before it destroys the group:
+    # - a peer whose init failed is not in the group. NCCL's init is lazy, so the others' init
+    #   returned, and their first collective would wait for that peer (in NCCL's bootstrap, which
+    #   no group timeout bounds) until the launcher ends them: no collective is run then.
+    # - init_process_group has no barrier at its end (torch's TORCH_DIST_INIT_BARRIER is off by
+    #   default): a rank may return from it while a slower peer still completes its connections to
+    #   it. Destroying the group then (no collective ran: `--skip communication`) closes them under
+    #   that peer, whose init fails ("Gloo connectFullMesh failed ... Connection closed by peer"): a
+    #   false DDP321.
     def _say_group_state(self, store: Any, up: bool) -> None:
+        bound = op_bound(self.opts.timeout)
         try:
-            n = int(store_call(lambda: store.add("group_said", 1), "the group's state", op_bound(self.opts.timeout)))
+            if not up:  # counted before it is said: once every rank has said, the count is final
+                store_call(lambda: store.add("group_failed", 1), "the group's state", bound)
+            n = int(store_call(lambda: store.add("group_said", 1), "the group's state", bound))
             if n == (self.ctx.world_size or 1):  # the last to say it tells the others in one key
-                store_call(lambda: store.set("group_said/all", "1"), "the group's state", op_bound(self.opts.timeout))
+                store_call(lambda: store.set("group_said/all", "1"), "the group's state", bound)
         except Exception:  # noqa: BLE001 - a lost store is found (and said) by the next store step
             pass
 
-    def _await_group_states(self, store: Any, ws: int) -> None:
+    def _group_failures(self, store: Any) -> int | None:
+        """How many ranks' init failed, once every rank has said how its init ended; None when not
+        every rank said so in time (a rank that died is reported by the store's own findings)."""
+        bound = op_bound(self.opts.timeout)
         try:
-            wait_keys(store, ["group_said/all"], "every rank's init", time.monotonic() + op_bound(self.opts.timeout))
-        except Exception:  # noqa: BLE001 - as above: the teardown goes on
-            pass
+            wait_keys(store, ["group_said/all"], "every rank's init", time.monotonic() + bound)
+            return int(store_call(lambda: store.add("group_failed", 0), "the group's state", bound))
+        except Exception:  # noqa: BLE001 - as above: the group checks go on, bounded by the group's timeout
+            return None
 
     # ------------------------------------------------------------------ endings
     def _report(self, store: Any, meeting: rendezvous.Meeting, hosting: bool) -> dict[str, Any]:

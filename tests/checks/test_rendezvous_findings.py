@@ -8,7 +8,12 @@ import pytest
 
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.checks.internal import checked_in_rank_lost, tool_failed
-from ddp_doctor.checks.launcher_env import BACKEND_MISSING, backend_missing_said
+from ddp_doctor.checks.launcher_env import (
+    BACKEND_MISSING,
+    LOCAL_RANKS_EXCEED_GPUS,
+    backend_missing_said,
+    device_missing_said,
+)
 from ddp_doctor.checks.stalls import preflight_interrupted_finding
 from ddp_doctor.facts.ports import PortHolder
 from ddp_doctor.findings import ROOT_CAUSE, Problem
@@ -192,3 +197,13 @@ def test_a_backend_that_cannot_exist_here_skips_init_process_group() -> None:
     assert backend_missing_said([said], "nccl", ("gloo",))
     assert not backend_missing_said([said], "gloo", ("gloo",))  # available after all: init is tried
     assert not backend_missing_said([], "nccl", ("gloo",))  # not said: init says why
+
+
+def test_a_gpu_that_does_not_exist_skips_init_process_group() -> None:
+    """Two ranks on a 1-GPU host: rank 1's cuda:1 does not exist, DDP109 says so, and its init
+    (NCCL: "invalid device ordinal") is not tried; rank 0's cuda:0 exists and is tried."""
+    said = LOCAL_RANKS_EXCEED_GPUS.finding(Problem(message="LOCAL_WORLD_SIZE=2 ranks but 1 GPU"), 1)
+    assert device_missing_said([said], "cuda:1", 1)
+    assert not device_missing_said([said], "cuda:0", 1)
+    assert not device_missing_said([], "cuda:1", 1)  # not said: init says why
+    assert not device_missing_said([said], "cpu", 0)

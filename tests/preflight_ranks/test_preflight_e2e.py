@@ -72,7 +72,7 @@ def runs(tmp_path_factory):
     runs = Runs(tmp_path_factory.mktemp("preflight"))
     names = ["self_launch", "torchrun", "unresolvable", "port_in_use", "missing_master", "sm_gpus", "sm_hosts",
              "mismatched_env", "crashing_check", "secret_env", "two_nodes", "mpirun", "slurm", "mpich", "internal",
-             "late_init", "larger_world", "plans", "refused"]
+             "late_init", "init_fails", "larger_world", "plans", "refused"]
     for name in names:
         runs.dir(name).mkdir()
 
@@ -112,6 +112,9 @@ def runs(tmp_path_factory):
         "late_init": single("late_init", [*DDP, *preflight("late_init", "20", "--skip", "communication")],
                             clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.late_init_return", PYTHONPATH=ROOT,
                                       LATE_INIT_LOG=str(runs.dir("late_init") / "order.log"))),
+        "init_fails": single("init_fails", [*DDP, *preflight("init_fails", "20")],
+                             clean_env(DDP_DOCTOR_CHECK_MODULES="tests.plugins.init_fails_on_one_rank",
+                                       PYTHONPATH=ROOT)),
         "sm_gpus": single("sm_gpus", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                       *preflight("sm_gpus", "10", "--verbose", *NO_SWEEP)],
                           secret_env("sm_gpus", SM_NUM_GPUS="8")),
@@ -299,6 +302,21 @@ def test_no_rank_destroys_the_group_before_every_rank_returned_from_init(runs):
         events.setdefault((what, int(rank)), float(at))
     assert set(events) == {("init", 0), ("init", 1), ("destroy", 0), ("destroy", 1)}, events
     assert events[("destroy", 0)] >= events[("init", 1)], events
+
+
+def test_no_collective_waits_for_a_rank_whose_init_failed(runs):
+    """Rank 1's init fails after rank 0's returned (NCCL's init is lazy: a rank whose GPU does not
+    exist fails, its peers' returned). Rank 0 runs no collective that would wait for rank 1: the
+    verdict is rank 1's DDP321 alone, no collective timed out, no sweep was measured."""
+    res = runs.result("init_fails")
+    rep = load_json(str(runs.report("init_fails")))
+    assert res.rc == 3, res.output
+    errors = [(f["id"], f["ranks"]) for f in rep["findings"] if f["severity"] == "error"]
+    assert errors == [("DDP321", [1])], errors
+    assert "invalid device ordinal" in rep["root_cause"]["message"]
+    stages = rep["measurements"]["stage_seconds"]
+    assert "group_ready" in stages and "group_checks" not in stages, stages
+    assert "all_reduce" not in rep["measurements"]
 
 
 def test_crashing_check_becomes_internal_finding(runs):
