@@ -5,8 +5,8 @@
 #   3. the GPU-only tests          (python -m pytest -m gpu)
 #   4. the pytest plugin's session preflight with --ddp-expect-gpus
 #   5. the EFA / NCCL network checks with NCCL's INFO log captured (which network NCCL chose)
-#   6. the ledger's NCCL path: a 2-rank collective mismatch diagnosed from NCCL's dumps (>= 2 GPUs)
-#   4. NCCL's flight recorder dumps read by `ddp-doctor run` (2 GPUs or more; skipped otherwise)
+#   6. NCCL's flight recorder dumps read by `ddp-doctor run`: a 2-rank collective mismatch diagnosed
+#      from NCCL's dumps (2 GPUs or more; skipped otherwise)
 # and print what passed. Exit status: 0 all steps passed; 1 a step failed; 77 no GPU present
 # (nothing was tested). Reports go to $DDP_DOCTOR_SMOKE_OUT (default: a new temporary directory).
 # Usage: scripts/gpu-smoke.sh            (from anywhere; runs from the repository root)
