@@ -89,9 +89,12 @@ def pod_layout(env: Mapping[str, str], nproc_given: int | None, timeout: float) 
     return Layout(nproc, tuple(options), node_rank * nproc, world)
 
 
-def launcher_command(layout: Layout, rank_args: list[str]) -> list[str]:
+def launcher_command(layout: Layout, rank_args: list[str], log_dir: str | None = None) -> list[str]:
+    """torch's launcher of the local ranks; `log_dir`: its log tree (the ranks' error files), in the
+    launch directory, which is removed (without it torch makes a /tmp/torchelastic_* that stays)."""
     return [sys.executable, "-m", "torch.distributed.run", *layout.options,
-            "--nproc-per-node", str(layout.nproc), "--max-restarts", "0", "-m", "ddp_doctor", *rank_args]
+            "--nproc-per-node", str(layout.nproc), "--max-restarts", "0",
+            *(("--log-dir", log_dir) if log_dir else ()), "-m", "ddp_doctor", *rank_args]
 
 
 def launch_local(layout: Layout | int, rank_args: list[str], *, timeout: float, out: Output,
@@ -122,7 +125,8 @@ def launch_local(layout: Layout | int, rank_args: list[str], *, timeout: float, 
         from ddp_doctor.processes.progress import enabled, say
         lines = StageLines(launched, bound, nproc, first_rank=layout.first_rank) if enabled(progress) else None
         with adopting() as since:
-            proc = subprocess.Popen(launcher_command(layout, rank_args), env=env, preexec_fn=launcher_preexec)
+            proc = subprocess.Popen(launcher_command(layout, rank_args, os.path.join(tmp, "elastic")), env=env,
+                                    preexec_fn=launcher_preexec)
             try:
                 while proc.poll() is None and stop.wait(0.2) is None:
                     if time.monotonic() > deadline:

@@ -79,6 +79,10 @@ def runs(tmp_path_factory):
     def preflight(name: str, timeout: str, *more: str) -> list[str]:
         return ["preflight", "--timeout", timeout, "--report", str(runs.report(name)), *more]
 
+    def temp_dir(name: str) -> Path:
+        (runs.dir(name) / "tmp").mkdir()
+        return runs.dir(name) / "tmp"
+
     def single(name: str, cmd: list[str], env: dict) -> Launch:
         return Launch(cmd, env, str(runs.dir(name)))
 
@@ -124,7 +128,8 @@ def runs(tmp_path_factory):
                                      DDP_DOCTOR_SM_ROOT=str(runs.dir("sm_hosts") / "opt_ml"))),
         "torchrun": single("torchrun", [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "ddp_doctor",
                                         *preflight("torchrun", "20", "--json")], clean_env()),
-        "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")], clean_env()),
+        "self_launch": single("self_launch", [*DDP, *preflight("self_launch", "20")],
+                              clean_env(TMPDIR=str(temp_dir("self_launch")))),
         "plans": ranks("plans", 2, "60", clean_env(), args_of={0: ["--select", "DDP407"], 1: ["--select", "DDP402"]}),
         "mismatched_env": ranks("mismatched_env", 2, "10", clean_env(), more=NO_SWEEP,
                                 per_rank={1: {"NCCL_ALGO": "Tree"}}),
@@ -174,6 +179,9 @@ def test_self_launch_cpu_default_passes(runs):
     ar = rep["measurements"]["all_reduce"]
     assert ar and all(m["correct"] for m in ar)
     assert_clean_output(res)
+    # its temp directory (TMPDIR) as it was: torch's launcher made its log tree in the launch
+    # directory, removed with it, not a /tmp/torchelastic_* of its own that would stay
+    assert sorted(p.name for p in (runs.dir("self_launch") / "tmp").iterdir()) == [], "left in TMPDIR"
 
 
 def test_under_torchrun_json_and_report(runs):

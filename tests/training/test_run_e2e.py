@@ -69,7 +69,7 @@ def own_launches(base: Path) -> dict[str, Launch]:
     out |= {
         "raises": Launch([*DDP, "run", "--nproc-per-node", "2", "--report", report("raises"), "--timeout", "20",
                           "--trace", str(base / "raises" / "trace.json"), script("rank1_raises.py")],
-                         clean_env(), at("raises"), timeout=120),
+                         clean_env(TMPDIR=at("raises_tmp")), at("raises"), timeout=120),
         "segfault": Launch([*DDP, "run", *NO_SWEEP, "--nproc-per-node", "2", "--timeout", "20", "--report",
                             report("segfault"), script("rank1_segfaults.py")], clean_env(), at("segfault"),
                             timeout=120),
@@ -177,6 +177,9 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_peer_is_labelled(runs):
     ended = {r for f in rep["findings"] if f["id"] == "DDP806" for r in f["ranks"]}
     assert_failing_run_trace(dir_of(runs, "raises") / "trace.json", res.stderr, without_probes=ended)
     assert verdict_block(res.stderr, str(dir_of(runs, "raises") / "r.json")) == GOLDEN_RAISES, res.stderr
+    # its temp directory (TMPDIR) as it was: the run directory removed, and torch's launcher made its
+    # log tree (the ranks' error files) in it, not a /tmp/torchelastic_* of its own that would stay
+    assert sorted(p.name for p in dir_of(runs, "raises_tmp").iterdir()) == [], "left in TMPDIR"
 
 
 # The verdict of rank1_raises.py as printed (golden): the root cause once, with the user's line,

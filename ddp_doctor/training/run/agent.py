@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[AGENT_PID_ENV] = str(os.getpid())  # the workers inherit it
         hand_stops_to_parent(args, run_dir)
         ask_before_stopping(run_dir)
+        logs_in_run_dir(args, run_dir)
     try:
         run(args)
     except (DistError, RendezvousError) as e:  # before any rank started: the nodes did not meet
@@ -84,6 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         return code if code > 0 else 128 - code  # a signal -N as the shell shows it: 128 + N
     return 0
 
+
+
+ELASTIC_LOGS = "elastic"  # in the run directory: torch's per-rank log tree, where no --log-dir was given
+
+
+def logs_in_run_dir(args: Any, run_dir: str) -> None:
+    """torch's launcher makes a log tree per run (each rank's error file; its output with
+    --redirects / --tee) in a new /tmp/torchelastic_* directory that nothing removes: one more per
+    job. Without a --log-dir of the user's, and with no output asked to go there, that tree goes in
+    the run directory, which the parent removes (or keeps, with --run-dir)."""
+    if getattr(args, "log_dir", None) or getattr(args, "redirects", "0") != "0" or getattr(args, "tee", "0") != "0":
+        return
+    args.log_dir = os.path.join(run_dir, ELASTIC_LOGS)
 
 
 def hand_stops_to_parent(args: Any, run_dir: str) -> None:
