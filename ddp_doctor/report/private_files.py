@@ -31,15 +31,18 @@ def _warn(message: str) -> None:
 
 
 PREFLIGHT_SUBDIR = "preflight"  # a run directory's preflight records (training/records.py PREFLIGHT_DIR)
-SUBDIRS = (PREFLIGHT_SUBDIR,)  # the only directories ddp-doctor makes inside a run directory
+# torch's launcher's log tree (the ranks' error files), made in the run directory by ddp-doctor's
+# launcher (training/run/agent.py) with the umask: everything in it is this run's, so all of it is tightened
+ELASTIC_SUBDIR = "elastic"
+SUBDIRS = (PREFLIGHT_SUBDIR, ELASTIC_SUBDIR)  # the only directories made inside a run directory for it
 
 
-def tighten_tree(path: str) -> None:
+def tighten_tree(path: str, whole: bool = False) -> None:
     """What a reused run directory holds with looser modes (0755 directories, 0644 records),
     or what torch and NCCL wrote there with the process's umask (NCCL's flight recorder dumps and
-    its log): this user's files become 0600, and the subdirectories ddp-doctor makes (SUBDIRS)
-    0700 with their files; other subdirectories are not ddp-doctor's and are not entered. Never
-    follows a link."""
+    its log, the launcher's log tree): this user's files become 0600, and the subdirectories made
+    for the run (SUBDIRS; all of the launcher's tree, `whole`) 0700 with their files; other
+    subdirectories are not ddp-doctor's and are not entered. Never follows a link."""
     def tighten(p: str, mode: int) -> None:
         try:
             st = os.lstat(p)
@@ -55,9 +58,9 @@ def tighten_tree(path: str) -> None:
         return
     for e in entries:
         if e.is_dir(follow_symlinks=False):
-            if e.name in SUBDIRS:
+            if whole or e.name in SUBDIRS:
                 tighten(e.path, PRIVATE_DIR)
-                tighten_tree(e.path)
+                tighten_tree(e.path, whole or e.name == ELASTIC_SUBDIR)
         elif e.is_file(follow_symlinks=False):
             tighten(e.path, PRIVATE_FILE)
 

@@ -58,8 +58,22 @@ def test_tighten_tree_covers_what_torch_and_nccl_wrote_with_the_umask(tmp_path: 
     dump = tmp_path / "nccl-fr-rank-0"
     dump.write_bytes(b"pickled")
     os.chmod(dump, 0o644)
+    # torch's launcher's log tree, made with the umask: all of it; a directory not made for the run: not entered
+    deep = tmp_path / "elastic" / "none_abc" / "attempt_0" / "1"
+    deep.mkdir(parents=True)
+    (deep / "error.json").write_text("{}")
+    other = tmp_path / "users_own"
+    other.mkdir()
+    (other / "x").write_text("x")
+    for p in (deep / "error.json", other / "x"):
+        os.chmod(p, 0o644)
+    for p in (tmp_path / "elastic", deep.parent.parent, deep.parent, deep, other):
+        os.chmod(p, 0o755)
     private_files.tighten_tree(str(tmp_path))
     assert mode(dump) == 0o600
+    assert [mode(p) for p in (tmp_path / "elastic", deep.parent.parent, deep.parent, deep)] == [0o700] * 4
+    assert mode(deep / "error.json") == 0o600
+    assert (mode(other), mode(other / "x")) == (0o755, 0o644)
 
 
 def test_open_private_creates_0600_and_tightens_an_existing_file(tmp_path: Path) -> None:

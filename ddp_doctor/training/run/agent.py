@@ -87,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
-ELASTIC_LOGS = "elastic"  # in the run directory: torch's per-rank log tree, where no --log-dir was given
-
-
 def logs_in_run_dir(args: Any, run_dir: str) -> None:
     """torch's launcher makes a log tree per run (each rank's error file; its output with
     --redirects / --tee) in a new /tmp/torchelastic_* directory that nothing removes: one more per
@@ -97,7 +94,8 @@ def logs_in_run_dir(args: Any, run_dir: str) -> None:
     the run directory, which the parent removes (or keeps, with --run-dir)."""
     if getattr(args, "log_dir", None) or getattr(args, "redirects", "0") != "0" or getattr(args, "tee", "0") != "0":
         return
-    args.log_dir = os.path.join(run_dir, ELASTIC_LOGS)
+    from ddp_doctor.report.private_files import ELASTIC_SUBDIR
+    args.log_dir = os.path.join(run_dir, ELASTIC_SUBDIR)
 
 
 def hand_stops_to_parent(args: Any, run_dir: str) -> None:
