@@ -9,12 +9,13 @@ launcher, ranks or nodes), that is a parameter.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ddp_doctor.checks.internal import event_finding
 from ddp_doctor.facts.ports import PortHolder
-from ddp_doctor.findings import ROOT_CAUSE, Finding, brief_ranks, format_ranks
+from ddp_doctor.findings import ROOT_CAUSE, Finding, Problem, brief_ranks, format_ranks
 from ddp_doctor.registry import declare
 
 SG_HINT = ("If the ranks are on different hosts, check that the network lets them talk: on AWS the "
@@ -102,7 +103,8 @@ PG_INIT_FAILED = declare(
     doc="""
     What: Every rank reached the store, but creating the process group failed or timed out.
     Why: The backend could not connect the ranks to each other (ports between the nodes blocked,
-    a wrong network interface), or the backend is broken on this machine.
+    a wrong network interface), or the backend is broken on this machine. When the error is CUDA's
+    (the rank's GPU does not exist or cannot be used), the GPU is the cause and the hint says so.
     Fix: Check NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME and the network between the nodes; run with
     NCCL_DEBUG=INFO to see which connection fails.
     """, cause_class="network", action="investigate")
@@ -483,12 +485,30 @@ def duplicate_rank_finding(rank: int, claims: int, hostname: Any, pid: Any,
         evidence={"rank": rank, "claims": claims, **({"first": first} if first else {})})
 
 
+# CUDA's own errors at a group's creation (NCCL sets the rank's device up first): the GPU, not the
+# network. A device index beyond the visible ones is the launch's configuration; another CUDA error
+# (a GPU in exclusive-process mode held by another process, a GPU fallen off the bus) is the host's.
+_NO_SUCH_GPU = re.compile(r"invalid device ordinal|no CUDA GPUs are available|no CUDA-capable device", re.I)
+_CUDA_ERROR = re.compile(r"\bCUDA error\b|cudaError|CUDA driver", re.I)
+GPU_HINT = ("The error is the rank's GPU's, not the network's: check that each rank's device exists "
+            "(one process per visible GPU, torch.cuda.device_count(), CUDA_VISIBLE_DEVICES) and can be used "
+            "(`nvidia-smi`: compute mode Default, not held by another process, no Xid errors).")
+
+
 def pg_init_failed_finding(backend: str | None, world_size: int, rank: int, error_type: str,
                            error: str) -> Finding:
-    """DDP321: every rank met at the store, and init_process_group raised on this one."""
-    return event_finding(
-        PG_INIT_FAILED, f"init_process_group(backend={backend!r}, world_size={world_size}) failed on "
-        f"rank {rank}: {error_type}: {error}", rank=rank, evidence={"backend": backend, "error": error})
+    """DDP321: every rank met at the store, and init_process_group raised on this one; a CUDA
+    error is worded as the GPU's (configuration for a device that does not exist, else the host)."""
+    message = f"init_process_group(backend={backend!r}, world_size={world_size}) failed on rank {rank}: " \
+              f"{error_type}: {error}"
+    evidence = {"backend": backend, "error": error}
+    if _NO_SUCH_GPU.search(error) or _CUDA_ERROR.search(error):
+        no_gpu = _NO_SUCH_GPU.search(error) is not None
+        kind = ("configuration", "fix_configuration") if no_gpu else ("host", "investigate")
+        problem = Problem(message=message, hint=GPU_HINT, evidence={**evidence, "gpu": True},
+                          cause_class=kind[0], action=kind[1])
+        return PG_INIT_FAILED.finding(problem, rank, "preflight")
+    return event_finding(PG_INIT_FAILED, message, rank=rank, evidence=evidence)
 
 
 def store_lost_finding(error: str, rank: int | None, *, at: tuple[str, int] | None = None,

@@ -152,6 +152,15 @@ def test_process_group_store_and_verdict_failures() -> None:
     f = ev.pg_init_failed_finding("gloo", 2, 1, "RuntimeError", "connect failed")
     assert f.id == "DDP321" and "init_process_group(backend='gloo', world_size=2) failed on rank 1: " \
         "RuntimeError: connect failed" == f.message
+    assert (f.cause_class, f.action) == ("network", "investigate") and "NCCL_SOCKET_IFNAME" in f.hint
+    # CUDA's errors (as NCCL's init on a rank whose GPU is missing or unusable raises them): the GPU's
+    missing = ev.pg_init_failed_finding("nccl", 2, 1, "AcceleratorError", "CUDA error: invalid device ordinal\n"
+                                        "GPU device may be out of range, do you have enough GPUs?")
+    assert (missing.cause_class, missing.action) == ("configuration", "fix_configuration")
+    assert "not the network" in missing.hint and "CUDA_VISIBLE_DEVICES" in missing.hint
+    busy = ev.pg_init_failed_finding("nccl", 2, 0, "RuntimeError", "CUDA error: CUDA-capable device(s) is/are busy "
+                                     "or unavailable")
+    assert (busy.cause_class, busy.action) == ("host", "investigate") and busy.hint == missing.hint
     hosting = ev.store_lost_finding("gone", 0, at=("h", 1), hosting=True)
     assert hosting.id == "DDP323" and hosting.message == "could not host the store at h:1: gone"
     assert ev.store_lost_finding("gone", 1, at=("h", 1)).message == "could not connect to the store at h:1: gone"
