@@ -1,6 +1,7 @@
 """With no launcher around it, `ddp-doctor preflight` starts local ranks itself through torch's
-own elastic launcher (`python -m torch.distributed.run --standalone`), then merges what the ranks
-left in a private directory into one report.
+own elastic launcher (torchrun's code, `--standalone`, run by preflight_ranks/launcher.py, which
+turns a failed rendezvous of the launcher into a finding), then merges what the ranks left in a
+private directory into one report.
 
 In a pod that Kubeflow's operator configured for torchrun (PET_NNODES, PET_NPROC_PER_NODE, ...;
 facts/launchers.torchrun_pod) the launcher is started as the pod's torchrun would be: it takes the
@@ -29,6 +30,7 @@ from typing import Any, Mapping
 from ddp_doctor.checks.stalls import preflight_interrupted_finding
 from ddp_doctor.exit_codes import FailOn
 from ddp_doctor.facts.efa import nccl_log_env
+from ddp_doctor.preflight_ranks.launcher import FIRST_RANK_ENV
 from ddp_doctor.processes.launch_dir import LAUNCH_DIR_ENV, LAUNCHED_AT_ENV, launch_timelines, merge_launch_dir
 from ddp_doctor.processes.stop_signals import SignalCatcher, note_later
 from ddp_doctor.processes.tree import adopting, launcher_preexec, terminate_tree
@@ -92,7 +94,7 @@ def pod_layout(env: Mapping[str, str], nproc_given: int | None, timeout: float) 
 def launcher_command(layout: Layout, rank_args: list[str], log_dir: str | None = None) -> list[str]:
     """torch's launcher of the local ranks; `log_dir`: its log tree (the ranks' error files), in the
     launch directory, which is removed (without it torch makes a /tmp/torchelastic_* that stays)."""
-    return [sys.executable, "-m", "torch.distributed.run", *layout.options,
+    return [sys.executable, "-m", "ddp_doctor.preflight_ranks.launcher", *layout.options,
             "--nproc-per-node", str(layout.nproc), "--max-restarts", "0",
             *(("--log-dir", log_dir) if log_dir else ()), "-m", "ddp_doctor", *rank_args]
 
@@ -113,6 +115,7 @@ def launch_local(layout: Layout | int, rank_args: list[str], *, timeout: float, 
         from ddp_doctor.facts.own_env import quiet_missing_numpy
         quiet_missing_numpy(env)  # the launcher and every rank: no "Failed to initialize NumPy" x3
         env[LAUNCH_DIR_ENV] = tmp
+        env[FIRST_RANK_ENV] = str(layout.first_rank)  # the launcher's ranks, should none of them start
         launched = time.time()
         env[LAUNCHED_AT_ENV] = repr(launched)  # the ranks' "startup" stage begins here
         env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to silence its banner

@@ -199,3 +199,23 @@ def test_the_pod_without_the_reporting_rank_shows_the_jobs_root_cause(tmp_path):
         assert rep["root_cause"]["id"] == "DDP301" and rep["root_cause"]["ranks"] == [0], (i, rep["findings"])
         assert (rep["world"]["world_size"], rep["world"]["nnodes"], rep["world"]["backend"]) == (2, 2, "gloo")
     assert "Root cause: DDP301 Named network interface does not exist [rank 0]" in results[1].stdout
+
+
+@pytest.mark.slow
+def test_a_pod_whose_peers_never_come_names_the_missing_pod_not_a_lost_rank(tmp_path):
+    # pod 0 of 2 alone: torch's launcher in the pod waits for pod 1 (bounded by --timeout), starts no
+    # rank and raises. The preflight says which node never joined, without torch's traceback,
+    # where it said "ranks ended without a report" (DDP003) under that traceback
+    from helpers.procs import finish, free_port, start
+    pod = kubeflow_pod_env("trainjob", index=0, pods=2, nproc_per_node="2", port=free_port())
+    report = tmp_path / "pod0.json"
+    res = finish(start([*DDP, "preflight", *NO_SWEEP, "--timeout", "3", "--report", str(report)],
+                       clean_env(**pod), str(tmp_path)), 120)
+    assert res.rc == 3, res.output
+    rep = json.loads(report.read_text())
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP320" and cause["ranks"] == [2, 3], rep["findings"]
+    assert "node 1 never joined the launcher's rendezvous" in cause["message"]
+    assert "no rank was started" in cause["message"]
+    assert [f["id"] for f in rep["findings"] if f["severity"] == "error"] == ["DDP320"], rep["findings"]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]

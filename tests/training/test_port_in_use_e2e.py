@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers.procs import DDP, assert_clean_output, clean_env, free_port, ids, load_json, run
 
-from ddp_doctor.training.run import agent
+from ddp_doctor.preflight_ranks import launcher_rendezvous
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
 TORCH_BIND = ("The server socket has failed to listen on any local network address. port: {port}, "
@@ -56,8 +56,8 @@ def test_a_bind_failure_is_a_port_in_use_on_one_node_and_on_node_0_of_several():
     with _listening() as holder:
         port = holder.getsockname()[1]
         error = RuntimeError(TORCH_BIND.format(port=port))
-        one = agent.rendezvous_finding(_args(master_port=str(port)), error)
-        several = agent.rendezvous_finding(_args(nnodes="2", master_port=str(port),
+        one = launcher_rendezvous.rendezvous_finding(_args(master_port=str(port)), error)
+        several = launcher_rendezvous.rendezvous_finding(_args(nnodes="2", master_port=str(port),
                                                  rdzv_conf="timeout=10,join_timeout=10"), error)
     for f in (one, several):
         assert f.id == "DDP313" and f"MASTER_PORT={port}" in f.message, f.message
@@ -76,13 +76,13 @@ def test_a_bind_failure_wrapped_by_the_c10d_rendezvous_is_seen():
             raise ConnectionError("The connection to the C10d store has failed. See inner exception "
                                   "for details.") from inner
     except ConnectionError as e:
-        f = agent.rendezvous_finding(_args(nnodes="2", master_port="29517"), e)
+        f = launcher_rendezvous.rendezvous_finding(_args(nnodes="2", master_port="29517"), e)
     assert f.id == "DDP313" and "29517" in f.message
     assert "unknown process" in f.message  # nobody holds 29517 any more: named as unknown, not dropped
 
 
 def test_a_missing_node_is_still_a_missing_node():
-    f = agent.rendezvous_finding(_args(nnodes="2", rdzv_conf="timeout=10"),
+    f = launcher_rendezvous.rendezvous_finding(_args(nnodes="2", rdzv_conf="timeout=10"),
                                  TimeoutError("Timed out after 11 seconds waiting for clients. 1/2 clients joined."))
     assert f.id == "DDP320" and "node 1 never joined" in f.message and list(f.ranks) == [2, 3]
 
@@ -90,7 +90,8 @@ def test_a_missing_node_is_still_a_missing_node():
 @pytest.mark.slow
 def test_a_one_node_rendezvous_failure_is_never_a_missing_node():
     port = free_port()  # nothing listens: the launcher's own store is not there
-    f = agent.rendezvous_finding(_args(master_port=str(port)), TimeoutError("Timed out waiting for clients"))
+    f = launcher_rendezvous.rendezvous_finding(_args(master_port=str(port)),
+                                               TimeoutError("Timed out waiting for clients"))
     assert f.id != "DDP320" and "never joined" not in f.message, f.message
     assert f.id == "DDP311" and f"127.0.0.1:{port}" in f.message and "one node" in f.message
 

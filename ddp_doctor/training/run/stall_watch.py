@@ -20,10 +20,11 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: floa
     `launched`: time.monotonic() when the launcher was started."""
     from types import SimpleNamespace
 
+    from ddp_doctor.preflight_ranks.launcher_rendezvous import nodes_of, rendezvous_bound, rendezvous_finding
     from ddp_doctor.training.run import agent
     value = agent.torchrun_value
     nnodes = value(torchrun, "--nnodes") or "1"
-    if agent.nodes_of(SimpleNamespace(nnodes=nnodes))[0] <= 1:
+    if nodes_of(SimpleNamespace(nnodes=nnodes))[0] <= 1:
         return False  # one node ("1", "1:1"): there is no other node to wait for
     from ddp_doctor.training import records
     if os.path.isdir(records.preflight_dir(run_dir)) or records.read_heartbeats(run_dir):
@@ -36,11 +37,11 @@ def nodes_never_met(run_dir: str, torchrun: list[str], opts: Any, launched: floa
         rdzv_backend=value(torchrun, "--rdzv-backend", "--rdzv_backend") or "static",
         rdzv_endpoint=value(torchrun, "--rdzv-endpoint", "--rdzv_endpoint") or "",
         rdzv_conf=value(torchrun, "--rdzv-conf", "--rdzv_conf") or "")
-    bound = max(float(opts.timeout), agent.rendezvous_bound(args) or 0.0)
+    bound = max(float(opts.timeout), rendezvous_bound(args) or 0.0)
     waited = time.monotonic() - launched
     if waited < bound + NODES_GRACE:
         return False
-    agent.write_node_report(run_dir, agent.rendezvous_finding(
+    agent.write_node_report(run_dir, rendezvous_finding(
         args, TimeoutError(f"the launcher was still waiting after {waited:.0f} s"), bound))
     return True
 
@@ -142,9 +143,10 @@ def launcher_exit_bound(torchrun: list[str]) -> float:
     """How long the launcher may go on after its ranks ended before the parent ends it."""
     from types import SimpleNamespace
 
+    from ddp_doctor.preflight_ranks.launcher_rendezvous import nodes_of
     from ddp_doctor.training.run import agent
     nnodes = agent.torchrun_value(torchrun, "--nnodes") or "1"
-    several = agent.nodes_of(SimpleNamespace(nnodes=nnodes))[0] > 1
+    several = nodes_of(SimpleNamespace(nnodes=nnodes))[0] > 1
     return LAUNCHER_EXIT_BOUND + (EXIT_BARRIER if several else 0.0)
 
 
