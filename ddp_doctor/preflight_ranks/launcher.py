@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from ddp_doctor.processes.collector import imports_uncollected
     with imports_uncollected():  # the ranks start sooner
         from torch.distributed import DistError
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous import RendezvousError
         from torch.distributed.run import parse_args, run
@@ -42,10 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         first = int(os.environ.get(FIRST_RANK_ENV) or 0)
         write_unstarted(launch_dir, range(first, first + nodes_of(args)[2]), rendezvous_finding(args, e).to_dict())
         return EXIT_FAILED
+    except SignalException as e:  # stopped (ddp-doctor's parent ends it at its bound, or a stop): it reports why
+        return 128 + int(e.sigval)
     except ChildFailedError as e:  # a rank's own report says why: no banner of torchrun's over it
-        _, failure = e.get_first_failure()
-        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+        return first_failure_status(e)
     return 0
+
+
+def first_failure_status(e: Any) -> int:
+    """The exit status of the first rank that failed (torch's ChildFailedError), as the shell shows
+    it: a signal -N as 128 + N."""
+    _, first = e.get_first_failure()
+    code = int(first.exitcode)
+    return code if code > 0 else 128 - code
 
 
 def quiet_launcher_logs() -> None:

@@ -77,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         _write_result({str(rank): f.exitcode for rank, f in e.failures.items()})
-        _, first = e.get_first_failure()
-        code = first.exitcode
-        return code if code > 0 else 128 - code  # a signal -N as the shell shows it: 128 + N
+        from ddp_doctor.preflight_ranks.launcher import first_failure_status
+        return first_failure_status(e)
     return 0
 
 
