@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.checks.internal import event_finding
+from ddp_doctor.checks.internal import RANK_LOST, event_finding
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
@@ -88,6 +88,15 @@ def preflight_interrupted_finding(interrupt: Any) -> Finding:
     the ranks it ended went missing."""
     return event_finding(INTERRUPTED, f"stopped by {interrupt.describe()} during the preflight",
                          rank=None, evidence=interrupt.to_dict(), time=interrupt.at)
+
+
+def lost_to_the_stop(findings: list[Finding], stopped: Finding) -> list[Finding]:
+    """The ranks of a stopped preflight launch that left no report (DDP003) were ended by the stop
+    (DDP808): consequences of it, not errors of their own (their hint blames a SIGKILL or memory)."""
+    for f in findings:
+        if f.id == RANK_LOST.id and not f.caused_by:
+            f.caused_by = stopped.id
+    return findings
 
 
 def hang_finding(heartbeats: dict[int, dict[str, Any]], stacks: dict[int, str], timeout: float) -> Finding:

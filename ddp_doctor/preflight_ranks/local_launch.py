@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ddp_doctor.checks.stalls import preflight_interrupted_finding
+from ddp_doctor.checks.stalls import lost_to_the_stop, preflight_interrupted_finding
 from ddp_doctor.exit_codes import FailOn
 from ddp_doctor.facts.efa import nccl_log_env
 from ddp_doctor.preflight_ranks.launcher import FIRST_RANK_ENV
@@ -184,7 +184,8 @@ def _launch_report(tmp: str, layout: Layout, proc: subprocess.Popen[Any], timed_
     if caught is not None:
         stopped = preflight_interrupted_finding(caught)  # dated before the ranks it ended went missing
         rep = reportlib.mark_interrupted(reportlib.build_report(
-            world=rep["world"], ranks=rep["ranks"], findings=[*reportlib.findings_of(rep), stopped],
+            world=rep["world"], ranks=rep["ranks"],
+            findings=[*lost_to_the_stop(reportlib.findings_of(rep), stopped), stopped],
             measurements=rep["measurements"]), caught.to_dict())
     elif more:  # the ranks had ended: their verdict stands, the signal is noted
         rep = reportlib.build_report(world=rep["world"], ranks=rep["ranks"], measurements=rep["measurements"],

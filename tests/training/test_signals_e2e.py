@@ -138,6 +138,11 @@ def test_sighup_to_a_self_launched_preflight_is_reported_as_interrupted(signalle
     rep = load_json(str(d / "r.json"))
     assert rep["status"] == "interrupted" and rep["interrupted"]["signal"] == "SIGHUP"
     assert rep["root_cause"]["id"] == "DDP808"
+    # the ranks the stop ended are its consequences, not errors of their own; the launcher the
+    # parent ended prints no traceback of torch's
+    lost = [f for f in rep["findings"] if f["id"] == "DDP003"]
+    assert lost and all(f.get("caused_by") == "DDP808" for f in lost), rep["findings"]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
     assert_none_left(d)
 
 
