@@ -502,8 +502,8 @@ def pg_init_failed_finding(backend: str | None, world_size: int, rank: int, erro
     message = f"init_process_group(backend={backend!r}, world_size={world_size}) failed on rank {rank}: " \
               f"{error_type}: {error}"
     evidence = {"backend": backend, "error": error}
-    if _NO_SUCH_GPU.search(error) or _CUDA_ERROR.search(error):
-        no_gpu = _NO_SUCH_GPU.search(error) is not None
+    no_gpu = _NO_SUCH_GPU.search(error) is not None
+    if no_gpu or _CUDA_ERROR.search(error):
         kind = ("configuration", "fix_configuration") if no_gpu else ("host", "investigate")
         problem = Problem(message=message, hint=GPU_HINT, evidence={**evidence, "gpu": True},
                           cause_class=kind[0], action=kind[1])

@@ -67,12 +67,14 @@ def quiet_launcher_logs() -> None:
 
 
 def write_unstarted(launch_dir: str, ranks: range, finding: dict[str, Any]) -> None:
-    """Each rank of this launcher ends here, having started nowhere: the first carries the finding."""
+    """Each rank of this launcher ends here, having started nowhere: the first carries the finding
+    (redacted, as every rank's record: it quotes torch's error)."""
     from ddp_doctor.report.private_files import write_private
+    from ddp_doctor.report.redact import redact_obj
     for i, r in enumerate(ranks):
         try:
-            write_private(rank_path(launch_dir, r), json.dumps(
-                {"rank": r, "final": True, "view": {}, "findings": [finding] if i == 0 else []}))
+            write_private(rank_path(launch_dir, r), json.dumps(redact_obj(
+                {"rank": r, "final": True, "view": {}, "findings": [finding] if i == 0 else []})))
         except (OSError, ValueError):
             pass
 
