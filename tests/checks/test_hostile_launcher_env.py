@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 
 import pytest
+from helpers.procs import free_port
 
 from ddp_doctor.facts.launchers import MAX_RANKS, _slurm_tasks_per_node, address_problem, detect
 
@@ -17,12 +17,6 @@ LIMIT = 1536 * 1024 * 1024  # 1.5 GiB of address space
 
 def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _preflight(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -51,7 +45,7 @@ def test_slurm_tasks_per_node_is_not_expanded():
 
 @pytest.mark.slow
 def test_preflight_with_world_size_1e20_is_a_finding(tmp_path):
-    p, rep = _preflight(tmp_path, RANK="0", WORLD_SIZE=str(10**20), MASTER_PORT=str(_free_port()))
+    p, rep = _preflight(tmp_path, RANK="0", WORLD_SIZE=str(10**20), MASTER_PORT=str(free_port()))
     assert p.returncode == 3, p.stdout + p.stderr
     f = [f for f in rep["findings"] if f["id"] == "DDP101" and "WORLD_SIZE" in f["message"]]
     assert f and str(10**20) in f[0]["message"] and "beyond any real job" in f[0]["message"]
@@ -72,7 +66,7 @@ def test_address_problem_accepts(addr):
 @pytest.mark.slow
 def test_preflight_with_a_path_for_master_addr_fails_at_once(tmp_path):
     p, rep = _preflight(tmp_path, MASTER_ADDR="127.0.0.1/../../EVIL", RANK="0", WORLD_SIZE="2",
-                        MASTER_PORT=str(_free_port()))
+                        MASTER_PORT=str(free_port()))
     assert p.returncode == 3, p.stdout + p.stderr
     f = [f for f in rep["findings"] if f["id"] == "DDP111"]
     assert f and "127.0.0.1/../../EVIL" in f[0]["message"]

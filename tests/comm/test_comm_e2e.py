@@ -23,6 +23,7 @@ from helpers.procs import (
     free_port,
     ids,
     load_json,
+    outputs,
     result_of,
     run,
     run_all,
@@ -203,7 +204,7 @@ def test_two_simulated_nodes_measure_intra_and_inter_apart(runs):
     done, dirs = runs
     report = dirs["nodes"] / "r.json"
     results = [result_of(done, host) for host in NODES]
-    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    assert all(r.rc == 0 for r in results), outputs(results)
     rep = load_json(str(report))
     m = rep["measurements"]
     assert rep["world"]["nnodes"] == 2 and rep["world"]["world_size"] == 4

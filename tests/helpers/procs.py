@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 # Variables a launcher or SageMaker sets; stripped so the test decides what a rank sees.
 LAUNCHER_PREFIXES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_", "ROLE_",
@@ -43,10 +45,54 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# The ports tests hand to launches (MASTER_PORT) come from outside the kernel's ephemeral range. A
+# port that range gave (bound to port 0, then closed) may be given again before the launch binds
+# it, to another launch's gloo listener or to another test: rank 0 then finds its port taken and
+# its peers meet a stranger (a false DDP313 and DDP315, seen once in the suite). Each xdist worker
+# takes its own slice of the range, and a process never hands out a port twice.
+RESERVED_PORTS = range(29400, 29600)  # torch's defaults: the elastic rendezvous 29400, MASTER_PORT 29500
+_ports_lock = threading.Lock()
+_ports: Iterator[int] | None = None
+
+
+def _port_range() -> range:
+    """The wider of the ranges below and above the kernel's ephemeral ports (Linux's default:
+    32768-60999), unprivileged."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return max(range(10000, max(10000, low)), range(high + 1, 65536), key=len)
+
+
+def _port_sequence() -> Iterator[int]:
+    ports = _port_range()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    width = len(ports) // workers
+    first = ports.start + (int(worker) % workers if worker.isdigit() else 0) * width
+    offset = random.Random(os.getpid()).randrange(width)
+    for i in range(width):
+        port = first + (offset + i) % width
+        if port not in RESERVED_PORTS:
+            yield port
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing on this host listens on now, which no other call of the test session gives."""
+    global _ports
+    with _ports_lock:
+        if _ports is None:
+            _ports = _port_sequence()
+        for port in _ports:
+            with socket.socket() as s:
+                try:  # where a rank's store will listen (every address), no SO_REUSEADDR: a port in
+                    s.bind(("0.0.0.0", port))  # TIME_WAIT is passed over too
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port left in this test process's slice")
 
 
 @dataclass
@@ -59,6 +105,14 @@ class Result:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+
+def outputs(results: Sequence[Result] | Mapping[int, Result], tail: int = 6000) -> str:
+    """What each process printed (its last `tail` characters), one after the other under its index:
+    a failed assertion's message as a string, which pytest shows whole on CI (a list's repr it cuts
+    in the middle, where the root cause is)."""
+    items = results.items() if isinstance(results, Mapping) else enumerate(results)
+    return "\n".join(f"--- process {i}: exit {r.rc}\n{r.output[-tail:]}" for i, r in items)
 
 
 def _group_alive(pgid: int) -> bool:

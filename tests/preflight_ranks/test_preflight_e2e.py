@@ -27,6 +27,7 @@ from helpers.procs import (
     free_port,
     ids,
     load_json,
+    outputs,
     result_of,
     run_all,
     run_ranks,
@@ -197,7 +198,7 @@ def test_under_torchrun_json_and_report(runs):
 def test_world_size_larger_than_launched_names_missing_rank(runs):
     report = runs.report("larger_world")
     res = runs.result("larger_world")  # ranks 0 and 1 of 3
-    assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
+    assert all(r.rc == 3 for r in res.values()), outputs(res)
     rep = load_json(str(report))
     missing = [f for f in rep["findings"] if f["id"] == "DDP320"]
     assert missing and missing[0]["ranks"] == [2] and "missing 2" in missing[0]["message"]
@@ -212,7 +213,7 @@ def test_ranks_that_would_run_different_group_checks_run_none_and_say_so(runs):
     # as a node with another ddp-doctor version, or given another --select, would
     report = runs.report("plans")
     res = runs.result("plans")  # rank 0 with --select DDP407, rank 1 with --select DDP402
-    assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
+    assert all(r.rc == 3 for r in res.values()), outputs(res)
     rep = load_json(str(report))
     assert rep["root_cause"]["id"] == "DDP326" and rep["root_cause"]["ranks"] == [0, 1], rep["findings"]
     (f,) = [f for f in rep["findings"] if f["id"] == "DDP326"]
@@ -353,7 +354,7 @@ def test_two_nodes_simulated_with_two_torchrun_invocations(runs):
     require_namespaces()
     report = runs.report("two_nodes")
     results = runs.result("two_nodes")
-    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    assert all(r.rc == 0 for r in results), outputs(results)
     rep = load_json(str(report))
     assert_healthy(rep)
     assert rep["world"]["nnodes"] == 2 and rep["world"]["world_size"] == 2
@@ -379,7 +380,7 @@ def test_under_slurm_and_mpich_style_launchers(runs, launcher, make_env):
     """The variables srun and MPICH's hydra set (make_env), given to two real processes by hand."""
     report = runs.report(launcher)
     results = runs.result(launcher)
-    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    assert all(r.rc == 0 for r in results), outputs(results)
     rep = load_json(str(report))
     assert rep["world"]["launcher"] == launcher and rep["world"]["world_size"] == 2
     assert [r["rank"] for r in rep["ranks"]] == [0, 1]

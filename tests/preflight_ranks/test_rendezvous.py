@@ -18,20 +18,13 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 import pytest
+from helpers.procs import free_port
 
 from ddp_doctor.checks import rendezvous as ev
 from ddp_doctor.preflight_ranks import bounded_rendezvous as rendezvous
 from ddp_doctor.preflight_ranks.bounded_rendezvous import Meeting, Reach
 from ddp_doctor.processes.tcp_store import prefixed, read_json_keys
 from ddp_doctor.version import __version__
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture

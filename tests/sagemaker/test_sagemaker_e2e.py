@@ -9,7 +9,7 @@ import json
 import pytest
 from helpers.context import write_sm_config
 from helpers.nodes import run_nodes
-from helpers.procs import clean_env, ids, load_json
+from helpers.procs import clean_env, ids, load_json, outputs
 
 pytestmark = pytest.mark.slow
 HOSTS = ["algo-1", "algo-2"]
@@ -40,7 +40,7 @@ def launch(tmp_path, master: str, node_rank_of) -> tuple[list, dict]:
 
 def test_toolkit_launch_with_master_from_instance_group_order_passes(tmp_path):
     results, rep = launch(tmp_path, GROUP_ORDER[0], GROUP_ORDER.index)
-    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    assert all(r.rc == 0 for r in results), outputs(results)
     assert rep["status"] in ("pass", "warn"), rep["findings"]
     assert not ids(rep, "error")
     assert rep["world"]["platform"] == "sagemaker" and rep["world"]["world_size"] == 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -22,6 +21,7 @@ moto_server = pytest.importorskip("moto.server")
 
 from helpers.aws_stub import Stub  # noqa: E402
 from helpers.moto_endpoint import moto_endpoint  # noqa: E402
+from helpers.procs import free_port  # noqa: E402
 
 from ddp_doctor import check_runner, registry  # noqa: E402
 from ddp_doctor import checks as catalogue  # noqa: E402
@@ -435,10 +435,7 @@ def test_no_credentials_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[
 @pytest.mark.slow
 def test_unreachable_endpoint_is_a_finding(monkeypatch: pytest.MonkeyPatch, aws: dict[str, str],
                                            env: dict[str, str]) -> None:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
+    port = free_port()  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     rep = check_job(good_spec(aws, instance_count=1))
     assert "EndpointConnectionError" in finding(rep, "DDP901")["message"]

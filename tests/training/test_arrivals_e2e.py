@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.procs import DDP, Launch, clean_env, load_json, result_of, run_all
+from helpers.procs import DDP, Launch, clean_env, load_json, outputs, result_of, run_all
 
 pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).resolve().parents[1] / "run_scripts"
@@ -97,7 +97,7 @@ def test_a_correct_run_under_the_machines_own_load_has_no_straggler(runs):
 
 def test_a_node_whose_every_rank_is_slow_is_named_on_the_preflights_aligned_clocks(runs):
     results = result_of(runs["results"], "slow_node")
-    assert [r.rc for r in results] == [0, 0], [r.output for r in results]
+    assert [r.rc for r in results] == [0, 0], outputs(results)
     rep = load_json(str(runs["base"] / "slow_node" / "algo-1.json"))  # rank 0's node writes the verdict
     assert rep["status"] == "warn" and set(rep["measurements"]["clock_offset_s"]) == {"0", "1", "2", "3"}, rep
     (f,) = [f for f in rep["findings"] if f["id"] == "DDP878"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.procs import load_json, run_all
+from helpers.procs import load_json, outputs, run_all
 from helpers.scenarios import launch, line_of
 
 pytestmark = pytest.mark.slow
@@ -87,8 +87,7 @@ def test_a_hang_on_another_node_is_named_on_every_node_with_its_line(tmp_path):
         assert res.rc == 124, (node, res.output)
         rep = load_json(str(tmp_path / f"node{node}.json"))
         cause = rep["root_cause"]
-        outputs = [r.output[-4000:] for r in results]
-        assert cause["id"] == "DDP891" and cause["ranks"] == [1], (node, rep["findings"], outputs)
+        assert cause["id"] == "DDP891" and cause["ranks"] == [1], (node, rep["findings"], outputs(results))
         assert blocked in cause["message"] and "rank 0 waits in all_reduce" in cause["message"]
         (hang,) = [f for f in rep["findings"] if f["id"] == "DDP801"]
         assert hang["ranks"] == [1] and hang["evidence"]["consequence"], (node, hang)

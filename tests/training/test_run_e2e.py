@@ -26,6 +26,7 @@ from helpers.procs import (
     free_port,
     last_stall_lines,
     load_json,
+    outputs,
     result_of,
     run,
     run_ranks,
@@ -313,7 +314,7 @@ def test_a_hang_is_reported_with_stacks_within_the_bound(runs):
 def test_failed_preflight_does_not_start_the_script(runs):
     res = ran(runs, "failed_preflight")
     assert sorted(res) == [0, 1]
-    assert all(r.rc == 3 for r in res.values()), {r: x.output for r, x in res.items()}
+    assert all(r.rc == 3 for r in res.values()), outputs(res)
     assert not list(dir_of(runs, "failed_preflight").glob("ran-*"))
     assert report_of(runs, "failed_preflight")["root_cause"]["id"] == "DDP320"
 
@@ -405,7 +406,7 @@ def test_one_line_api_under_torchrun_then_the_scripts_own_init(runs):
 def test_one_line_api_under_an_env_launch(runs):
     # rank 0 hosts the preflight's store on MASTER_PORT, then the script hosts its own there
     results = ran(runs, "api_env")
-    assert all(r.rc == 0 for r in results), [r.output for r in results]
+    assert all(r.rc == 0 for r in results), outputs(results)
 
 
 def test_one_line_api_inside_spawn_workers(runs):
