@@ -51,6 +51,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 # its peers meet a stranger (a false DDP313 and DDP315, seen once in the suite). Each xdist worker
 # takes its own slice of the range, and a process never hands out a port twice.
 RESERVED_PORTS = range(29400, 29600)  # torch's defaults: the elastic rendezvous 29400, MASTER_PORT 29500
+LOWEST_PORT = 20000  # above Ray's workers' default ports (10002-19999): `ray start --port` refuses one of those
 _ports_lock = threading.Lock()
 _ports: Iterator[int] | None = None
 
@@ -63,7 +64,7 @@ def _port_range() -> range:
             low, high = (int(x) for x in f.read().split()[:2])
     except (OSError, ValueError):
         low, high = 32768, 60999
-    return max(range(10000, max(10000, low)), range(high + 1, 65536), key=len)
+    return max(range(LOWEST_PORT, max(LOWEST_PORT, low)), range(high + 1, 65536), key=len)
 
 
 def _port_sequence() -> Iterator[int]:
