@@ -28,10 +28,10 @@ COLLECTIVE_MISMATCH = declare(
     Why: Collectives are matched by order, not by name: when rank 0's 12th call is an all_reduce of
     3 floats and rank 1's is one of 4 floats (or a broadcast), the ranks exchange the wrong data,
     fail with a size error, or block until the collective timeout. Every later call is shifted too.
-    Fix: Make every rank issue the same collectives in the same order with the same shapes: no
-    rank-dependent collective (an extra all_reduce for logging on rank 0 only, a metric reduced on
-    some ranks), and tensors whose shape does not depend on the rank's data (pad, or all_gather the
-    sizes first).
+    Fix: Make every rank issue the same collectives in the same order with the same shapes and
+    dtypes: no rank-dependent collective (an extra all_reduce for logging on rank 0 only, a metric
+    reduced on some ranks), and tensors whose shape does not depend on the rank's data (pad, or
+    all_gather the sizes first) and whose dtype is the same on every rank (cast before the call).
     """)
 
 RANK_ELSEWHERE = declare(
@@ -518,8 +518,7 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
     if decided_by is None:
         sites = {site_of(e) for e in present.values()}
         if len(sites) == 1 and None not in sites:
-            message += ("; every rank issued it from the same line with other tensors: their shape "
-                        "depends on each rank's data")
+            message += f"; every rank issued it from the same line with other tensors: {_what_differs(present)}"
         else:
             message += "; which rank went its own way cannot be told from the ledgers (no call was routine)"
         evidence["undecided"] = True
@@ -528,6 +527,19 @@ def _mismatch(pg: str, name: str, label: str, n: int, present: dict[int, dict[st
                     f"{_who(others)} the ones every rank had")
     return event_finding(COLLECTIVE_MISMATCH, message, rank=None, ranks=odd, evidence=evidence,
                          phase="training")
+
+
+def _what_differs(present: dict[int, dict[str, Any]]) -> str:
+    """What differs between the tensors the ranks issued from one line: their shape (it depends on
+    each rank's data), their dtype (made or cast by a rule that differs by rank), or both."""
+    sigs = [_signature(e) for e in present.values()]
+    shapes, dtypes = ({s[i] if len(s) > i else None for s in sigs} for i in (1, 2))
+    if len(dtypes) > 1 and len(shapes) <= 1:
+        return ("their dtype differs between ranks (each rank made or cast its tensor by a rule that "
+                "depends on the rank or its data)")
+    if len(dtypes) > 1:
+        return "their shape and dtype depend on each rank's data"
+    return "their shape depends on each rank's data"
 
 
 def _ran_out_finding(label: str, n: int, present: dict[int, dict[str, Any]], odd: list[int], others: list[int],

@@ -397,6 +397,21 @@ def test_the_same_line_with_other_shapes_says_the_shape_depends_on_the_data() ->
                               "depends on each rank's data")
 
 
+def test_the_same_line_with_another_dtype_says_the_dtype_differs() -> None:
+    # `torch.tensor([loss], dtype=torch.float32 if rank == 0 else torch.float64)`: one shape, two dtypes
+    a = real_prefix() + [entry(7, "all_reduce", [[1]], ["Float"], user_site="train.py:20", retired=False)]
+    b = real_prefix() + [entry(7, "all_reduce", [[1]], ["Double"], user_site="train.py:20", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: ledger(1, b, "hung")})
+    assert f.id == "DDP890" and f.ranks == [0, 1] and f.evidence["undecided"] is True
+    assert "rank 0 all_reduce Float[1] at train.py:20, rank 1 all_reduce Double[1] at train.py:20" in f.message
+    assert f.message.endswith("their dtype differs between ranks (each rank made or cast its tensor by a rule "
+                              "that depends on the rank or its data)")
+    assert "shape" not in f.message.split("; ")[-1]
+    both = real_prefix() + [entry(7, "all_reduce", [[2]], ["Double"], user_site="train.py:20", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung"), 1: ledger(1, both, "hung")})
+    assert f.message.endswith("their shape and dtype depend on each rank's data")
+
+
 def test_a_finished_rank_whose_last_call_was_not_yet_retired_waits_in_nothing() -> None:
     # seen on gloo: the script ended right after DDP's last bucket, before the recorder retired it
     done = ddp_construction() + steps(4, 2)
