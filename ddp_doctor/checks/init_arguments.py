@@ -1,6 +1,7 @@
-"""init_process_group's arguments (DDP867-DDP869, DDP874, DDP875): a rank or world size written
+"""init_process_group's arguments (DDP867-DDP869, DDP874, DDP875, DDP881): a rank or world size written
 by hand, rendezvous variables the script changed before init, a world size of 0, a rank outside
-the world; and launched ranks that never formed a process group at all (DDP876).
+the world, ranks that went to different rendezvous; and launched ranks that never formed a
+process group at all (DDP876).
 
 Pure functions over the init-PID.json records (training/probes/init_calls.py): each holds what
 one process passed (rank=, world_size=, init_method, as values and as the source text at the
@@ -125,6 +126,25 @@ NO_PROCESS_GROUP = declare(
     launcher's variables: the Hugging Face Trainer (accelerate) trains distributed only when
     LOCAL_RANK is set (do not clear it) and, on a host without GPUs, only with `--use_cpu`;
     Lightning needs `strategy="ddp"` and devices / num_nodes matching the launcher.
+    """)
+
+SPLIT_RENDEZVOUS = declare(
+    "DDP881", category="init_order", severity="error", title="Ranks went to different rendezvous",
+    doc="""
+    What: The processes of one job (the ranks one launcher started, or the children of one
+    torch.multiprocessing.spawn) called init_process_group at different rendezvous (another
+    MASTER_ADDR or MASTER_PORT at the call, another init_method), and at none of them can the whole
+    world meet. Judged from what each process passed (its init record) while its init had not
+    returned well; the finding names where each rank went and the line that set the variable,
+    when the script set it.
+    Why: A process group forms only where all of its ranks arrive. A port each process picks for
+    itself (a free-port search run in every worker), a port computed from the rank, or a
+    MASTER_PORT one rank overrides leaves every rank waiting at its own store until torch's
+    timeout (30 minutes by default): torch then says only that a store wait timed out, or that
+    1 of 2 clients joined.
+    Fix: Give every rank the same rendezvous: under a launcher (torchrun, `ddp-doctor run`) leave
+    MASTER_ADDR and MASTER_PORT as it set them; with torch.multiprocessing.spawn, choose the port
+    once in the parent, before spawn, so every child inherits the same value.
     """)
 
 NO_GROUP_HINT = ("Call torch.distributed.init_process_group() (\"nccl\" on GPUs, \"gloo\" on CPU) before "
@@ -397,7 +417,98 @@ def init_argument_findings(calls: list[dict[str, Any]], *, settled: bool = False
         found = _world_beyond_started(rdzv, group, bad_world, settled)
         if found is not None:
             findings.append(found)
+    findings += _split_rendezvous(calls, bad_world | out_of_range | duplicated)
     return findings
+
+
+def _cohort(call: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The processes that must meet at one rendezvous: the ranks one launcher started on this
+    host, or the children of one torch.multiprocessing.spawn; None for any other process."""
+    if _launcher_world(call) is not None:
+        return ("launched", call.get("host"))
+    parent = _spawn(call).get("parent")
+    return ("spawn", call.get("host"), parent) if parent is not None else None
+
+
+def _launcher_rendezvous(call: dict[str, Any]) -> str | None:
+    """env://MASTER_ADDR:MASTER_PORT as the launcher set them, for a launched rank."""
+    env = (call.get("launcher") or {}).get("env") or {}
+    if _launcher_world(call) is None or not env.get("MASTER_PORT"):
+        return None
+    return f"env://{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+
+
+def _split_rendezvous(calls: list[dict[str, Any]], judged: set[Any]) -> list[Finding]:
+    """DDP881: a cohort whose processes, their init not returned well, went to two or more
+    rendezvous, none of which can hold the whole world. A process whose init returned well met its
+    group (a script that re-initialises on another port is not split): it is left out."""
+    cohorts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in calls:
+        key = _cohort(c)
+        if key is not None and _rendezvous(c) is not None and not (c.get("done") and c.get("ok")) \
+                and c.get("pid") not in judged:
+            cohorts.setdefault(key, []).append(c)
+    findings = []
+    for group in cohorts.values():
+        by_rdzv: dict[str, list[dict[str, Any]]] = {}
+        for c in sorted(group, key=_order):
+            by_rdzv.setdefault(str(_rendezvous(c)), []).append(c)
+        worlds = {_effective(c, "world_size") for c in group}
+        if len(by_rdzv) < 2 or len(worlds) != 1 or None in worlds:
+            continue
+        world = int(next(iter(worlds)))  # type: ignore[arg-type]
+        if any(len(at) >= world for at in by_rdzv.values()):
+            continue  # a rendezvous that can form alone: two groups on purpose
+        findings.append(_split_finding(by_rdzv, world))
+    return findings
+
+
+def _split_finding(by_rdzv: dict[str, list[dict[str, Any]]], world: int) -> Finding:
+    everyone = [c for at in by_rdzv.values() for c in at]
+    launcher = {_launcher_rendezvous(c) for c in everyone} - {None}
+    given = next(iter(launcher)) if len(launcher) == 1 else None
+    sizes = sorted(len(at) for at in by_rdzv.values())
+    if given is not None and given in by_rdzv:  # the launcher's rendezvous, where the others wait
+        odd = [c for rdzv, at in by_rdzv.items() if rdzv != given for c in at]
+    elif given is None and sizes[-1] > sizes[-2]:  # a majority went to one: the others left it
+        largest = max(by_rdzv.values(), key=len)
+        odd = [c for at in by_rdzv.values() if at is not largest for c in at]
+    else:  # none of them went where the launcher said, or each went its own way
+        odd = everyone
+    _, ranks = _who(odd)
+    _, all_ranks = _who(everyone)
+    mark = {given: " (the launcher's)"} if given is not None else {}
+    where = "; ".join(f"{_who(at)[0]} at {rdzv}{mark.get(rdzv, '')}" for rdzv, at in by_rdzv.items())
+    return event_finding(
+        SPLIT_RENDEZVOUS, f"{_split_what(odd, everyone, len(by_rdzv))}, and no group of {world} can form at any "
+        f"of them: {where}{_set_by(odd, everyone, given)}; each would wait at its own until torch's timeout",
+        rank=None, ranks=ranks, phase="training",
+        evidence={"rendezvous": {rdzv: _who(at)[1] for rdzv, at in by_rdzv.items()}, "world_size": world,
+                  "launcher_rendezvous": given, "cohort": all_ranks, "calls": [_evidence(c) for c in everyone]})
+
+
+def _split_what(odd: list[dict[str, Any]], everyone: list[dict[str, Any]], rendezvous: int) -> str:
+    if len(odd) == len(everyone) and rendezvous == len(everyone):
+        return "each went to its own rendezvous"
+    if len(odd) == len(everyone):
+        return f"{_who(odd)[0]} went to {rendezvous} rendezvous"
+    return f"{_who(odd)[0]} went to another rendezvous than the others"
+
+
+def _set_by(odd: list[dict[str, Any]], everyone: list[dict[str, Any]], given: str | None) -> str:
+    """Where the script set the variables that differ between the ranks (MASTER_ADDR, MASTER_PORT),
+    with the values it set there: "; the script set MASTER_PORT at train.py:18 (34559, 47137)"."""
+    differ = [v for v in ("MASTER_ADDR", "MASTER_PORT") if len({(c.get("env") or {}).get(v) for c in everyone}) > 1]
+    values: dict[tuple[str, str], set[str]] = {}
+    for c in odd:
+        for var, site in (c.get("env_set_at") or {}).items():
+            if var in differ:
+                values.setdefault((var, str(site)), set()).add(str((c.get("env") or {}).get(var)))
+    if not values:
+        return f"; the launcher gave {given}" if given is not None else ""
+    said = [f"{var} at {site} ({', '.join(sorted(vs))})" for (var, site), vs in sorted(values.items())]
+    more = f" and {len(said) - 3} more" if len(said) > 3 else ""
+    return f"; the script set {', '.join(said[:3])}{more}"
 
 
 CROSS_NODE_HINT = ("A rank is unique across every node, and LOCAL_RANK numbers the processes of one node only: "
@@ -497,7 +608,7 @@ def _world_beyond_started(rdzv: str, group: list[dict[str, Any]], bad_world: set
 
 def _evidence(call: dict[str, Any]) -> dict[str, Any]:
     keys = ("pid", "host", "site", "rank_arg", "world_size_arg", "rank_passed", "world_size_passed", "arg_text",
-            "init_method", "env", "launcher", "spawn", "done", "ok", "claimed", "rank_computed")
+            "init_method", "env", "env_set_at", "launcher", "spawn", "done", "ok", "claimed", "rank_computed")
     return {k: call[k] for k in keys if k in call}
 
 
@@ -603,7 +714,14 @@ def init_verdict(findings: list[Finding], calls: list[dict[str, Any]], *, settle
     for f in findings:
         if f.phase != "training" or f.severity != "error" or f.id in own or not f.ranks:
             continue
-        cause = next((c for c in causes if set(f.ranks) <= set(c.ranks) & failed_init), None)
+        cause = next((c for c in causes if set(f.ranks) <= _covered(c) & failed_init), None)
         if cause is not None:
             f.caused_by = cause.id
     return findings + found
+
+
+def _covered(cause: Finding) -> set[int]:
+    """The processes whose init failure `cause` explains: the ranks it names, and for a split
+    rendezvous every process of the cohort (the ones that stayed waited for the ones that left)."""
+    return set(cause.ranks) | set(cause.evidence.get("cohort") or []) if cause.id == SPLIT_RENDEZVOUS.id \
+        else set(cause.ranks)

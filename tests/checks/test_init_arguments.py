@@ -215,6 +215,72 @@ def test_the_verdict_dates_the_cause_first_and_marks_the_childs_error_its_conseq
     assert by_id(init_verdict([relayed], fine))["DDP805"].caused_by is None
 
 
+# ---------------------------------------------------------------- ranks at different rendezvous
+
+def moved(rec: dict, port: str, site: str | None = None) -> dict:
+    """A launched rank's record whose script set MASTER_PORT=port (at `site`) before init."""
+    out = {**rec, "env": {**rec["env"], "MASTER_PORT": port}}
+    return {**out, "env_set_at": {"MASTER_PORT": site}} if site else out
+
+
+def test_a_rank_that_set_its_own_master_port_went_elsewhere_and_is_named_with_the_line():
+    odd = moved(call(1), "23999", "train.py:4")
+    found = by_id(init_argument_findings([call(0), odd]))
+    assert set(found) == {"DDP881"}
+    f = found["DDP881"]
+    assert f.ranks == [1] and f.severity == "error" and f.cause_class == "code"
+    assert f.message == ("rank 1 went to another rendezvous than the others, and no group of 2 can form at any of "
+                         "them: rank 0 at env://127.0.0.1:29500 (the launcher's); rank 1 at env://127.0.0.1:23999; "
+                         "the script set MASTER_PORT at train.py:4 (23999); each would wait at its own until "
+                         "torch's timeout")
+    assert f.evidence["cohort"] == [0, 1] and f.evidence["launcher_rendezvous"] == "env://127.0.0.1:29500"
+    assert blocking([f], [call(0), odd])  # they wait in init for nothing: the job is ended at once
+
+
+def test_spawned_children_that_each_chose_a_port_are_all_named():
+    kids = [{**child(i, method="env", port=str(41000 + i)), "env_set_at": {"MASTER_PORT": "spawn.py:6",
+                                                                              "MASTER_ADDR": "spawn.py:5"}}
+            for i in range(2)]
+    f = by_id(init_argument_findings(kids))["DDP881"]
+    assert f.ranks == [0, 1]
+    assert f.message.startswith("each went to its own rendezvous, and no group of 2 can form at any of them: "
+                                "spawned process 0 at env://127.0.0.1:41000; spawned process 1 at "
+                                "env://127.0.0.1:41001; the script set MASTER_PORT at spawn.py:6 (41000, 41001);")
+    assert "MASTER_ADDR" not in f.message  # the same on every rank: not what split them
+
+
+def test_a_majority_at_one_rendezvous_names_the_ranks_that_left_it():
+    kids = [child(i, world=3, nprocs=3, port="41000" if i < 2 else "41002") for i in range(3)]
+    f = by_id(init_argument_findings(kids))["DDP881"]
+    assert f.ranks == [2] and "spawned process 2 went to another rendezvous" in f.message
+
+
+def test_one_rendezvous_two_groups_on_purpose_and_a_finished_init_are_not_split():
+    assert init_argument_findings([call(0), call(1)]) == []
+    # two worlds of 1, each complete on its own port
+    solo = [child(i, world=1, port=str(41000 + i)) for i in range(2)]
+    assert "DDP881" not in by_id(init_argument_findings(solo))
+    # rank 0 already re-initialised on a new port while rank 1's record still shows the first,
+    # which returned well: it met its group there
+    again = [moved(call(0), "29501"), {**call(1), "done": True, "ok": True}]
+    assert "DDP881" not in by_id(init_argument_findings(again))
+    # children of two different spawns are not one job's ranks
+    a, b = child(0, port="41000", parent=50), {**child(1, port="41001", parent=51)}
+    assert "DDP881" not in by_id(init_argument_findings([a, b]))
+
+
+def test_the_ranks_that_stayed_failed_as_a_consequence_of_the_split():
+    from ddp_doctor.checks.init_arguments import init_verdict
+    from ddp_doctor.findings import Finding
+    odd = {**moved(call(1, done=True), "23999"), "ok": False}
+    stayed = {**call(0, done=True), "ok": False}
+    timeout = Finding(id="DDP835", category="training", severity="error", title="A store wait timed out",
+                      message="rank 0 raised DistStoreError: wait timeout", hint="", ranks=[0], phase="training",
+                      time=20.0)
+    out = by_id(init_verdict([timeout], [stayed, odd]))
+    assert out["DDP881"].ranks == [1] and out["DDP835"].caused_by == "DDP881"
+
+
 # ---------------------------------------------------------------- ranks that never formed a group
 
 def ended(rank: int, *, code=0, exception=None, pg=None, init_event=False, pg_up=False, steps=3) -> tuple:

@@ -141,7 +141,9 @@ GROUPS: dict[str, dict[str, Scenario]] = {
         for name, script, nproc in [("world_zero", "spawn_world_size_zero.py", None),
                                     ("world_too_large", "spawn_world_too_large.py", None),
                                     ("rank_outside", "spawn_rank_out_of_range.py", None),
-                                    ("never_inits", "never_inits.py", 2), ("forms_group", "ok_allreduce.py", 2)]},
+                                    ("never_inits", "never_inits.py", 2), ("forms_group", "ok_allreduce.py", 2),
+                                    ("port_per_child", "spawn_port_per_child.py", None),
+                                    ("rank1_port", "rank1_sets_master_port.py", 2)]},
     # the in-training probes: one mistake planted in a DDP loop each (and none in "correct")
     "probes": {
         "correct": _loop(),

@@ -1,9 +1,10 @@
 """init_process_group's arguments judged wherever `ddp-doctor run` runs, on real processes: in the
 one-process mode (`ddp-doctor run script.py`, no launcher) whose script starts its own ranks with
 torch.multiprocessing.spawn (a world size of 0 read from an attribute, a world larger than the
-spawn started, a rank outside the world: named with the argument, its value, its source text and
-the line; the processes that would wait in init until torch's 30-minute timeout are ended, exit
-124); and launched ranks that never formed a process group (a warning, exit 0).
+spawn started, a rank outside the world, children that each set their own MASTER_PORT: named
+with the argument, its value, its source text and the line; the processes that would wait in
+init until torch's 30-minute timeout are ended, exit 124); launched ranks of which one overrode
+MASTER_PORT; and launched ranks that never formed a process group (a warning, exit 0).
 
 What each run's report says is judged from its recorded evidence (tests/corpus/init_everywhere/,
 helpers/scenarios.py's group "init_everywhere"); a world larger than the spawn started is launched
@@ -99,6 +100,33 @@ def test_ranks_that_formed_a_process_group_are_not_warned():
     code, rep = ran("forms_group")
     assert code == 0, rep["findings"]
     assert not by_id(rep, "DDP876") and not [x for x in rep["findings"] if x["severity"] == "error"]
+
+
+def test_spawned_children_that_each_pick_a_port_are_ended_and_the_line_that_set_it_named():
+    code, rep = ran("port_per_child")
+    assert code == 124, rep["findings"]
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP881" and cause["ranks"] == [0, 1], rep["findings"]
+    assert cause["message"].startswith("each went to its own rendezvous, and no group of 2 can form at any of them: "
+                                       "spawned process 0 at env://127.0.0.1:")
+    set_at = line_of("spawn_port_per_child.py", 'os.environ["MASTER_PORT"]')
+    assert f"the script set MASTER_PORT at {set_at} (" in cause["message"]
+    ports = sorted(c["env"]["MASTER_PORT"] for c in cause["evidence"]["calls"])
+    assert len(set(ports)) == 2 and f"({ports[0]}, {ports[1]})" in cause["message"]
+    assert "Root cause: DDP881" in render_text(rep)
+
+
+def test_a_rank_that_overrides_the_launchers_master_port_is_the_one_named():
+    code, rep = ran("rank1_port")
+    assert code == 124, rep["findings"]
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP881" and cause["ranks"] == [1], rep["findings"]
+    assert cause["message"].startswith("rank 1 went to another rendezvous than the others")
+    assert "(the launcher's); rank 1 at env://" in cause["message"]
+    set_at = line_of("rank1_sets_master_port.py", 'os.environ["MASTER_PORT"]')
+    assert f"the script set MASTER_PORT at {set_at} (" in cause["message"]
+    assert cause["evidence"]["cohort"] == [0, 1]
+    assert not [f for f in rep["findings"] if f["severity"] == "error" and f["id"] != "DDP881"]
 
 
 @pytest.mark.slow

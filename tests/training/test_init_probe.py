@@ -112,3 +112,21 @@ def test_an_init_call_names_its_job_and_another_jobs_call_is_not_read(tmp_path):
         assert sorted(r["pid"] for r in read) == sorted([second["pid"], 103])  # job-a's left out, an untokened kept
     finally:
         records.join_job(None)
+
+
+def test_the_record_says_where_the_script_set_a_rendezvous_variable(monkeypatch):
+    monkeypatch.delenv(probe.SPAWN_ENV, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")  # put back by monkeypatch at the end
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setattr(probe, "_env_writes", {})
+    environ = type(os.environ)
+    monkeypatch.setattr(environ, "__setitem__", probe.env_write_wrapper(environ.__setitem__))
+    os.environ["MASTER_PORT"] = "23999"
+    line = test_the_record_says_where_the_script_set_a_rendezvous_variable.__code__.co_firstlineno + 7
+    os.environ.update(MASTER_ADDR="10.0.0.1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    rec = probe.call_record(("gloo",), {})
+    assert rec["env"]["MASTER_PORT"] == "23999"
+    assert rec["env_set_at"] == {"MASTER_PORT": f"{__file__}:{line}", "MASTER_ADDR": f"{__file__}:{line + 2}"}
+    del os.environ["MASTER_ADDR"]  # no longer the value written there: not said
+    assert probe.env_set_sites() == {"MASTER_PORT": f"{__file__}:{line}"}
+    assert os.environb.get(b"MASTER_PORT") == b"23999"  # the bytes view is not recorded, nor broken

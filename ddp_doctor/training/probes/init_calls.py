@@ -35,6 +35,27 @@ SPAWN_ENV = "DDP_DOCTOR_SPAWNED_BY"  # {"parent": pid, "nprocs": n, "site": file
 TEXT_LIMIT = 80  # characters of an argument's source text kept
 
 _launcher: dict[str, Any] = {}  # the rank process's own values, set before the script starts
+_env_writes: dict[str, dict[str, Any]] = {}  # variable -> {"value", "site"}: the script's last write of it
+
+
+def env_write_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """os.environ's __setitem__ (item assignment, update, setdefault): for a rendezvous variable,
+    the value and the user's line that set it, so an init record can say where a MASTER_PORT that
+    differs between ranks came from."""
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        orig(self, key, value)
+        if self is os.environ and key in RENDEZVOUS_VARS:
+            try:
+                _env_writes[key] = {"value": value, "site": user_site()}
+            except Exception:  # noqa: BLE001 - a probe never breaks the call
+                pass
+    return __setitem__
+
+
+def env_set_sites() -> dict[str, str]:
+    """Where this process set the rendezvous variables it holds now: {"MASTER_PORT": "train.py:12"}."""
+    return {k: str(w["site"]) for k, w in _env_writes.items()
+            if w.get("site") and os.environ.get(k) == w.get("value")}
 
 
 def remember_launcher(launcher_rank: int | None, launcher_world: int | None) -> None:
@@ -181,6 +202,7 @@ def call_record(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
         "init_method": str(init_method) if init_method is not None else None,
         "store_given": kwargs.get("store") is not None,
         "env": {k: os.environ.get(k) for k in RENDEZVOUS_VARS},
+        **({"env_set_at": sites} if (sites := env_set_sites()) else {}),
         "launched_rank": launched,
         **({"launcher": {k: _launcher.get(k) for k in ("rank", "world_size", "env")}} if launched else {}),
         **({"spawn": spawn} if spawn else {}),

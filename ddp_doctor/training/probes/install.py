@@ -70,6 +70,7 @@ def _patch_torch() -> None:
         dist_wrappers.init_process_group_wrapper(c10d.init_process_group))
     for owner in (dist, c10d):
         wrap_in_place(owner, "init_process_group", lambda orig: init)
+    wrap_in_place(type(os.environ), "__setitem__", init_calls.env_write_wrapper)  # where MASTER_PORT was set
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")  # mp.spawn calls its start_processes
     if spawn_module is not None and hasattr(spawn_module, "start_processes"):
         original = spawn_module.start_processes
