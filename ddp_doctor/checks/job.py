@@ -32,7 +32,7 @@ from ddp_doctor.checks.rank_endings import (
     vanished_finding,
 )
 from ddp_doctor.checks.sampler import TRAINED_ALONE
-from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, slow_rank_finding
+from ddp_doctor.checks.stalls import hang_finding, interrupted_finding, p2p_cycle, slow_rank_finding
 from ddp_doctor.checks.stops import LAUNCHER_ENDED, launcher_exit_status
 from ddp_doctor.checks.training_probes import probe_findings
 from ddp_doctor.exit_codes import EXIT_HANG
@@ -112,7 +112,9 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
         findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
     elif ev.hung:
         bound = max((float(hb.get("bound") or 0) for hb in ev.stopped_at.values()), default=0.0)
-        findings.append(hang_finding(ev.stopped_at, ev.stacks, bound or ev.hang_timeout))
+        hang = hang_finding(ev.stopped_at, ev.stacks, bound or ev.hang_timeout)
+        cycle = p2p_cycle(hang, ev.stacks)  # every rank blocked on the same side of a send/recv
+        findings += [hang] + ([cycle] if cycle else [])
         code = EXIT_HANG
         findings += training_findings(ev.outcomes, {}, ev.ranks)[0]
     else:

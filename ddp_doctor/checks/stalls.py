@@ -1,12 +1,14 @@
-"""A job that stopped making progress or was stopped (DDP801, DDP808, DDP809): where each rank
-was, who kept whom waiting, and the hang restated once the ledgers name the rank that went its own
-way. Pure functions over the ranks' heartbeats and stacks.
+"""A job that stopped making progress or was stopped (DDP801, DDP808, DDP809, DDP894): where each
+rank was, who kept whom waiting, ranks that wait for each other in point-to-point calls, and the
+hang restated once the ledgers name the rank that went its own way. Pure functions over the ranks'
+heartbeats and stacks.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ddp_doctor.checks.internal import RANK_LOST, event_finding
+from ddp_doctor.facts.frames import dumped_threads, is_library_file
 from ddp_doctor.findings import Finding, format_ranks
 from ddp_doctor.registry import declare
 
@@ -22,6 +24,63 @@ RANK_HUNG = declare(
     Fix: Look at the odd rank's stack: make every rank call the same collectives in the same order
     (no rank-dependent early exit or extra all_reduce), and bound data loading.
     """, cause_class="unknown")
+
+
+P2P_CYCLE = declare(
+    "DDP894", category="training_failure", severity="error",
+    title="Every rank waits in a point-to-point call that no rank answers",
+    doc="""
+    What: At a hang (no progress for --hang-timeout seconds), every rank's stack is inside a
+    blocking torch.distributed.send, or every rank's inside torch.distributed.recv: each rank sends
+    to a peer that is itself sending (a send/recv cycle, such as two ranks exchanging tensors that
+    both send first), or each waits to receive what no rank sends. Read from the ranks' Python
+    stacks, whatever the backend; the hang (DDP801) is then its consequence.
+    Why: A blocking send completes only when its peer posts the matching receive, and a receive
+    only when its peer sends. When every rank blocks on the same side, none reaches the call that
+    would release the others, and the job waits until the process group's timeout (30 minutes by
+    default).
+    Fix: Order the point-to-point calls so that each send meets a receive: even ranks send first
+    and odd ranks receive first (or the reverse), or start both sides at once with dist.isend /
+    dist.irecv (dist.batch_isend_irecv) and wait on the requests.
+    """)
+
+_P2P = ("send", "recv")
+_C10D = "distributed_c10d.py"
+
+
+def _p2p_call(dump: str) -> str | None:
+    """The blocking point-to-point call (send / recv) a rank's thread is inside, from its
+    faulthandler dump; None when no thread is in one."""
+    for thread in sorted(dumped_threads(dump), key=lambda t: not t.current):
+        for file, _line, func in thread.frames:
+            if func in _P2P and file.endswith(_C10D) and is_library_file(file):
+                return func
+    return None
+
+
+def p2p_cycle(hang: Finding, stacks: dict[int, str]) -> Finding | None:
+    """DDP894 when every rank of the hang waits in send, or every rank in recv (their stacks say
+    so); the hang is restated as its consequence. None otherwise."""
+    where = hang.evidence.get("where") or {}
+    ranks = sorted(int(r) for r in where)
+    if len(ranks) < 2 or any(r not in stacks for r in ranks):
+        return None
+    calls = {r: _p2p_call(stacks[r]) for r in ranks}
+    kinds = set(calls.values())
+    if len(kinds) != 1 or None in kinds:
+        return None
+    [call] = kinds
+    parts = "; ".join(f"rank {r}: {where[str(r)]}" for r in ranks)
+    what = ("each sends to a peer that is itself sending (a send/recv cycle), and no rank receives" if call == "send"
+            else "each waits to receive what no rank sends")
+    cycle = event_finding(
+        P2P_CYCLE, f"every rank waits in torch.distributed.{call}: {what}. {parts}", rank=None, ranks=ranks,
+        phase="training", evidence={"call": call, "where": {str(r): where[str(r)] for r in ranks}})
+    timeout = float(hang.evidence.get("timeout") or 0)
+    hang.message = (f"no progress for {timeout:g} s; every rank waits in {call} ({P2P_CYCLE.id}, the root cause). "
+                    f"{parts}")
+    hang.caused_by = P2P_CYCLE.id
+    return cycle
 
 
 INTERRUPTED = declare(

@@ -102,6 +102,7 @@ GROUPS: dict[str, dict[str, Scenario]] = {
         "ran_out": Scenario("uneven_loader_then_barrier.py", ("--hang-timeout", "8")),
         "eval_helper": Scenario("evaluates_on_rank0_only.py", ("--hang-timeout", "6")),
         "gather_sizes": Scenario("gathers_rank_sized.py"),
+        "send_cycle": Scenario("p2p_send_cycle.py", ("--hang-timeout", "6")),
     },
     "signatures": {
         "env_not_set": _signature("env_not_set.py"),

@@ -139,6 +139,21 @@ def test_an_all_gather_sized_by_each_ranks_data_is_a_mismatch_with_both_sizes():
     assert "no Python frame" not in str(rep["findings"])
 
 
+def test_ranks_that_both_send_first_are_a_send_cycle_and_the_hang_its_consequence():
+    code, rep = ran("send_cycle")
+    assert code == 124, rep["findings"]
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP894" and cause["ranks"] == [0, 1], rep["findings"]
+    sent = line_of("p2p_send_cycle.py", "dist.send(")
+    assert cause["message"].startswith(
+        "every rank waits in torch.distributed.send: each sends to a peer that is itself sending (a send/recv "
+        "cycle), and no rank receives. rank 0: ")
+    assert cause["message"].count(f"{sent} in <module>") == 2, cause["message"]
+    [hang] = [f for f in rep["findings"] if f["id"] == "DDP801"]
+    assert hang["caused_by"] == "DDP894" and "every rank waits in send (DDP894, the root cause)" in hang["message"]
+    assert cause["cause_class"] == "code"
+
+
 def test_a_rank_written_by_hand_is_reported_at_once():
     code, rep = ran("handset_rank")
     assert code == 124, rep["findings"]

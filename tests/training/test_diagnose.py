@@ -6,7 +6,7 @@ import signal
 import sysconfig
 
 from ddp_doctor.checks.rank_endings import training_findings
-from ddp_doctor.checks.stalls import hang_finding
+from ddp_doctor.checks.stalls import hang_finding, p2p_cycle
 from ddp_doctor.report.build import merge_findings, root_cause
 
 
@@ -126,6 +126,41 @@ def test_hang_with_two_ranks_in_two_collectives_names_no_one_whatever_the_order(
         f = hang_finding(hbs, {}, 5)
         assert f.ranks == [0, 1] and f.message.startswith(
             "no progress on any rank for 5 s; the ranks are in different places. rank 0: a.py:3"), f.message
+
+
+C10D = sysconfig.get_paths()["purelib"] + "/torch/distributed/distributed_c10d.py"
+
+
+def dump(call: str, line: int = 9) -> str:
+    """A faulthandler dump whose main thread is inside torch.distributed's `call`."""
+    return (f'Thread 0x00007f01 (most recent call first):\n'
+            f'  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+            f'\nCurrent thread 0x00007f02 (most recent call first):\n  File "{C10D}", line 2500 in {call}\n'
+            f'  File "{C10D.replace("distributed_c10d", "c10d_logger")}", line 83 in wrapper\n'
+            f'  File "/job/train.py", line {line} in <module>\n')
+
+
+def test_every_rank_in_send_is_a_send_cycle_and_the_hang_its_consequence():
+    hbs = {r: {"where": "/job/train.py:9 in <module>", "in_collective": True} for r in range(2)}
+    hang = hang_finding(hbs, {0: dump("send"), 1: dump("send")}, 15)
+    cycle = p2p_cycle(hang, {0: dump("send"), 1: dump("send")})
+    assert cycle is not None and cycle.id == "DDP894" and cycle.ranks == [0, 1] and cycle.cause_class == "code"
+    assert cycle.message.startswith("every rank waits in torch.distributed.send: each sends to a peer that is "
+                                    "itself sending (a send/recv cycle), and no rank receives. rank 0: /job/train.py:9")
+    assert hang.caused_by == "DDP894" and "every rank waits in send (DDP894, the root cause)" in hang.message
+    recv = p2p_cycle(hang_finding(hbs, {}, 15), {0: dump("recv"), 1: dump("recv")})
+    assert recv is not None and "each waits to receive what no rank sends" in recv.message
+
+
+def test_ranks_on_both_sides_of_a_send_or_elsewhere_are_no_cycle():
+    hbs = {r: {"where": "/job/train.py:9 in <module>", "in_collective": True} for r in range(2)}
+    for stacks in ({0: dump("send"), 1: dump("recv")},  # a send meets a receive: slow, not a cycle
+                   {0: dump("send"), 1: dump("all_reduce")},  # one rank elsewhere: the hang's own rules
+                   {0: dump("send")}):  # a rank's stack missing: not every rank is known
+        hang = hang_finding(hbs, stacks, 15)
+        assert p2p_cycle(hang, stacks) is None and hang.caused_by is None
+    one = {0: hbs[0]}
+    assert p2p_cycle(hang_finding(one, {0: dump("send")}, 15), {0: dump("send")}) is None
 
 
 def test_rank_ended_after_hanging_at_exit_keeps_the_scripts_status():
