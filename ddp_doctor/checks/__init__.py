@@ -59,6 +59,7 @@ def load_catalogue() -> dict[str, Check]:
         stalls,
         stops,
         teardown,
+        thread_errors,
         training_probes,
         training_scale,
         wrapped_errors,

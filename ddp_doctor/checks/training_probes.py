@@ -5,7 +5,8 @@ failed=...)` runs them all, in this order:
 - sampler.py: sampler sharding and epochs (DDP850, DDP852, DDP853), full evaluation on every rank (DDP854);
 - replica_consistency.py: parameters and buffers differing between ranks (DDP870, DDP871);
 - training_scale.py: data-loading stragglers, global batch and learning rate (DDP872, DDP873);
-- teardown.py: destroy_process_group missing (DDP880), judged only when the job did not fail.
+- teardown.py: destroy_process_group missing (DDP880), judged only when the job did not fail;
+- thread_errors.py: a thread of the script that died with an exception (DDP815).
 
 Records are plain dicts, one per process; probe_records.py picks one per rank.
 """
@@ -18,6 +19,7 @@ from ddp_doctor.checks.probe_records import by_rank
 from ddp_doctor.checks.replica_consistency import replica_divergence
 from ddp_doctor.checks.sampler import sampler_rules
 from ddp_doctor.checks.teardown import teardown
+from ddp_doctor.checks.thread_errors import thread_errors
 from ddp_doctor.checks.training_scale import batch_scaling, stragglers
 from ddp_doctor.findings import Finding
 
@@ -36,4 +38,5 @@ def probe_findings(records: Iterable[dict[str, Any]], *, failed: bool = False, l
     out += batch_scaling(ranks)
     if not failed:
         out += teardown(ranks)
+    out += thread_errors(ranks, failed=failed)
     return out

@@ -154,6 +154,7 @@ GROUPS: dict[str, dict[str, Scenario]] = {
                                                    "--local-buffer"),
         "ddp_first": _loop("--ddp-first"),
         "init_twice": _loop("--init-twice"),
+        "thread_fails": _loop("--thread-fails"),
     },
     # data sharded twice or overlapping (tests/run_scripts/sampler_sharding.py's shapes), and ranks
     # that never formed a process group

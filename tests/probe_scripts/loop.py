@@ -12,9 +12,13 @@ in-training probes look for; without switches it is the correct recipe.
     --rank-seed      with --no-sampler: each rank shuffles with its own seed (no overlap seen early)
     --local-buffer   a buffer updated from each rank's own batches, DDP(broadcast_buffers=False)
     --max-batches N  batches per epoch at most
+    --thread-fails   after training, rank 0's metrics thread all_reduces the loss alone (no other rank
+                     joins it): it fails as rank 1 leaves the group, the thread dies, and the script
+                     ends with exit status 0
 """
 import argparse
 import os
+import threading
 import time
 
 import torch
@@ -26,7 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 p = argparse.ArgumentParser()
 for flag in ("--no-sampler", "--no-set-epoch", "--bypass-ddp", "--no-destroy", "--ddp-first", "--init-twice",
-             "--own-shard", "--rank-seed", "--local-buffer"):
+             "--own-shard", "--rank-seed", "--local-buffer", "--thread-fails"):
     p.add_argument(flag, action="store_true")
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--epochs", type=int, default=2)
@@ -92,5 +96,11 @@ for epoch in range(args.epochs):
         loss.backward()
         opt.step()
 os.write(1, f"rank {rank} done loss={loss.item():.4f}\n".encode())  # one write: no interleaving
+if args.thread_fails and rank == 0:
+    def report_metrics(value):
+        dist.all_reduce(torch.tensor([value]))
+    metrics = threading.Thread(target=report_metrics, args=(loss.item(),), name="metrics")
+    metrics.start()
+    metrics.join()
 if not args.no_destroy:
     dist.destroy_process_group()

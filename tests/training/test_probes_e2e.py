@@ -125,6 +125,18 @@ def test_every_run_is_recorded_and_replays_to_the_verdict_it_recorded():
     assert corpus.unreplayed("probes", list(GROUPS["probes"])) == []
 
 
+def test_a_thread_whose_collective_failed_fails_the_verdict_though_the_script_exited_0():
+    rep = replayed("thread_fails")  # the script's own exit status: 0
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP815" and cause["ranks"] == [0] and cause["severity"] == "error", rep["findings"]
+    assert cause["message"].startswith("rank 0: thread 'metrics' died with RuntimeError: ")
+    assert "loop.py:" in cause["message"] and "in report_metrics, inside torch.distributed.all_reduce" in \
+        cause["message"]
+    [thread] = cause["evidence"]["threads"]
+    assert thread["call"] == "all_reduce" and "Traceback" in thread["traceback"]
+    assert rep["status"] == "fail"
+
+
 def test_correct_loop_has_no_probe_findings():
     # also the sharding rules' clean case (a DistributedSampler alone, one seed on every rank, set_epoch):
     # nothing undrawn (DDP851), a process group formed (DDP876)

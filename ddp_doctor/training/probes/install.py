@@ -1,6 +1,6 @@
 """Starting the probes in a process: `install(out_dir)` makes this process's recorder and puts the
 wrappers in place (dist_wrappers, loader_wrappers, trainer_wrapper, the fork hooks of children, the
-start sites of threads and child processes of exit_holders) once;
+start sites of threads and child processes of exit_holders, threading.excepthook) once;
 `install_in_child` does it from sitecustomize once the child imports torch.
 
 The wrappers only record and then call the original: no collective is added, nothing the script
@@ -11,6 +11,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
+from typing import Any, Callable
 
 from ddp_doctor.facts.frames import COLLECTIVES
 from ddp_doctor.training.probes import (
@@ -23,7 +25,7 @@ from ddp_doctor.training.probes import (
     recorder,
 )
 from ddp_doctor.training.probes.import_hooks import when_imported
-from ddp_doctor.training.probes.patching import wrap_in_place
+from ddp_doctor.training.probes.patching import record_quietly, wrap_in_place
 from ddp_doctor.training.probes.recorder import Recorder
 from ddp_doctor.training.probes.trainer_wrapper import wrap_trainer
 
@@ -38,7 +40,19 @@ def install(out_dir: str | None) -> Recorder:
             atexit.register(_at_exit)
         _patch_torch()
     exit_holders.install()  # where non-daemon threads and children start: what may keep the rank alive (DDP806)
+    wrap_in_place(threading, "excepthook", _thread_excepthook)  # a thread that dies is noted (DDP815)
     return rec
+
+
+def _thread_excepthook(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """threading.excepthook: the exception that ended a thread goes in the record, then Python's
+    own hook prints it as before."""
+    def excepthook(args: Any) -> Any:
+        rec = recorder.current_recorder()
+        if rec is not None:
+            record_quietly(rec, "thread exception", lambda: rec.note_thread_error(args))
+        return orig(args)
+    return excepthook
 
 
 def _at_exit() -> None:

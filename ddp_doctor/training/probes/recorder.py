@@ -11,8 +11,10 @@ import os
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
+from ddp_doctor.facts.frames import is_library_file, is_user_file
 from ddp_doctor.training.probes.call_sites import user_site
 from ddp_doctor.training.probes.fingerprints import tensor_sums
 from ddp_doctor.training.records import probe_path, write_json
@@ -24,6 +26,7 @@ MAX_DATA_TIMES = 512
 MAX_DDP_MODELS = 4
 MAX_PARAMETER_NAMES = 4096
 PARAMETER_NAME_CHARS = 200
+MAX_THREAD_ERRORS = 8
 
 _current: "Recorder | None" = None
 # Held while the current recorder is made or replaced and the wrappers are put in place.
@@ -142,6 +145,8 @@ class Recorder:
         # Per DDP model built (the last MAX_DDP_MODELS): its class, how many parameters its reducer
         # holds, and their names in the reducer's order (what DDP's error messages index).
         self.ddp_parameters: list[dict[str, Any]] = []
+        # Threads of the script that died with an uncaught exception (the first MAX_THREAD_ERRORS)
+        self.thread_errors: list[dict[str, Any]] = []
 
     # -- identity
     @property
@@ -163,6 +168,24 @@ class Recorder:
         if len(self.events) < MAX_EVENTS:
             self.events.append(e)
         return e
+
+    def note_thread_error(self, args: Any) -> None:
+        """threading.excepthook's `args`: a thread died with an exception; the record is written at
+        once (the script goes on, and may end any way)."""
+        name = getattr(args.thread, "name", None)
+        if len(self.thread_errors) >= MAX_THREAD_ERRORS or args.exc_type is SystemExit or \
+                str(name).startswith("ddp-doctor"):  # ddp-doctor's own threads are not the script's
+            return
+        frames = traceback.extract_tb(args.exc_traceback)
+        user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
+        call = next((f.name for f in frames if os.path.basename(f.filename) == "distributed_c10d.py"
+                     and is_library_file(f.filename)), None)  # the outermost: the call the script made
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        self.thread_errors.append({
+            "thread": name, "type": args.exc_type.__name__,
+            "message": str(args.exc_value)[:500], "site": f"{user.filename}:{user.lineno} in {user.name}" if user
+            else None, "call": call, "traceback": text[-4000:], "t": time.time()})
+        self.flush(empty_too=True)
 
     def note_error(self, what: str, error: Exception) -> None:
         """A recording that failed: said in the record, never raised into the job."""
@@ -222,6 +245,7 @@ class Recorder:
                 "ddp_forwards": self.ddp_forwards, "ddp_steps": self.ddp_steps,
                 "ddp_models": len(self.ddp_modules), "ddp_parameters": self.ddp_parameters,
                 "loaders": loaders, "checksums": self.checksums, "extra": self.extra, "ended": self.ended,
+                **({"thread_errors": self.thread_errors} if self.thread_errors else {}),
                 **({"started_by": self.started_by} if self.started_by else {})}
 
     def flush(self, *, empty_too: bool = False) -> None:
