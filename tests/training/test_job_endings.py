@@ -15,8 +15,13 @@ torch_dist = pytest.importorskip("torch.distributed")
 
 
 @pytest.fixture
-def store_env():
+def store_env(monkeypatch):
+    """A store on a free port, hosted in this process, and the variables a rank finds it by. A
+    rank's exchange connects within half its bound (2 s): under the whole suite on 2 cores one
+    connection to this store once took longer, so the tests give it 15 s (their subject is what
+    is exchanged; the bounds that are a test's subject are set by that test)."""
     from helpers.procs import free_port
+    monkeypatch.setattr(endings, "STORE_BOUND", 15.0)
     port = free_port()
     store = torch_dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
