@@ -26,6 +26,7 @@ from ddp_doctor.checks.init_waits import init_wait_verdict
 from ddp_doctor.checks.leftover_rules import leftover_findings
 from ddp_doctor.checks.probe_records import by_rank
 from ddp_doctor.checks.rank_endings import (
+    early_os_exits,
     launcher_failed_finding,
     stopped_after_failure_findings,
     training_findings,
@@ -120,6 +121,7 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     else:
         more, code = training_findings(ev.outcomes, ev.exits, ev.ranks, ev.crashes, unlogged=ev.unlogged)
         findings += more + [vanished_finding(r, hb) for r, hb in sorted(ev.vanished.items())]
+        findings += early_os_exits(by_rank(ev.probes), ev.outcomes, findings)  # a rank that left first
         findings += stopped_after_failure_findings(ev.outcomes, findings)
         if code == 0 and ev.launcher_code and not ev.outcomes:
             code = ev.launcher_code  # the launcher itself failed

@@ -65,6 +65,25 @@ RANK_KILLED = declare(
     """, cause_class="unknown")
 
 
+EARLY_OS_EXIT = declare(
+    "DDP812", category="training_failure", severity="error",
+    title="A rank's script ended its process while the others still ran",
+    doc="""
+    What: The script of the rank named called os._exit() (exit status 0 included) while the job's
+    other ranks still ran, and they then failed after it (a peer error such as "Connection reset by
+    peer", a collective timeout). The finding names the line that called it, the status and where
+    the rank was. Seen by the probes as the call is made (the process then ends with no exception
+    and no exit handler, so nothing else records it). os._exit() on every rank once the job's work
+    is done, with no rank failing after it, is not judged.
+    Why: os._exit ends the process at once: no exception, no destroy_process_group, no record; the
+    rank's collectives go with it, the launcher counts a status 0 as a rank that finished, and the
+    errors of the ranks left behind are all that is printed.
+    Fix: Let every rank leave the training loop at the same step (decide together: all_reduce a stop
+    flag, then break on every rank), then destroy_process_group() and return; keep os._exit() for
+    after the whole job's work, on every rank.
+    """)
+
+
 SCRIPT_EXITED = declare(
     "DDP814", category="training_failure", severity="error", title="A rank's script exited with a failure status",
     doc="""
@@ -648,3 +667,35 @@ def vanished_finding(rank: int, heartbeat: dict[str, Any]) -> Finding:
         time=float(heartbeat.get("time") or 0) or None,
         evidence={"pid": heartbeat.get("pid"), "last_heartbeat": heartbeat.get("time"), "where": where,
                   "vanished": True})
+
+
+def early_os_exits(probes: dict[int, dict[str, Any]], outcomes: dict[int, dict[str, Any]],
+                   findings: list[Finding]) -> list[Finding]:
+    """DDP812 for each rank whose script called os._exit (its probe record's end says so) before
+    another rank's error; those later errors become its consequences. `probes`: one probe record a
+    rank (checks/probe_records.by_rank)."""
+    out: list[Finding] = []
+    for r, rec in sorted(probes.items()):
+        ended = rec.get("ended") or {}
+        at = ended.get("t")
+        raised = (outcomes.get(r) or {}).get("exception")
+        if ended.get("how") != "os_exit" or not isinstance(at, (int, float)) or raised:
+            continue
+        after = [f for f in findings if f.severity == "error" and f.phase == "training" and f.ranks
+                 and r not in f.ranks and f.time >= at]
+        if not after:
+            continue  # os._exit once the job's work was done: nothing failed for it
+        status = ended.get("status")
+        site = f" at {ended['site']}" if ended.get("site") else ""
+        steps = rec.get("steps")
+        done = f" after {steps} optimizer step(s)" if isinstance(steps, int) and steps else ""
+        others = sorted({x for f in after for x in f.ranks})
+        message = (f"rank {r} ended its process with os._exit({status if status is not None else '?'}){site}"
+                   f"{done} while {'rank' if len(others) == 1 else 'ranks'} {brief_ranks(others)} still ran, "
+                   f"and failed after it")
+        out.append(event_finding(EARLY_OS_EXIT, message, rank=r, phase="training", time=float(at),
+                                 evidence={"status": status, "site": ended.get("site"), "steps": steps}))
+        for f in after:
+            if f.caused_by in (None, ROOT_CAUSE):
+                f.caused_by = EARLY_OS_EXIT.id
+    return out

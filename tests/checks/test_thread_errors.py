@@ -55,3 +55,24 @@ def test_the_recorder_keeps_what_ended_a_thread(tmp_path):
     assert e["site"].startswith(f"{__file__}:") and e["site"].endswith(" in work") and e["call"] is None
     assert "ValueError: no such bucket" in e["traceback"]
     assert list(tmp_path.glob("probe-*.json")), "written at once"
+
+
+def test_os_exit_called_by_the_scripts_code_is_recorded_with_its_line(tmp_path, monkeypatch):
+    from ddp_doctor.training.probes import install, recorder
+    rec = Recorder(str(tmp_path))
+    monkeypatch.setattr(recorder, "current_recorder", lambda: rec)
+    exits: list = []
+    fake_exit = install._os_exit(exits.append)  # the real os._exit would end the test
+    fake_exit(0)
+    line = test_os_exit_called_by_the_scripts_code_is_recorded_with_its_line.__code__.co_firstlineno + 6
+    assert exits == [0]
+    ended = rec.to_dict()["ended"]
+    assert ended["how"] == "os_exit" and ended["status"] == 0 and ended["site"].startswith(f"{__file__}:{line}")
+    assert list(tmp_path.glob("probe-*.json")), "written before the process ends"
+    # called from a library's (or ddp-doctor's) code: not the script's own end
+    other = Recorder(str(tmp_path / "other"))
+    monkeypatch.setattr(recorder, "current_recorder", lambda: other)
+    scope = {"f": fake_exit}
+    exec(compile("def lib():\n    f(3)\n", install.__file__, "exec"), scope)
+    scope["lib"]()
+    assert exits == [0, 3] and other.ended is None

@@ -103,6 +103,7 @@ GROUPS: dict[str, dict[str, Scenario]] = {
         "eval_helper": Scenario("evaluates_on_rank0_only.py", ("--hang-timeout", "6")),
         "gather_sizes": Scenario("gathers_rank_sized.py"),
         "send_cycle": Scenario("p2p_send_cycle.py", ("--hang-timeout", "6")),
+        "os_exit_0": Scenario("rank1_os_exit_0.py", ("--hang-timeout", "20")),
     },
     "signatures": {
         "env_not_set": _signature("env_not_set.py"),

@@ -154,6 +154,18 @@ def test_ranks_that_both_send_first_are_a_send_cycle_and_the_hang_its_consequenc
     assert cause["cause_class"] == "code"
 
 
+def test_a_rank_that_left_with_os_exit_0_is_the_cause_not_the_rank_that_then_failed():
+    code, rep = ran("os_exit_0")
+    assert code == 1, rep["findings"]  # rank 0's own status: it raised
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP812" and cause["ranks"] == [1], rep["findings"]
+    left = line_of("rank1_os_exit_0.py", "        os._exit(0)")
+    assert cause["message"].startswith("rank 1 ended its process with os._exit(0) at ")
+    assert cause["message"].endswith(f"{left} while rank 0 still ran, and failed after it"), cause["message"]
+    [peer] = [f for f in rep["findings"] if f["ranks"] == [0] and f["severity"] == "error"]
+    assert peer["caused_by"] == "DDP812" and "Connection" in peer["message"]
+
+
 def test_a_rank_written_by_hand_is_reported_at_once():
     code, rep = ran("handset_rank")
     assert code == 124, rep["findings"]

@@ -5,7 +5,7 @@ import json
 import signal
 import sysconfig
 
-from ddp_doctor.checks.rank_endings import training_findings
+from ddp_doctor.checks.rank_endings import early_os_exits, training_findings
 from ddp_doctor.checks.stalls import hang_finding, p2p_cycle
 from ddp_doctor.report.build import merge_findings, root_cause
 
@@ -161,6 +161,28 @@ def test_ranks_on_both_sides_of_a_send_or_elsewhere_are_no_cycle():
         assert p2p_cycle(hang, stacks) is None and hang.caused_by is None
     one = {0: hbs[0]}
     assert p2p_cycle(hang_finding(one, {0: dump("send")}, 15), {0: dump("send")}) is None
+
+
+def test_a_rank_that_called_os_exit_before_a_peer_failed_is_the_cause():
+    peer_error = training_findings({0: outcome(1, exc(20.0, "RuntimeError", "Connection closed by peer"))},
+                                   {0: 1}, [0, 1])[0]
+    left = {1: {"steps": 3, "ended": {"how": "os_exit", "status": 0, "site": "train.py:12", "t": 10.0}}}
+    [f] = early_os_exits(left, {}, peer_error)
+    assert f.id == "DDP812" and f.ranks == [1] and f.time == 10.0 and f.cause_class == "code"
+    assert f.message == ("rank 1 ended its process with os._exit(0) at train.py:12 after 3 optimizer step(s) "
+                         "while rank 0 still ran, and failed after it")
+    assert all(p.caused_by == "DDP812" for p in peer_error)
+    assert root_cause(merge_findings(peer_error + [f])).id == "DDP812"
+
+
+def test_os_exit_after_the_work_or_after_a_peers_failure_is_not_a_cause():
+    peer_error = training_findings({0: outcome(1, exc(20.0))}, {0: 1}, [0, 1])[0]
+    later = {1: {"ended": {"how": "os_exit", "status": 0, "t": 30.0}}}  # the peer had failed already
+    assert early_os_exits(later, {}, peer_error) == [] and peer_error[0].caused_by is None
+    every = {r: {"ended": {"how": "os_exit", "status": 0, "t": 10.0}} for r in range(2)}  # the job ended well
+    assert early_os_exits(every, {}, []) == []
+    script = {1: {"ended": {"how": "script", "t": 10.0}}}  # the script returned
+    assert early_os_exits(script, {}, peer_error) == []
 
 
 def test_rank_ended_after_hanging_at_exit_keeps_the_scripts_status():

@@ -1,6 +1,6 @@
 """Starting the probes in a process: `install(out_dir)` makes this process's recorder and puts the
 wrappers in place (dist_wrappers, loader_wrappers, trainer_wrapper, the fork hooks of children, the
-start sites of threads and child processes of exit_holders, threading.excepthook) once;
+start sites of threads and child processes of exit_holders, threading.excepthook, os._exit) once;
 `install_in_child` does it from sitecustomize once the child imports torch.
 
 The wrappers only record and then call the original: no collective is added, nothing the script
@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ddp_doctor.facts.frames import COLLECTIVES
+from ddp_doctor.facts.frames import COLLECTIVES, is_user_file
 from ddp_doctor.training.probes import (
     children,
     collective_sites,
@@ -41,7 +41,20 @@ def install(out_dir: str | None) -> Recorder:
         _patch_torch()
     exit_holders.install()  # where non-daemon threads and children start: what may keep the rank alive (DDP806)
     wrap_in_place(threading, "excepthook", _thread_excepthook)  # a thread that dies is noted (DDP815)
+    wrap_in_place(os, "_exit", _os_exit)  # a script that ends its process itself is noted (DDP812)
     return rec
+
+
+def _os_exit(orig: Callable[[int], Any]) -> Callable[[int], Any]:
+    """os._exit called by the script's own code (not a library's, not ddp-doctor's): the record
+    says so, with the status and the line, before the process ends without its exit handlers."""
+    def _exit(status: int) -> Any:
+        caller = sys._getframe(1).f_code.co_filename
+        rec = recorder.current_recorder()
+        if rec is not None and is_user_file(caller):
+            record_quietly(rec, "os._exit", lambda: rec.end_by_os_exit(status))
+        return orig(status)
+    return _exit
 
 
 def _thread_excepthook(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:

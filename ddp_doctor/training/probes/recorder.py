@@ -257,6 +257,12 @@ class Recorder:
             return  # a helper process that did nothing worth reporting
         write_json(probe_path(self.out_dir, self.pid), self.to_dict())
 
+    def end_by_os_exit(self, status: Any) -> None:
+        """The script called os._exit(status): its end, with the line, written now (no exit handler
+        runs after it, and no record of the script's end would come)."""
+        self.end(how="os_exit", status=status if isinstance(status, int) else None, site=user_site())
+        self.flush(empty_too=True)
+
     def end(self, **data: Any) -> None:
         """The script ended: last checksum, whether the process group is still up, flush."""
         if self.ended is not None:
