@@ -21,6 +21,7 @@ def load_catalogue() -> dict[str, Check]:
     """Import every catalogue module (registration happens at import) and return the registry."""
     from ddp_doctor.checks import (  # noqa: F401 - imported for their registrations
         arrivals,
+        barrier_waits,
         causes,
         ci_runner,
         collectives,

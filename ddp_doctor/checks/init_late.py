@@ -91,7 +91,7 @@ def _deadline(o: dict[str, Any], call: dict[str, Any] | None) -> float | None:
     return _float(exc.get("time") if isinstance(exc, dict) else None) or _float(o.get("time"))
 
 
-def _where_then(rank: int, at: float, ledgers: dict[int, dict[str, Any]],
+def where_then(rank: int, at: float, ledgers: dict[int, dict[str, Any]],
                 heartbeats: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Where `rank` was at `at`: the position record (ledger or heartbeat) with a user's line that is
     nearest that moment, within _NEAR seconds. {"where", "time", "source"}, or None."""
@@ -181,7 +181,7 @@ def _late_finding(waiting: dict[int, dict[str, Any]], ranks: list[int], outcomes
         if ended is not None and ended <= deadline and called is None:
             entry.update(ended=ended, exit_code=o.get("exit_code"))
         else:
-            entry.update(_where_then(k, deadline, ledgers, heartbeats) or {})
+            entry.update(where_then(k, deadline, ledgers, heartbeats) or {})
         late[k] = entry
     if not late:
         return None
@@ -232,7 +232,7 @@ def _name_awaited(w: dict[str, Any], rank: int, ranks: list[int], ledgers: dict[
     f = w["finding"]
     if k is None or k == rank or k not in ranks or "//" not in key or "awaited_rank" in f.evidence:
         return
-    pos = _where_then(k, w["deadline"], ledgers, heartbeats)
+    pos = where_then(k, w["deadline"], ledgers, heartbeats)
     f.message += f"; it waited for rank {k}" + (
         f", which was at {pos['where']} (its {pos['source']}, {_seconds(pos['time'], w['deadline'])} the wait ended)"
         if pos else "")

@@ -17,6 +17,7 @@ from typing import Any
 
 from ddp_doctor.checks import host_busy
 from ddp_doctor.checks.arrivals import arrival_findings, node_arrival_findings
+from ddp_doctor.checks.barrier_waits import monitored_barrier_verdict
 from ddp_doctor.checks.causes import with_ledgers
 from ddp_doctor.checks.crash_ledgers import crash_ledgers
 from ddp_doctor.checks.ddp_parameters import with_parameter_names
@@ -138,6 +139,8 @@ def job_findings(ev: JobEvidence, earlier: list[Finding] | None = None) -> tuple
     # a rank's init (or store wait) timed out: the ranks that had not called init by then are the cause
     findings = late_init_verdict(findings, ranks=ev.ranks, outcomes=ev.outcomes, init_calls=ev.init_calls,
                                  ledgers=ev.ledgers, heartbeats=ev.heartbeats)
+    # a monitored barrier's timeout names the ranks that did not come: they are the cause
+    findings = monitored_barrier_verdict(findings, outcomes=ev.outcomes, ledgers=ev.ledgers, heartbeats=ev.heartbeats)
     if not ev.init_calls:  # no record of the calls (a post-mortem): what the ranks' init waited for
         findings = init_wait_verdict(findings, ev.outcomes, ev.ranks, launched_known=ev.launched_known)
     if ev.slow and not ev.hung:

@@ -104,6 +104,7 @@ GROUPS: dict[str, dict[str, Scenario]] = {
         "gather_sizes": Scenario("gathers_rank_sized.py"),
         "send_cycle": Scenario("p2p_send_cycle.py", ("--hang-timeout", "6")),
         "os_exit_0": Scenario("rank1_os_exit_0.py", ("--hang-timeout", "20")),
+        "late_to_barrier": Scenario("rank1_late_to_monitored_barrier.py", ("--hang-timeout", "30")),
     },
     "signatures": {
         "env_not_set": _signature("env_not_set.py"),

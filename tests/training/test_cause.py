@@ -166,6 +166,20 @@ def test_a_rank_that_left_with_os_exit_0_is_the_cause_not_the_rank_that_then_fai
     assert peer["caused_by"] == "DDP812" and "Connection" in peer["message"]
 
 
+def test_a_monitored_barrier_that_timed_out_names_the_rank_it_waited_for_and_where_it_was():
+    code, rep = ran("late_to_barrier")
+    assert code == 1, rep["findings"]
+    cause = rep["root_cause"]
+    assert cause["id"] == "DDP819" and cause["ranks"] == [1], rep["findings"]
+    barrier = line_of("rank1_late_to_monitored_barrier.py", "dist.monitored_barrier(")
+    slept = line_of("rank1_late_to_monitored_barrier.py", "time.sleep(8)")
+    assert cause["message"].startswith("rank 1 did not reach the monitored barrier that rank 0 waited in (at ")
+    assert f"{barrier} in <module>) for 3 s: rank 1 was at " in cause["message"]
+    assert cause["message"].endswith(f"{slept} in <module>"), cause["message"]
+    [waited] = [f for f in rep["findings"] if f["id"] == "DDP825"]
+    assert waited["ranks"] == [0] and waited["caused_by"] == "DDP819"
+
+
 def test_a_rank_written_by_hand_is_reported_at_once():
     code, rep = ran("handset_rank")
     assert code == 124, rep["findings"]
