@@ -68,6 +68,12 @@ UNEVEN_INPUTS = declare(
     torch.distributed.algorithms.Join([model]) so that ranks that run out shadow the others.
     """)
 
+NONE_ISSUED_HINT = ("The rank named issued no collective at all before its script ended: it left before the "
+                    "first one (a rank-dependent early `return`, `sys.exit()` or `continue` past the loop, such as a "
+                    "check of its own data), which no uneven split of batches explains. Make every rank reach the "
+                    "same collectives: decide an early stop together (all_reduce the condition, then return on "
+                    "every rank), or give every rank data enough to run.")
+
 OWN_WAY = declare(
     "DDP893", category="training_failure", severity="error",
     title="A rank issued a collective the other ranks never issue (its code went its own way)",
@@ -610,8 +616,11 @@ def _stuck(pg: str, name: str, label: str, n: int, waiting: list[_Rank], behind:
             **waiting_evidence}}
         if steps_known:
             evidence["steps"] = {str(r.rank): r.ledger["steps"] for r in sorted(left + waiting, key=lambda r: r.rank)}
+        # a rank that issued no collective at all ended before the first one: no uneven split of the
+        # data, a rank-dependent early return or exit
+        hint = NONE_ISSUED_HINT if all(not r.last for r in left) else None
         findings.append(event_finding(UNEVEN_INPUTS, message, rank=None, ranks=[r.rank for r in left],
-                                      evidence=evidence, phase="training"))
+                                      evidence=evidence, phase="training", hint=hint))
 
     if elsewhere:
         descr = []

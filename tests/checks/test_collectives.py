@@ -194,6 +194,15 @@ def test_uneven_inputs_with_steps() -> None:
     assert "Join" in f.hint and "drop_last" in f.hint
 
 
+def test_a_rank_that_issued_no_collective_before_it_ended_left_early_not_for_uneven_batches() -> None:
+    # `if len(shard) < 5: return` on rank 1, before the first all_reduce rank 0 waits in
+    a = [entry(1, "all_reduce", [[1]], user_site="train.py:14", retired=False)]
+    (f,) = ledger_findings({0: ledger(0, a, "hung", steps=0), 1: ledger(1, [], "finished", steps=0, complete=True)})
+    assert f.id == "DDP892" and f.ranks == [1]
+    assert f.message.startswith("rank 1 ran 0 steps and finished after 0 collectives of process group 0")
+    assert "issued no collective at all" in f.hint and "drop_last" not in f.hint
+
+
 def test_uneven_inputs_destroyed_without_steps() -> None:
     a = ddp_construction() + steps(4, 2) + [entry(6, "all_reduce", [[10]], retired=False)]
     b = ddp_construction() + steps(4, 2)
