@@ -104,6 +104,9 @@ def test_pet_nproc_per_node_starts_that_many_ranks_as_torchrun_does(tmp_path, po
     script.write_text("import torch.distributed as dist\n"
                       "dist.init_process_group('gloo')\n"
                       "print(f'rank {dist.get_rank()} of {dist.get_world_size()}', flush=True)\n"
+                      # init has no barrier at its end: a rank that destroyed its group at once could
+                      # close the connections a slower peer's init was still making (gloo's race)
+                      "dist.barrier()\n"
                       "dist.destroy_process_group()\n")
     res = subprocess.run([*DDP, "run", *NO_SWEEP, "--report", str(tmp_path / "r.json"), str(script)],
                          env=clean_env(**pod), cwd=tmp_path, capture_output=True, text=True,
